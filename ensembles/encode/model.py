@@ -1,0 +1,167 @@
+"""Encode stage: onnxruntime over token-budget sub-batches, TEI style.
+
+Inputs allow ragged batches, so one `execute` receives requests of different lengths. Their
+rows are merged, sorted by length and cut into sub-batches, each padded only to its own longest
+row: a new sub-batch starts when the next row is longer than `length_ratio` x the sub-batch's
+shortest, or when rows x padded length would exceed `max_batch_tokens`. A row longer than the
+budget runs alone. Outputs are scattered back to each request, per-token outputs padded to the
+request's own width. Config parameters: `onnx_file`, `max_batch_tokens`, `length_ratio`,
+`max_rows`, `pad_id`, `intra_op_threads`, `execution_provider` (cpu|cuda), `per_token_outputs`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import prensa_stage as contract
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
+    pb_utils = None
+
+
+def plan_sub_batches(lengths: np.ndarray, max_batch_tokens: int, length_ratio: float, max_rows: int) -> list[np.ndarray]:
+    """Indices of rows per sub-batch, ascending by length; never loops on an over-budget row."""
+    order = np.argsort(lengths, kind="stable")
+    batches: list[list[int]] = []
+    current: list[int] = []
+    shortest = 0
+    for index in order:
+        length = max(int(lengths[index]), 1)
+        fits = (
+            current
+            and length <= length_ratio * shortest
+            and (len(current) + 1) * length <= max_batch_tokens
+            and len(current) < max_rows
+        )
+        if not fits:
+            if current:
+                batches.append(current)
+            current, shortest = [], length
+        current.append(int(index))
+    if current:
+        batches.append(current)
+    return [np.asarray(batch, dtype=np.int64) for batch in batches]
+
+
+@dataclass
+class Row:
+    request: int
+    row: int
+    length: int
+
+
+def create_session(onnx_path: Path, threads: int, provider: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    providers = ["CPUExecutionProvider"]
+    if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    return ort.InferenceSession(str(onnx_path), options, providers=providers)
+
+
+class TokenBudgetEncoder:
+    """Runs one ONNX encoder over many padded requests with as little padding as possible."""
+
+    def __init__(self, session: ort.InferenceSession, pad_id: int, max_batch_tokens: int,
+                 length_ratio: float, max_rows: int, per_token_outputs: set[str]) -> None:
+        self.session = session
+        self.input_names = {i.name for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.pad_id = pad_id
+        self.max_batch_tokens = max_batch_tokens
+        self.length_ratio = length_ratio
+        self.max_rows = max_rows
+        self.per_token_outputs = per_token_outputs
+        self.padded_tokens = 0  # what the sessions computed, for the padding-efficiency figure
+        self.real_tokens = 0
+
+    def encode(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        rows = [
+            Row(r, i, int(length))
+            for r, tensors in enumerate(requests)
+            for i, length in enumerate(tensors[contract.ATTENTION_MASK].sum(axis=1))
+        ]
+        results: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        if not rows:
+            return results
+        lengths = np.array([row.length for row in rows])
+        for batch in plan_sub_batches(lengths, self.max_batch_tokens, self.length_ratio, self.max_rows):
+            members = [rows[i] for i in batch]
+            outputs = self._run(requests, members)
+            for position, member in enumerate(members):
+                self._scatter(requests, results, member, {k: v[position] for k, v in outputs.items()})
+        return results
+
+    def _run(self, requests: list[dict[str, np.ndarray]], members: list[Row]) -> dict[str, np.ndarray]:
+        width = max(max(m.length for m in members), 1)
+        feed = {
+            contract.INPUT_IDS: np.full((len(members), width), self.pad_id, dtype=np.int64),
+            contract.ATTENTION_MASK: np.zeros((len(members), width), dtype=np.int64),
+            contract.TOKEN_TYPE_IDS: np.zeros((len(members), width), dtype=np.int64),
+        }
+        for position, m in enumerate(members):
+            for name, array in feed.items():
+                array[position, : m.length] = requests[m.request][name][m.row, : m.length]
+        self.padded_tokens += width * len(members)
+        self.real_tokens += sum(m.length for m in members)
+        values = self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
+        return dict(zip(self.output_names, values))
+
+    def _scatter(self, requests, results, member: Row, values: dict[str, np.ndarray]) -> None:
+        shape = requests[member.request][contract.ATTENTION_MASK].shape
+        for name, value in values.items():
+            out = results[member.request].get(name)
+            if out is None:
+                trailing = value.shape[1:] if name in self.per_token_outputs else value.shape
+                leading = (shape[0], shape[1]) if name in self.per_token_outputs else (shape[0],)
+                out = results[member.request][name] = np.zeros(leading + trailing, dtype=np.float32)
+            if name in self.per_token_outputs:
+                out[member.row, : member.length] = value[: member.length]
+            else:
+                out[member.row] = value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        params = contract.parameters(config)
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        session = create_session(
+            version_dir / params["onnx_file"],
+            int(params.get("intra_op_threads", "0")),
+            params.get("execution_provider", "cpu"),
+        )
+        self.encoder = TokenBudgetEncoder(
+            session,
+            pad_id=int(params["pad_id"]),
+            max_batch_tokens=int(params["max_batch_tokens"]),
+            length_ratio=float(params.get("length_ratio", "1.25")),
+            max_rows=int(params.get("max_rows", str(config.get("max_batch_size", 64)))),
+            per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
+        )
+
+    def execute(self, requests):
+        names = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+        tensors = []
+        for request in requests:
+            item = {}
+            for name in names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    item[name] = tensor.as_numpy()
+            item.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(item[contract.INPUT_IDS]))
+            tensors.append(item)
+        results = self.encoder.encode(tensors)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
+            for result in results
+        ]

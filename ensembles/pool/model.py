@@ -1,0 +1,127 @@
+"""Pool stage: encoder outputs -> what clients receive.
+
+Pure numpy functions on top (unit-tested against FlagEmbedding, sentence-transformers and
+transformers), a thin Triton model at the bottom. Which outputs a request gets depends on which
+encoder outputs the ensemble wires in. Config parameters: `pooling` (cls|mean|last),
+`normalize` (true|false), `drop_ids` (token ids never reported as sparse terms), `activation`
+(sigmoid|softmax, for logits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import prensa_stage as contract
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
+    pb_utils = None
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """torch.nn.functional.normalize semantics: an all-zero vector stays zero."""
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norm, eps)
+
+
+def pool_tokens(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+    """[rows, tokens, dim] -> [rows, dim]; rows are right-padded."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        weights = mask[..., None].astype(hidden.dtype)
+        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+    if mode == "last":
+        last = np.maximum(mask.sum(axis=1) - 1, 0)
+        return hidden[np.arange(hidden.shape[0]), last]
+    raise ValueError(f"unknown pooling {mode!r}")
+
+
+def sparse_terms(ids: np.ndarray, weights: np.ndarray, drop_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Max weight per token id over one row, ascending ids, dropped ids and weights <= 0 removed."""
+    keep = (weights > 0) & ~np.isin(ids, drop_ids)
+    unique, inverse = np.unique(ids[keep], return_inverse=True)
+    best = np.zeros(unique.shape[0], dtype=np.float32)
+    np.maximum.at(best, inverse, weights[keep].astype(np.float32))
+    return unique.astype(np.int64), best
+
+
+def vocab_terms(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A dense vocabulary-sized weight vector -> its non-zero (id, weight) pairs."""
+    ids = np.flatnonzero(weights > 0)
+    return ids.astype(np.int64), weights[ids].astype(np.float32)
+
+
+def pad_terms(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row (ids, weights) -> [rows, k] tensors padded with id -1 and weight 0."""
+    width = max((ids.shape[0] for ids, _ in rows), default=0)
+    ids_out = np.full((len(rows), width), contract.SPARSE_PAD_ID, dtype=np.int64)
+    weights_out = np.zeros((len(rows), width), dtype=np.float32)
+    for i, (ids, weights) in enumerate(rows):
+        ids_out[i, : ids.shape[0]] = ids
+        weights_out[i, : weights.shape[0]] = weights
+    return ids_out, weights_out
+
+
+def colbert_vectors(vecs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """bge-m3 multi-vectors: drop CLS, zero padding, L2-normalise per token -> [rows, tokens-1, dim]."""
+    return l2_normalize(vecs[:, 1:] * mask[:, 1:, None].astype(vecs.dtype))
+
+
+def activate(logits: np.ndarray, activation: str) -> np.ndarray:
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    if activation == "softmax":
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def pool_request(tensors: dict[str, np.ndarray], pooling: str, normalize: bool, drop_ids: np.ndarray,
+                 activation: str) -> dict[str, np.ndarray]:
+    """All client-facing outputs for one request, from whatever encoder outputs it carries."""
+    mask = tensors[contract.ATTENTION_MASK]
+    out = {contract.NUM_TOKENS: mask.sum(axis=1, keepdims=True).astype(np.int32)}
+    if contract.LAST_HIDDEN_STATE in tensors:
+        dense = pool_tokens(tensors[contract.LAST_HIDDEN_STATE], mask, pooling)
+        out[contract.DENSE] = l2_normalize(dense) if normalize else dense
+    if contract.TOKEN_WEIGHTS in tensors:
+        ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * mask
+        out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(
+            [sparse_terms(ids[i], weights[i], drop_ids) for i in range(ids.shape[0])]
+        )
+    if contract.SPLADE_WEIGHTS in tensors:
+        out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(
+            [vocab_terms(row) for row in tensors[contract.SPLADE_WEIGHTS]]
+        )
+    if contract.COLBERT_VECS in tensors:
+        out[contract.COLBERT] = colbert_vectors(tensors[contract.COLBERT_VECS], mask)
+    if contract.LOGITS in tensors:
+        out[contract.LOGITS] = tensors[contract.LOGITS]
+        out[contract.SCORES] = activate(tensors[contract.LOGITS], activation)
+    return {name: value.astype(np.float32) if value.dtype == np.float64 else value for name, value in out.items()}
+
+
+ENCODER_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.COLBERT_VECS,
+                   contract.LOGITS, contract.SPLADE_WEIGHTS)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        params = contract.parameters(args["model_config"])
+        self.pooling = params.get("pooling", "cls")
+        self.normalize = params.get("normalize", "true") == "true"
+        self.drop_ids = np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64)
+        self.activation = params.get("activation", "sigmoid")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tensors = {}
+            for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, *ENCODER_OUTPUTS):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    tensors[name] = tensor.as_numpy()
+            outputs = pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
+        return responses

@@ -1,0 +1,15 @@
+"""The `prensa` command line: one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from prensa.cli import repo
+from prensa.cli.export import export
+from prensa.cli.serve import serve, up
+
+app = typer.Typer(help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.", no_args_is_help=True)
+app.command()(export)
+app.add_typer(repo.app, name="repo")
+app.command()(serve)
+app.command()(up)

@@ -1,0 +1,50 @@
+"""`prensa repo ...`: render exported models into a Triton model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from prensa.manifest import Manifest, Pooling
+from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+
+app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def parse_model_arg(argument: str, name: str | None) -> ModelSource:
+    """`DIR` or `NAME=DIR`; the name defaults to the directory's name."""
+    given, _, path = argument.rpartition("=") if "=" in argument else (None, "", argument)
+    directory = Path(path)
+    return ModelSource(given or name or directory.resolve().name, directory, Manifest.read(directory))
+
+
+@app.command()
+def build(
+    exports: Annotated[list[str], typer.Argument(help="Export directories from `prensa export`, as DIR or NAME=DIR.")],
+    repo: Annotated[Path, typer.Option(help="Model repository to write (models already there are kept).")] = Path("model_repo"),
+    name: Annotated[Optional[str], typer.Option(help="Model name when building a single export.")] = None,
+    max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
+    queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds.")] = 1000,
+    max_queue_size: Annotated[int, typer.Option(help="Requests queued per stage before Triton rejects.")] = 1024,
+    instances: Annotated[int, typer.Option(help="Encoder instances (processes).")] = 1,
+    cpu_threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads per encoder instance; 0 = all cores.")] = 0,
+    max_batch_tokens: Annotated[int, typer.Option(help="Token budget of one encoder forward pass (rows x padded length).")] = 16384,
+    length_ratio: Annotated[float, typer.Option(help="Start a new sub-batch when a row is this many times longer than the shortest.")] = 1.25,
+    pooling: Annotated[Optional[Pooling], typer.Option(help="Override the exported pooling for dense outputs.")] = None,
+) -> None:
+    """Render tokenize -> encode -> pool ensembles for each export into REPO."""
+    if name and len(exports) > 1:
+        raise typer.BadParameter("--name applies to a single export; use NAME=DIR for several")
+    try:
+        models = [parse_model_arg(argument, name) for argument in exports]
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    options = ServingOptions(max_batch_size, queue_delay_us, max_queue_size, instances, cpu_threads,
+                             max_batch_tokens, length_ratio, pooling=pooling)
+    written = build_repository(models, repo, options)
+    console.print(f"wrote {len(written)} models to {repo}: " + ", ".join(written))

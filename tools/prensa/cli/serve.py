@@ -1,0 +1,94 @@
+"""`prensa serve` (Triton on a repository) and `prensa up` (export, build and serve in one go)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
+
+console = Console(stderr=True)
+
+Host = Annotated[str, typer.Option(help="Address Triton binds; anything but loopback exposes it to the network.")]
+HttpPort = Annotated[int, typer.Option(help="Triton HTTP/REST (KServe v2) port.")]
+GrpcPort = Annotated[int, typer.Option(help="Triton gRPC port.")]
+MetricsPort = Annotated[int, typer.Option(help="Triton Prometheus metrics port.")]
+LogVerbose = Annotated[int, typer.Option(help="Triton --log-verbose level.")]
+ControlMode = Annotated[str, typer.Option(help="Triton --model-control-mode: none, explicit or poll.")]
+
+
+def run_triton(options: TritonOptions) -> None:
+    """Start Triton, wait until every model is ready, print endpoints, stop cleanly on a signal."""
+    triton = TritonProcess(options)
+    console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
+    triton.start()
+    stop = lambda *_: triton.stop()  # noqa: E731 - SIGTERM/SIGINT both drain Triton
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        triton.wait_ready()
+    except TritonStartError as exc:
+        triton.stop()
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    table = Table("endpoint", "address", title="Triton is ready")
+    table.add_row("HTTP (KServe v2)", f"http://{triton.http_url}")
+    table.add_row("gRPC", triton.grpc_url)
+    table.add_row("metrics", triton.metrics_url)
+    console.print(table)
+    code = triton.process.wait()
+    if code not in (0, -signal.SIGTERM, -signal.SIGINT):
+        console.print(f"[red]tritonserver exited with {code}[/]\n{triton.errors()}")
+        raise typer.Exit(code)
+
+
+def serve(
+    repo: Annotated[Path, typer.Option(help="Triton model repository (from `prensa repo build`).")] = Path("model_repo"),
+    host: Host = "127.0.0.1",
+    http_port: HttpPort = 8000,
+    grpc_port: GrpcPort = 8001,
+    metrics_port: MetricsPort = 8002,
+    log_verbose: LogVerbose = 0,
+    model_control_mode: ControlMode = "none",
+) -> None:
+    """Run Triton on REPO until Ctrl-C or SIGTERM; exits non-zero if a model fails to load."""
+    if not repo.is_dir():
+        raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
+    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode))
+
+
+def up(
+    model: Annotated[Optional[list[str]], typer.Option(help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
+    models_dir: Annotated[Path, typer.Option(help="Where exports are written and reused.")] = Path("models"),
+    repo: Annotated[Path, typer.Option(help="Model repository to build.")] = Path("model_repo"),
+    host: Host = "127.0.0.1",
+    http_port: HttpPort = 8000,
+    grpc_port: GrpcPort = 8001,
+    metrics_port: MetricsPort = 8002,
+) -> None:
+    """Export (once), build the repository and serve: the whole path in one command."""
+    from prensa.defaults import DefaultModel, default_models
+    from prensa.export.pipeline import ExportOptions, export_model
+    from prensa.manifest import MANIFEST_FILE
+    from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+    from prensa.manifest import Manifest
+
+    chosen = [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model] if model else default_models()
+    if not chosen:
+        console.print("[red]error:[/] no model given and none of the offline defaults is installed")
+        raise typer.Exit(2)
+    sources = []
+    for item in chosen:
+        out = models_dir / item.name
+        if not (out / MANIFEST_FILE).exists():
+            console.print(f"exporting {item.source} -> {out}")
+            export_model(ExportOptions(item.source, out, task=item.task))
+        sources.append(ModelSource(item.name, out, Manifest.read(out)))
+    written = build_repository(sources, repo, ServingOptions())
+    console.print(f"repository {repo}: {', '.join(written)}")
+    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)))

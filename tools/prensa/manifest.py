@@ -1,0 +1,74 @@
+"""`prensa.json`: what an export directory holds, read by `prensa repo build` and the gateway."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+MANIFEST_FILE = "prensa.json"
+FORMAT_VERSION = 1
+
+
+class Task(str, Enum):
+    EMBED = "embed"  # pooled dense vectors (sentence-transformers style)
+    M3 = "m3"  # bge-m3: dense + sparse lexical weights + ColBERT from one pass
+    RERANK = "rerank"  # cross-encoder, one logit per (query, passage)
+    CLASSIFY = "classify"  # sequence classifier, one logit per label
+    SPLADE = "splade"  # masked-LM expansion into vocabulary weights
+
+
+class Pooling(str, Enum):
+    CLS = "cls"
+    MEAN = "mean"
+    LAST = "last"
+
+
+@dataclass
+class GraphOutput:
+    name: str
+    dims: list[int]  # without the batch axis; -1 marks the token axis
+    per_token: bool
+
+
+@dataclass
+class Manifest:
+    task: Task
+    source: str  # Hugging Face id or the directory it came from
+    revision: str  # Hub commit sha, or a content hash of a local directory's weights
+    max_length: int
+    onnx_file: str
+    dtype: str
+    inputs: list[str]
+    outputs: list[GraphOutput]
+    tokenizer_file: str = "tokenizer.json"
+    pad_id: int = 0
+    special_ids: list[int] = field(default_factory=list)
+    pooling: Pooling | None = None
+    normalize: bool = True
+    dim: int | None = None  # dense dimension
+    id2label: dict[int, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def write(self, directory: Path) -> Path:
+        path = directory / MANIFEST_FILE
+        data = asdict(self)
+        data["task"] = self.task.value
+        data["pooling"] = self.pooling.value if self.pooling else None
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> "Manifest":
+        path = directory / MANIFEST_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{directory} is not a prensa export (no {MANIFEST_FILE}); run `prensa export` first")
+        data = json.loads(path.read_text())
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format_version {data.get('format_version')} is not {FORMAT_VERSION}; re-export")
+        data["task"] = Task(data["task"])
+        data["pooling"] = Pooling(data["pooling"]) if data.get("pooling") else None
+        data["outputs"] = [GraphOutput(**o) for o in data["outputs"]]
+        data["id2label"] = {int(k): v for k, v in data.get("id2label", {}).items()}
+        return cls(**data)

@@ -1,0 +1,198 @@
+"""Start and stop the `tritonserver` binary shipped inside the nvidia-pytriton wheel.
+
+The wheel carries Triton 2.51, the Python backend library and one backend stub per CPython
+minor version. Triton expects the stub beside `libtriton_python.so`, so we assemble a small
+backend directory under the user's cache once. The stub imports packages from the `python3`
+first on PATH, hence the current interpreter's `bin/` goes first there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tritonclient.http as httpclient
+
+# Lines Triton logs as errors on every machine without a GPU.
+CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
+CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
+
+
+class TritonStartError(RuntimeError):
+    """Triton exited or never became ready; the message carries the end of its log."""
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    repo: Path
+    host: str = "127.0.0.1"
+    ports: TritonPorts = field(default_factory=TritonPorts)
+    log_verbose: int = 0
+    model_control_mode: str = "none"
+    strict_readiness: bool = True
+
+
+def _pytriton_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonStartError("nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0`")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def triton_binary() -> Path:
+    return _pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+
+
+def backend_directory() -> Path:
+    """A backend dir holding the wheel's Python backend plus the stub for this interpreter."""
+    server = _pytriton_root() / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonStartError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
+    target = CACHE_DIR / "triton-backends" / version
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for source in [*(server / "backends" / "python").iterdir(), stub]:
+        dest = python_dir / source.name
+        if source.is_file() and (not dest.exists() or dest.stat().st_mtime < source.stat().st_mtime):
+            shutil.copy2(source, dest)
+    return target
+
+
+def triton_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    libs = _pytriton_root().parent / "nvidia_pytriton.libs"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    return env
+
+
+def triton_command(options: TritonOptions) -> list[str]:
+    ports = options.ports
+    return [
+        str(triton_binary()),
+        f"--model-repository={options.repo.resolve()}",
+        f"--backend-directory={backend_directory()}",
+        f"--http-address={options.host}",
+        f"--http-port={ports.http}",
+        f"--grpc-address={options.host}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-address={options.host}",
+        f"--metrics-port={ports.metrics}",
+        f"--model-control-mode={options.model_control_mode}",
+        f"--log-verbose={options.log_verbose}",
+        f"--strict-readiness={str(options.strict_readiness).lower()}",
+        "--exit-on-error=true",
+        "--allow-sagemaker=false",
+        "--allow-vertex-ai=false",
+    ]
+
+
+class TritonProcess:
+    """One tritonserver child process, its log file and its readiness."""
+
+    def __init__(self, options: TritonOptions, log_path: Path | None = None) -> None:
+        self.options = options
+        self.log_path = log_path or CACHE_DIR / "logs" / f"tritonserver-{options.ports.http}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.host}:{self.options.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.host}:{self.options.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.host}:{self.options.ports.metrics}/metrics"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            triton_command(self.options),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=triton_environment(),
+            start_new_session=True,  # Ctrl-C reaches us; we decide how Triton stops
+        )
+        log.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def errors(self) -> str:
+        """Triton's error lines (model load failures and the like), without CPU-only noise."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        lines = [line for line in text.splitlines()
+                 if (line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
+                 and not any(noise in line for noise in CPU_NOISE)]
+        return "\n".join(lines) or self.log_tail()
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Poll server readiness; with strict readiness that means every model loaded and warm."""
+        assert self.process is not None, "start() first"
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=5.0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise TritonStartError(
+                        f"tritonserver exited with code {self.process.returncode}:\n{self.errors()}"
+                    )
+                try:
+                    if client.is_server_ready():
+                        return
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+                time.sleep(0.25)
+        finally:
+            client.close()
+        self.stop()
+        raise TritonStartError(f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait()
+
+    def __enter__(self) -> "TritonProcess":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

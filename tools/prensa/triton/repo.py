@@ -1,0 +1,245 @@
+"""`prensa repo build`: render exported models into a Triton model repository.
+
+Per model `<name>`: `<name>_tokenize`, `<name>_encode`, `<name>_pool` (Python backend, stage code
+copied from `ensembles/`) and the ensemble `<name>` wiring them. Serving knobs live in each
+`config.pbtxt` as parameters; stage code reads them at load time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prensa.manifest import Manifest, Pooling, Task
+from prensa.stages import CONTRACT_FILE, contract, stage_model_file
+from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
+
+WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
+PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
+TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    max_batch_size: int = 64
+    queue_delay_us: int = 1000
+    max_queue_size: int = 1024
+    encode_instances: int = 1
+    cpu_threads: int = 0  # 0: onnxruntime uses every core
+    max_batch_tokens: int = 16384
+    length_ratio: float = 1.25
+    instance_kind: str = "KIND_CPU"
+    execution_provider: str = "cpu"
+    pooling: Pooling | None = None  # overrides the manifest's
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    export_dir: Path
+    manifest: Manifest
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Hard link when possible (an 8 GB export is not duplicated), else copy."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _string_file(values: list[str]) -> bytes:
+    """Triton's warmup format for TYPE_STRING: 4-byte little-endian length, then the bytes."""
+    return b"".join(struct.pack("<I", len(v.encode())) + v.encode() for v in values)
+
+
+def _python_stage(name: str, options: ServingOptions, inputs: list[Tensor], outputs: list[Tensor],
+                  parameters: dict[str, object], warmup: dict[str, ConfigDict], instances: int = 1) -> ConfigDict:
+    return {
+        "name": name,
+        "backend": "python",
+        "max_batch_size": options.max_batch_size,
+        "input": [t.as_input() for t in inputs],
+        "output": [t.as_output() for t in outputs],
+        "dynamic_batching": dynamic_batching(options.queue_delay_us, options.max_queue_size),
+        "instance_group": [{"count": instances, "kind": options.instance_kind}],
+        "parameters": string_parameters(parameters),
+        "model_warmup": [{"name": "sample", "batch_size": 1, "inputs": warmup}],
+    }
+
+
+def client_outputs(manifest: Manifest) -> list[Tensor]:
+    """What the ensemble returns, by task; the README documents how to decode each."""
+    graph = {o.name: o for o in manifest.outputs}
+    outputs = []
+    if manifest.task in (Task.EMBED, Task.M3):
+        outputs.append(Tensor(contract.DENSE, "TYPE_FP32", [graph[contract.LAST_HIDDEN_STATE].dims[1]]))
+    if manifest.task in (Task.M3, Task.SPLADE):
+        outputs += [Tensor(contract.SPARSE_IDS, "TYPE_INT64", [-1]), Tensor(contract.SPARSE_WEIGHTS, "TYPE_FP32", [-1])]
+    if manifest.task is Task.M3:
+        outputs.append(Tensor(contract.COLBERT, "TYPE_FP32", [-1, graph[contract.COLBERT_VECS].dims[1]]))
+    if manifest.task in PAIR_TASKS:
+        labels = graph[contract.LOGITS].dims
+        outputs += [Tensor(contract.LOGITS, "TYPE_FP32", labels), Tensor(contract.SCORES, "TYPE_FP32", labels)]
+    outputs.append(Tensor(contract.NUM_TOKENS, "TYPE_INT32", [1]))
+    return outputs
+
+
+class ModelRenderer:
+    """Writes the four model directories of one exported model."""
+
+    def __init__(self, model: ModelSource, repo: Path, options: ServingOptions) -> None:
+        self.model, self.m, self.repo, self.options = model, model.manifest, repo, options
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(model.export_dir / self.m.tokenizer_file))
+        tokenizer.enable_truncation(self.m.max_length)
+        pair = self.m.task in PAIR_TASKS
+        encoding = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT if pair else None)
+        self.sample_tokens = {
+            contract.INPUT_IDS: np.asarray(encoding.ids, dtype=np.int64),
+            contract.ATTENTION_MASK: np.ones(len(encoding.ids), dtype=np.int64),
+            contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
+        }
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.repo / f"{self.model.name}_{stage}"
+
+    def _write(self, directory: Path, config: ConfigDict, stage: str | None,
+               warmup_files: dict[str, bytes] | None = None) -> None:
+        version = directory / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        (directory / "config.pbtxt").write_text(to_pbtxt(config))
+        if stage:
+            shutil.copy2(stage_model_file(stage), version / "model.py")
+            shutil.copy2(CONTRACT_FILE, version / CONTRACT_FILE.name)
+        if warmup_files:
+            (directory / "warmup").mkdir(exist_ok=True)
+            for file, data in warmup_files.items():
+                (directory / "warmup" / file).write_bytes(data)
+
+    def _token_warmup(self, names: tuple[str, ...]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
+        length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
+        spec = {n: {"data_type": "TYPE_INT64", "dims": [length], "input_data_file": n} for n in names}
+        return spec, {n: self.sample_tokens[n].tobytes() for n in names}
+
+    def tokenize(self) -> None:
+        pair = self.m.task in PAIR_TASKS
+        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1])]
+        if pair:
+            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1], optional=self.m.task is Task.CLASSIFY))
+        warmup = {t.name: {"data_type": "TYPE_STRING", "dims": [1], "input_data_file": t.name} for t in inputs}
+        files = {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
+        config = _python_stage(
+            self.stage_dir("tokenize").name, self.options, inputs,
+            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS],
+            {"tokenizer_file": self.m.tokenizer_file, "max_length": self.m.max_length, "truncation_side": "right",
+             "pair_truncation": "only_second", "pad_id": self.m.pad_id},
+            warmup,
+        )
+        self._write(self.stage_dir("tokenize"), config, "tokenize", files)
+        _link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
+
+    def encode(self) -> None:
+        if self.options.max_batch_tokens < self.m.max_length:
+            raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
+                             "a full-length text would never fit a sub-batch")
+        warmup, files = self._token_warmup(TOKEN_INPUTS)
+        config = _python_stage(
+            self.stage_dir("encode").name, self.options,
+            [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
+            [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
+            {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
+             "length_ratio": self.options.length_ratio, "max_rows": self.options.max_batch_size,
+             "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
+             "execution_provider": self.options.execution_provider,
+             "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)},
+            warmup, instances=self.options.encode_instances,
+        )
+        self._write(self.stage_dir("encode"), config, "encode", files)
+        version = self.stage_dir("encode") / "1"
+        for path in self.model.export_dir.iterdir():  # the graph and any external-data files beside it
+            if path.name.startswith(Path(self.m.onnx_file).stem) and path.suffix != ".json":
+                _link_or_copy(path, version / path.name)
+
+    def pool(self) -> None:
+        warmup, files = self._token_warmup((contract.INPUT_IDS, contract.ATTENTION_MASK))
+        length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
+        for o in self.m.outputs:
+            dims = [length, *o.dims[1:]] if o.per_token else o.dims
+            warmup[o.name] = {"data_type": "TYPE_FP32", "dims": dims, "zero_data": True}
+        pooling = self.options.pooling or self.m.pooling
+        config = _python_stage(
+            self.stage_dir("pool").name, self.options,
+            [Tensor(contract.INPUT_IDS, "TYPE_INT64", [-1], ragged=True),
+             Tensor(contract.ATTENTION_MASK, "TYPE_INT64", [-1], ragged=True),
+             *(Tensor(o.name, "TYPE_FP32", o.dims, ragged=True) for o in self.m.outputs)],
+            client_outputs(self.m),
+            {"pooling": pooling.value if pooling else "none", "normalize": str(self.m.normalize).lower(),
+             "drop_ids": ",".join(map(str, self.m.special_ids)),
+             "activation": "sigmoid" if len(self.m.id2label) <= 1 else "softmax"},
+            warmup,
+        )
+        self._write(self.stage_dir("pool"), config, "pool", files)
+
+    def ensemble(self) -> None:
+        pair = self.m.task in PAIR_TASKS
+        tokens = {n: f"tokens_{n}" for n in TOKEN_INPUTS}
+        encoded = {o.name: f"encoded_{o.name}" for o in self.m.outputs}
+        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1])]
+        if pair:
+            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1], optional=self.m.task is Task.CLASSIFY))
+        outputs = client_outputs(self.m)
+        m = self.m
+        config = {
+            "name": self.model.name,
+            "platform": "ensemble",
+            "max_batch_size": self.options.max_batch_size,
+            "input": [t.as_input() for t in inputs],
+            "output": [t.as_output() for t in outputs],
+            "ensemble_scheduling": {"step": [
+                {"model_name": self.stage_dir("tokenize").name, "model_version": -1,
+                 "input_map": {t.name: t.name for t in inputs}, "output_map": {n: tokens[n] for n in TOKEN_INPUTS}},
+                {"model_name": self.stage_dir("encode").name, "model_version": -1,
+                 "input_map": {n: tokens[n] for n in TOKEN_INPUTS}, "output_map": encoded},
+                {"model_name": self.stage_dir("pool").name, "model_version": -1,
+                 "input_map": {contract.INPUT_IDS: tokens[contract.INPUT_IDS],
+                               contract.ATTENTION_MASK: tokens[contract.ATTENTION_MASK], **encoded},
+                 "output_map": {t.name: t.name for t in outputs}},
+            ]},
+            # Read by the gateway and by tritonclient users (`get_model_config`).
+            "parameters": string_parameters({
+                "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
+                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value, "dtype": m.dtype,
+                "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
+            }),
+        }
+        self._write(self.repo / self.model.name, config, None)
+
+    def render(self) -> None:
+        self.tokenize()
+        self.encode()
+        self.pool()
+        self.ensemble()
+
+
+def build_repository(models: list[ModelSource], repo: Path, options: ServingOptions) -> list[str]:
+    """Render every model into `repo`; returns the names of the models written (ensembles first)."""
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be unique, got {names}")
+    repo.mkdir(parents=True, exist_ok=True)
+    written = []
+    for model in models:
+        renderer = ModelRenderer(model, repo, options)
+        for directory in (repo / model.name, *(renderer.stage_dir(s) for s in ("tokenize", "encode", "pool"))):
+            shutil.rmtree(directory, ignore_errors=True)
+        renderer.render()
+        written += [model.name, *(renderer.stage_dir(s).name for s in ("tokenize", "encode", "pool"))]
+    return written
