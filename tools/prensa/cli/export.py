@@ -43,8 +43,12 @@ def export(
         try:
             manifest, report = export_model(options, step)
         except SourceError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from exc
+            failure = exc
+        else:
+            failure = None
+    if failure is not None:
+        console.print(f"[red]error:[/] {failure}")
+        raise typer.Exit(2) from failure
     table = Table("graph output", "max |onnx - torch|", title=f"{manifest.task.value} export of {manifest.source}")
     for name, diff in report.max_abs_diff.items():
         table.add_row(name, f"{diff:.2e}")

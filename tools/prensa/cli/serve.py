@@ -27,9 +27,8 @@ def run_triton(options: TritonOptions) -> None:
     triton = TritonProcess(options)
     console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
     triton.start()
-    stop = lambda *_: triton.stop()  # noqa: E731 - SIGTERM/SIGINT both drain Triton
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the wait below then returns
+        signal.signal(signum, lambda *_: triton.terminate())
     try:
         triton.wait_ready()
     except TritonStartError as exc:

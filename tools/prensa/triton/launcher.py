@@ -174,6 +174,11 @@ class TritonProcess:
         self.stop()
         raise TritonStartError(f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
+    def terminate(self) -> None:
+        """Ask Triton to drain and exit; safe inside a signal handler (no waiting)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM (Triton drains in-flight requests), then SIGKILL if it lingers."""
         if self.process is None or self.process.poll() is not None:

@@ -1,0 +1,98 @@
+"""bge-m3 (tiny, same architecture) and all-MiniLM-L6-v2 (real) through a real Triton, compared
+with FlagEmbedding and sentence-transformers on the same weights."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+pytestmark = pytest.mark.triton
+
+TEXTS = [
+    "What is the capital of Germany?",
+    "Berlin is the capital and largest city of Germany. " * 6,
+    "ok",
+    "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。",
+    "Late interaction keeps one vector per token and scores with max similarity over the passage tokens.",
+]
+
+
+def infer(protocol: str, server, model: str, texts: list[str]) -> dict[str, np.ndarray]:
+    module, url = (httpclient, server.http_url) if protocol == "http" else (grpcclient, server.grpc_url)
+    client = module.InferenceServerClient(url)
+    tensor = module.InferInput("text", [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    result = client.infer(model, [tensor])
+    names = [o["name"] if isinstance(o, dict) else o.name for o in
+             (result.get_response()["outputs"] if protocol == "http" else result.get_response().outputs)]
+    return {name: result.as_numpy(name) for name in names}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+@pytest.fixture(scope="module")
+def flag_m3(m3_dir):
+    from FlagEmbedding import BGEM3FlagModel
+
+    model = BGEM3FlagModel(str(m3_dir), use_fp16=False, devices="cpu")
+    return model.encode(TEXTS, batch_size=8, max_length=512, return_dense=True, return_sparse=True,
+                        return_colbert_vecs=True)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bge_m3_matches_flagembedding(triton, flag_m3, protocol):
+    out = infer(protocol, triton, "bge-m3", TEXTS)
+    assert cosine(out["dense"], flag_m3["dense_vecs"]).min() >= 0.9999
+    for row, expected in enumerate(flag_m3["lexical_weights"]):
+        ids, weights = out["sparse_ids"][row], out["sparse_weights"][row]
+        real = ids >= 0
+        assert expected, "the fixture's positive sparse bias must give non-empty lexical weights"
+        assert sorted(int(i) for i in ids[real]) == sorted(int(k) for k in expected)
+        got = dict(zip(ids[real].tolist(), weights[real].tolist()))
+        np.testing.assert_allclose([got[int(k)] for k in expected], [float(v) for v in expected.values()], atol=1e-4)
+        assert np.all(weights[~real] == 0) and list(ids[real]) == sorted(ids[real])
+    for row, expected in enumerate(flag_m3["colbert_vecs"]):
+        n = int(out["num_tokens"][row, 0]) - 1
+        assert n == expected.shape[0]
+        np.testing.assert_allclose(out["colbert"][row, :n], expected, atol=1e-4)
+        assert not out["colbert"][row, n:].any()
+
+
+def metric(server, name: str, model: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    match = re.search(rf'^{name}{{model="{re.escape(model)}",version="1"}} ([0-9.e+]+)$', text, re.M)
+    assert match, f"{name} for {model} not in Triton's metrics"
+    return float(match.group(1))
+
+
+def test_minilm_matches_sentence_transformers_under_concurrency(triton, minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    texts = [("word " * n).strip() + f" number {n}" for n in (1, 3, 120, 7, 60, 2, 200, 15, 33, 90, 5, 150)] * 2
+    before = metric(triton, "nv_inference_exec_count", "minilm_encode")
+    requests_before = metric(triton, "nv_inference_request_success", "minilm_encode")
+    with ThreadPoolExecutor(len(texts)) as pool:
+        rows = list(pool.map(lambda t: infer("http", triton, "minilm", [t])["dense"][0], texts))
+    executions = metric(triton, "nv_inference_exec_count", "minilm_encode") - before
+    requests = metric(triton, "nv_inference_request_success", "minilm_encode") - requests_before
+    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)
+    assert cosine(np.stack(rows), expected).min() >= 0.9999
+    assert requests == len(texts)
+    assert executions < requests, f"{requests} requests ran in {executions} encoder executions: no batching"
+
+
+def test_num_tokens_counts_special_tokens(triton, minilm_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    out = infer("grpc", triton, "minilm", TEXTS)
+    expected = [len(tokenizer(t, truncation=True, max_length=256)["input_ids"]) for t in TEXTS]
+    assert out["num_tokens"].ravel().tolist() == expected

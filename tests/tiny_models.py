@@ -1,0 +1,72 @@
+"""Tiny randomly initialised models with the real architectures and file layouts, built on the fly.
+
+No package ships bge-m3 or bge-reranker-v2-m3 weights; these share their architecture
+(XLM-RoBERTa), tokenizer kind (SentencePiece-style unigram) and head files, so every code path
+is exercised against the reference implementations on identical weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+CORPUS = [
+    "Berlin is the capital and largest city of Germany.",
+    "Paris is the capital of France and home of the Louvre museum.",
+    "Dense retrieval encodes queries and passages into vectors.",
+    "Sparse retrieval weights individual terms of a document.",
+    "Late interaction keeps one vector per token and scores with max similarity.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Triton Inference Server batches requests dynamically on CPUs and GPUs.",
+    "Rerankers score a query together with each candidate passage.",
+    "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。",
+] * 20
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+
+def xlmr_tokenizer(directory: Path, model_max_length: int = 512):
+    """A unigram tokenizer with XLM-R's special tokens, ids and templates, saved as a fast tokenizer."""
+    from transformers import XLMRobertaTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=400, special_tokens=XLMR_SPECIALS, unk_token="<unk>"))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    fast = XLMRobertaTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=model_max_length,
+    )
+    fast.save_pretrained(directory)
+    return fast
+
+
+def xlmr_config(vocab_size: int, **extra):
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(
+        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=514, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1, **extra,
+    )
+
+
+def tiny_bge_m3(directory: Path, with_heads: tuple[str, ...] = ("sparse_linear.pt", "colbert_linear.pt")) -> Path:
+    """XLMRobertaModel + sparse_linear.pt (positive bias, so sparse weights are non-empty) + colbert_linear.pt."""
+    from transformers import XLMRobertaModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = xlmr_tokenizer(directory)
+    torch.manual_seed(0)
+    config = xlmr_config(len(tokenizer), architectures=["XLMRobertaModel"])
+    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(directory)
+    sparse = torch.nn.Linear(32, 1)
+    torch.nn.init.constant_(sparse.bias, 0.5)
+    heads = {"sparse_linear.pt": sparse, "colbert_linear.pt": torch.nn.Linear(32, 32)}
+    for name in with_heads:
+        torch.save(heads[name].state_dict(), directory / name)
+    return directory

@@ -1,0 +1,58 @@
+"""Rendered repositories: every config parses with Triton's schema and carries the serving rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from prensa.manifest import Manifest
+from prensa.triton.config import parse_pbtxt
+from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, exports):
+    root = tmp_path_factory.mktemp("repo")
+    build_repository([ModelSource(n, p, Manifest.read(p)) for n, p in exports.items()], root,
+                     ServingOptions(max_batch_size=16, max_queue_size=7, encode_instances=2))
+    return root
+
+
+def test_stage_configs_batch_bound_queue_and_warm_up(repo):
+    for stage in ("tokenize", "encode", "pool"):
+        config = parse_pbtxt((repo / f"bge-m3_{stage}" / "config.pbtxt").read_text())
+        assert config.backend == "python" and config.max_batch_size == 16
+        policy = config.dynamic_batching.default_queue_policy
+        assert policy.max_queue_size == 7 and policy.timeout_action == policy.REJECT
+        assert config.model_warmup and config.instance_group[0].count == (2 if stage == "encode" else 1)
+        for name, data in config.model_warmup[0].inputs.items():
+            if data.input_data_file:
+                assert (repo / f"bge-m3_{stage}" / "warmup" / data.input_data_file).stat().st_size > 0
+    encode = parse_pbtxt((repo / "bge-m3_encode" / "config.pbtxt").read_text())
+    assert all(i.allow_ragged_batch for i in encode.input)
+    assert {o.name for o in encode.output} == {"last_hidden_state", "token_weights", "colbert_vecs"}
+
+
+def test_ensemble_outputs_and_parameters(repo):
+    m3 = parse_pbtxt((repo / "bge-m3" / "config.pbtxt").read_text())
+    assert m3.platform == "ensemble"
+    assert [o.name for o in m3.output] == ["dense", "sparse_ids", "sparse_weights", "colbert", "num_tokens"]
+    assert m3.parameters["task"].string_value == "m3"
+    minilm = parse_pbtxt((repo / "minilm" / "config.pbtxt").read_text())
+    assert [o.name for o in minilm.output] == ["dense", "num_tokens"]
+    assert minilm.parameters["pooling"].string_value == "mean"
+    pool = parse_pbtxt((repo / "minilm_pool" / "config.pbtxt").read_text())
+    assert pool.parameters["pooling"].string_value == "mean"
+
+
+def test_stage_code_is_copied_not_rewritten(repo):
+    from prensa.stages import stage_model_file
+
+    for stage in ("tokenize", "encode", "pool"):
+        assert (repo / f"minilm_{stage}" / "1" / "model.py").read_text() == stage_model_file(stage).read_text()
+        assert (repo / f"minilm_{stage}" / "1" / "prensa_stage.py").exists()
+
+
+def test_budget_smaller_than_max_length_is_refused(tmp_path, exports):
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        build_repository([ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
+                         ServingOptions(max_batch_tokens=100))
