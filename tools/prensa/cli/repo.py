@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,14 +18,24 @@ console = Console(stderr=True)
 
 def parse_model_arg(argument: str, name: str | None) -> ModelSource:
     """`DIR` or `NAME=DIR`; the name defaults to the directory's name."""
-    given, _, path = argument.rpartition("=") if "=" in argument else (None, "", argument)
+    given, _, path = argument.partition("=") if "=" in argument else (None, "", argument)
     directory = Path(path)
     return ModelSource(given or name or directory.resolve().name, directory, Manifest.read(directory))
 
 
+def read_model_list(path: Path) -> list[ModelSource]:
+    """A TOML file with a `[models]` table of `name = "export dir"` (relative to the file)."""
+    table = tomllib.loads(path.read_text()).get("models")
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{path} needs a [models] table of name = \"export directory\" entries")
+    return [ModelSource(name, path.parent / directory, Manifest.read(path.parent / directory))
+            for name, directory in table.items()]
+
+
 @app.command()
 def build(
-    exports: Annotated[list[str], typer.Argument(help="Export directories from `prensa export`, as DIR or NAME=DIR.")],
+    exports: Annotated[Optional[list[str]], typer.Argument(help="Export directories from `prensa export`, as DIR or NAME=DIR.")] = None,
+    models_file: Annotated[Optional[Path], typer.Option("--models", help="TOML file whose [models] table maps names to export directories.")] = None,
     repo: Annotated[Path, typer.Option(help="Model repository to write (models already there are kept).")] = Path("model_repo"),
     name: Annotated[Optional[str], typer.Option(help="Model name when building a single export.")] = None,
     max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
@@ -37,11 +48,15 @@ def build(
     pooling: Annotated[Optional[Pooling], typer.Option(help="Override the exported pooling for dense outputs.")] = None,
 ) -> None:
     """Render tokenize -> encode -> pool ensembles for each export into REPO."""
+    exports = exports or []
     if name and len(exports) > 1:
         raise typer.BadParameter("--name applies to a single export; use NAME=DIR for several")
+    if not exports and not models_file:
+        raise typer.BadParameter("give export directories, a --models file, or both")
     try:
         models = [parse_model_arg(argument, name) for argument in exports]
-    except (FileNotFoundError, ValueError) as exc:
+        models += read_model_list(models_file) if models_file else []
+    except (FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     options = ServingOptions(max_batch_size, queue_delay_us, max_queue_size, instances, cpu_threads,

@@ -1,7 +1,12 @@
-"""`prensa export`: model directory or Hub id -> ONNX graph + tokenizer + manifest, verified."""
+"""`prensa export`: model directory or Hub id -> ONNX graph + tokenizer + manifest, verified.
+
+Two paths end in the same export layout: a torch model is traced (and checked against torch),
+a directory that already holds `model.onnx` is adopted as it is (and checked to run and to
+produce the outputs its task needs)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -10,13 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from prensa.export.inspect import plan_model
-from prensa.export.source import SourceError, resolve_source
-from prensa.manifest import Manifest, Pooling, Task
+from prensa.export.inspect import ModelPlan, plan_model
+from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
+from prensa.export.source import SourceError, SourceModel, resolve_source
+from prensa.files import link_graph_files
+from prensa.manifest import GraphOutput, Manifest, Pooling, Task
 from prensa.stages import contract
 
 ONNX_FILE = "model.onnx"
 OPSET = 17
+TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 # Texts of different lengths, so verification covers padding inside a batch.
 VERIFY_TEXTS = [
     "What is the capital of Germany?",
@@ -26,6 +34,7 @@ VERIFY_TEXTS = [
     "sparse retrieval weights individual terms; late interaction keeps one vector per token.",
 ]
 FP32_TOLERANCE = 1e-3
+RERANK_DEFAULT_MAX_LENGTH = 512  # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
 
 Step = Callable[[str], AbstractContextManager]
 
@@ -44,12 +53,11 @@ class ExportOptions:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    max_abs_diff: dict[str, float]
-    tolerance: float | None
+    """One line per graph output: the figure checked and whether it passed."""
 
-    @property
-    def ok(self) -> bool:
-        return self.tolerance is None or all(d <= self.tolerance for d in self.max_abs_diff.values())
+    heading: str
+    figures: dict[str, str]
+    ok: bool
 
 
 def _no_progress(_: str) -> AbstractContextManager:
@@ -62,17 +70,32 @@ def special_ids(tokenizer) -> list[int]:
     return sorted({getattr(tokenizer, n) for n in names if getattr(tokenizer, n, None) is not None})
 
 
-def _sample_batch(tokenizer, task: Task, max_length: int) -> dict[str, np.ndarray]:
+def sample_batch(tokenizer, task: Task, max_length: int) -> dict[str, np.ndarray]:
     if task in (Task.RERANK, Task.CLASSIFY):
-        pairs = [(VERIFY_TEXTS[0], text) for text in VERIFY_TEXTS[1:]]
-        encoded = tokenizer([p[0] for p in pairs], [p[1] for p in pairs], padding=True, truncation="only_second",
-                            max_length=max_length, return_tensors="np")
+        queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
+        encoded = tokenizer(queries, passages, padding=True, truncation="only_second", max_length=max_length,
+                            return_tensors="np")
     else:
         encoded = tokenizer(VERIFY_TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="np")
     return {k: v.astype(np.int64) for k, v in encoded.items()}
 
 
-def _trace(graph, inputs: list[str], outputs, sample: dict[str, np.ndarray], path: Path) -> None:
+def _read_config(source: SourceModel) -> dict:
+    return json.loads((source.path / "config.json").read_text()) if source.has("config.json") else {}
+
+
+def _plan(source: SourceModel, tokenizer, config: dict, options: ExportOptions, task: Task | None) -> ModelPlan:
+    pad_offset = (config.get("pad_token_id") or 0) + 1 if config.get("model_type") in ("xlm-roberta", "roberta") else 0
+    positions = config.get("max_position_embeddings")
+    plan = plan_model(source, list(config.get("architectures") or []), task, options.pooling, options.max_length,
+                      options.dense_only, getattr(tokenizer, "model_max_length", None),
+                      positions - pad_offset if positions else None)
+    if plan.task is Task.RERANK and options.max_length is None:
+        plan = ModelPlan(plan.task, plan.pooling, plan.normalize, min(plan.max_length, RERANK_DEFAULT_MAX_LENGTH))
+    return plan
+
+
+def _trace(graph, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, np.ndarray], path: Path) -> None:
     import torch
 
     args = tuple(torch.from_numpy(sample[name]) for name in inputs)
@@ -104,47 +127,46 @@ def run_torch(graph, inputs: list[str], sample: dict[str, np.ndarray]) -> list[n
     return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
 
 
-def verify(onnx_path: Path, inputs: list[str], sample: dict[str, np.ndarray], expected: list[np.ndarray],
-           dtype: str) -> VerifyReport:
-    """Compare onnxruntime on the exported file with torch on the same inputs."""
+def run_onnx(path: Path, inputs: list[str], sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    actual = session.run(None, {n: sample[n] for n in inputs})
-    mask = sample[contract.ATTENTION_MASK].astype(bool)
-    diffs = {}
-    for meta, want, got in zip(session.get_outputs(), expected, actual):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    values = session.run(None, {n: sample[n] for n in inputs})
+    return {meta.name: value for meta, value in zip(session.get_outputs(), values)}
+
+
+def compare_with_torch(actual: dict[str, np.ndarray], expected: list[np.ndarray], mask: np.ndarray,
+                       dtype: str) -> VerifyReport:
+    figures, worst = {}, 0.0
+    for (name, got), want in zip(actual.items(), expected):
         delta = np.abs(want - got)
         if delta.ndim >= 2 and delta.shape[:2] == mask.shape:
-            delta = delta[mask]  # padded positions are free to differ
-        diffs[meta.name] = float(delta.max()) if delta.size else 0.0
-    return VerifyReport(diffs, FP32_TOLERANCE if dtype == "fp32" else None)
+            delta = delta[mask.astype(bool)]  # padded positions are free to differ
+        diff = float(delta.max()) if delta.size else 0.0
+        figures[name], worst = f"max |onnx - torch| {diff:.2e}", max(worst, diff)
+    ok = dtype != "fp32" or worst <= FP32_TOLERANCE
+    return VerifyReport(f"onnxruntime vs torch ({'tolerance ' + str(FP32_TOLERANCE) if dtype == 'fp32' else dtype})",
+                        figures, ok)
 
 
-def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
-    from transformers import AutoConfig, AutoTokenizer
+def check_adopted(actual: dict[str, np.ndarray], outputs: list[GraphOutput], rows: int) -> VerifyReport:
+    figures, ok = {}, True
+    for output in outputs:
+        value = actual[output.name]
+        good = value.shape[0] == rows and bool(np.isfinite(value).all())
+        figures[output.name] = f"shape {list(value.shape)}, {'finite' if good else 'NOT FINITE OR WRONG ROWS'}"
+        ok &= good
+    return VerifyReport("adopted graph run on a sample batch", figures, ok)
 
-    with step("Locating model files"):
-        source = resolve_source(options.source, options.revision)
-        config = AutoConfig.from_pretrained(source.path)
-        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True)
-        if not tokenizer.is_fast:
-            raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
-        pad_offset = (config.pad_token_id or 0) + 1 if config.model_type in ("xlm-roberta", "roberta") else 0
-        position_limit = getattr(config, "max_position_embeddings", None)
-        plan = plan_model(
-            source, list(config.architectures or []), options.task, options.pooling, options.max_length,
-            options.dense_only, getattr(tokenizer, "model_max_length", None),
-            position_limit - pad_offset if position_limit else None,
-        )
-    options.out.mkdir(parents=True, exist_ok=True)
+
+def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions,
+                  step: Step) -> tuple[GraphInfo, VerifyReport]:
+    from prensa.export.graphs import build_graph
+
     with step(f"Loading {plan.task.value} model"):
-        from prensa.export.graphs import build_graph
-
         graph, outputs = build_graph(plan.task, source.path)
-        inputs = [n for n in (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-                  if n in tokenizer.model_input_names]
-        sample = _sample_batch(tokenizer, plan.task, plan.max_length)
+        inputs = [n for n in TOKEN_INPUTS if n in tokenizer.model_input_names]
+        sample = sample_batch(tokenizer, plan.task, plan.max_length)
         expected = run_torch(graph, inputs, sample)
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
@@ -153,28 +175,63 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
             _to_fp16(onnx_path)
     with step("Verifying onnxruntime against torch"):
-        report = verify(onnx_path, inputs, sample, expected, options.dtype)
+        report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
+                                    sample[contract.ATTENTION_MASK], options.dtype)
+    return GraphInfo(inputs, outputs, options.dtype), report
+
+
+def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
+                step: Step) -> tuple[GraphInfo, VerifyReport]:
+    with step(f"Adopting {ONNX_FILE} ({graph.dtype}) without re-exporting"):
+        link_graph_files(source.path, options.out, ONNX_FILE)
+    with step("Running the adopted graph on a sample batch"):
+        sample = sample_batch(tokenizer, plan.task, plan.max_length)
+        report = check_adopted(run_onnx(options.out / ONNX_FILE, graph.inputs, sample), graph.outputs,
+                               sample[contract.INPUT_IDS].shape[0])
+    return graph, report
+
+
+def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
+    from transformers import AutoTokenizer
+
+    with step("Locating model files"):
+        source = resolve_source(options.source, options.revision)
+        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True)
+        if not tokenizer.is_fast:
+            raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
+        config = _read_config(source)
+        adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
+        task = options.task or (task_from_outputs(adopted, config) if adopted else None)
+        plan = _plan(source, tokenizer, config, options, task)
+    options.out.mkdir(parents=True, exist_ok=True)
+    if adopted:
+        adopted.require(plan.task)
+        graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
+    else:
+        graph, report = _export_torch(source, tokenizer, plan, options, step)
     with step("Writing tokenizer and manifest"):
         tokenizer.save_pretrained(options.out)
         for extra in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
             if source.has(extra):
                 (options.out / extra).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source.path / extra, options.out / extra)
+        hidden = next((o.dims[-1] for o in graph.outputs if o.name == contract.LAST_HIDDEN_STATE), None)
+        labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
         manifest = Manifest(
             task=plan.task,
             source=source.name,
             revision=source.revision,
             max_length=plan.max_length,
             onnx_file=ONNX_FILE,
-            dtype=options.dtype,
-            inputs=inputs,
-            outputs=outputs,
+            dtype=graph.dtype,
+            inputs=graph.inputs,
+            outputs=graph.outputs,
             pad_id=int(tokenizer.pad_token_id or 0),
             special_ids=special_ids(tokenizer),
             pooling=plan.pooling,
             normalize=plan.normalize,
-            dim=config.hidden_size if plan.task in (Task.EMBED, Task.M3) else None,
-            id2label={int(k): v for k, v in (config.id2label or {}).items()} if plan.task is Task.CLASSIFY else {},
+            dim=hidden if plan.task in (Task.EMBED, Task.M3) else None,
+            id2label=labels if plan.task is Task.CLASSIFY else {},
         )
         manifest.write(options.out)
     return manifest, report

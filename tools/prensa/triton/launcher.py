@@ -8,6 +8,7 @@ first on PATH, hence the current interpreter's `bin/` goes first there.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -58,19 +59,26 @@ def triton_binary() -> Path:
 
 
 def backend_directory() -> Path:
-    """A backend dir holding the wheel's Python backend plus the stub for this interpreter."""
+    """A backend dir holding the wheel's Python backend plus the stub for this interpreter.
+
+    Keyed by the wheel's location, so two virtual environments never share (or overwrite the
+    running binaries of) one directory; files are replaced atomically for the same reason.
+    """
     server = _pytriton_root() / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         raise TritonStartError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
-    target = CACHE_DIR / "triton-backends" / version
+    key = hashlib.sha256(str(server).encode()).hexdigest()[:12]
+    target = CACHE_DIR / "triton-backends" / f"{key}-py{version}"
     python_dir = target / "python"
     python_dir.mkdir(parents=True, exist_ok=True)
     for source in [*(server / "backends" / "python").iterdir(), stub]:
         dest = python_dir / source.name
-        if source.is_file() and (not dest.exists() or dest.stat().st_mtime < source.stat().st_mtime):
-            shutil.copy2(source, dest)
+        if source.is_file() and (not dest.exists() or dest.stat().st_size != source.stat().st_size):
+            staging = dest.with_name(f".{dest.name}.{os.getpid()}")
+            shutil.copy2(source, staging)
+            os.replace(staging, dest)
     return target
 
 

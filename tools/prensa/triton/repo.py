@@ -7,7 +7,6 @@ copied from `ensembles/`) and the ensemble `<name>` wiring them. Serving knobs l
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, contract, stage_model_file
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
@@ -43,15 +43,6 @@ class ModelSource:
     name: str
     export_dir: Path
     manifest: Manifest
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """Hard link when possible (an 8 GB export is not duplicated), else copy."""
-    target.unlink(missing_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
 
 
 def _string_file(values: list[str]) -> bytes:
@@ -144,7 +135,12 @@ class ModelRenderer:
             warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
-        _link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
+        link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
+
+    def encoder_rows(self) -> int:
+        """Rows per forward pass. Dynamically quantised (int8) graphs scale activations per tensor,
+        so a row's result would depend on its batch neighbours and their padding: run them alone."""
+        return 1 if self.m.dtype == "int8" else self.options.max_batch_size
 
     def encode(self) -> None:
         if self.options.max_batch_tokens < self.m.max_length:
@@ -156,17 +152,14 @@ class ModelRenderer:
             [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
             {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
-             "length_ratio": self.options.length_ratio, "max_rows": self.options.max_batch_size,
+             "length_ratio": self.options.length_ratio, "max_rows": self.encoder_rows(),
              "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
              "execution_provider": self.options.execution_provider,
              "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)},
             warmup, instances=self.options.encode_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
-        version = self.stage_dir("encode") / "1"
-        for path in self.model.export_dir.iterdir():  # the graph and any external-data files beside it
-            if path.name.startswith(Path(self.m.onnx_file).stem) and path.suffix != ".json":
-                _link_or_copy(path, version / path.name)
+        link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
 
     def pool(self) -> None:
         warmup, files = self._token_warmup((contract.INPUT_IDS, contract.ATTENTION_MASK))

@@ -1,0 +1,72 @@
+"""Read an existing ONNX graph's interface (inputs, outputs, precision) to adopt it as an export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prensa.export.source import SourceError
+from prensa.manifest import GraphOutput, Task
+from prensa.stages import contract
+
+QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "QuantizeLinear", "ConvInteger"}
+# The graph outputs each task's pool stage reads.
+REQUIRED_OUTPUTS = {
+    Task.EMBED: {contract.LAST_HIDDEN_STATE},
+    Task.M3: {contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.COLBERT_VECS},
+    Task.RERANK: {contract.LOGITS},
+    Task.CLASSIFY: {contract.LOGITS},
+    Task.SPLADE: {contract.SPLADE_WEIGHTS},
+}
+TOKEN_INPUTS = {contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS}
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    inputs: list[str]
+    outputs: list[GraphOutput]
+    dtype: str
+
+    def require(self, task: Task) -> None:
+        names = {o.name for o in self.outputs}
+        missing = REQUIRED_OUTPUTS[task] - names
+        if missing:
+            raise SourceError(f"model.onnx has outputs {sorted(names)}; a {task.value} model needs {sorted(missing)}")
+
+
+def _dims(value_info) -> list[int | str]:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in value_info.type.tensor_type.shape.dim]
+
+
+def describe_graph(path: Path) -> GraphInfo:
+    """Inputs, outputs and precision of an ONNX file, without loading its weights."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    unknown = set(inputs) - TOKEN_INPUTS
+    if unknown or contract.INPUT_IDS not in inputs:
+        raise SourceError(f"model.onnx takes inputs {inputs}; prensa feeds {sorted(TOKEN_INPUTS)}")
+    outputs = []
+    for value in model.graph.output:
+        dims = _dims(value)[1:]  # drop the batch axis
+        per_token = len(dims) >= 1 and not isinstance(dims[0], int)
+        outputs.append(GraphOutput(value.name, [-1 if not isinstance(d, int) else d for d in dims], per_token))
+    ops = {node.op_type for node in model.graph.node}
+    fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    dtype = "int8" if ops & QUANTIZED_OPS else "fp16" if fp16 else "fp32"
+    return GraphInfo(inputs, outputs, dtype)
+
+
+def task_from_outputs(graph: GraphInfo, config: dict) -> Task:
+    names = {o.name: o for o in graph.outputs}
+    if REQUIRED_OUTPUTS[Task.M3] <= names.keys():
+        return Task.M3
+    if contract.LOGITS in names:
+        labels = names[contract.LOGITS].dims[-1] if names[contract.LOGITS].dims else 1
+        return Task.RERANK if labels == 1 and len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
+    if contract.SPLADE_WEIGHTS in names:
+        return Task.SPLADE
+    return Task.EMBED
+
