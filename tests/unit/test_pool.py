@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.stages import load_stage
+from prensa.stages import load_stage
 
 pool = load_stage("pool")
 

@@ -1,12 +1,14 @@
-"""Where the Python-backend stage code lives, and its tensor contract as a module.
+"""Where the Python-backend stage code lives, and its modules as prensa sees them.
 
 Stage code sits in the top-level `ensembles/` folder so that it can be copied verbatim into a
-model repository; prensa reads the same contract file instead of keeping a second copy.
+model repository; prensa imports the same files (the tensor contract, the pooling maths)
+instead of keeping second copies.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,12 +21,21 @@ def stage_model_file(stage: str) -> Path:
     return ENSEMBLES_DIR / stage / "model.py"
 
 
-def _load_contract() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("prensa_stage", CONTRACT_FILE)
-    assert spec is not None and spec.loader is not None, f"missing {CONTRACT_FILE}"
+def _import(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"missing {path}"
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses in stage code look their module up here
     spec.loader.exec_module(module)
     return module
 
 
-contract = _load_contract()
+def load_stage(stage: str) -> ModuleType:
+    """A stage's model.py with its sibling `prensa_stage` importable, as inside Triton."""
+    _import("prensa_stage", CONTRACT_FILE)
+    return _import(f"prensa_stage_{stage}", stage_model_file(stage))
+
+
+contract = _import("prensa_stage", CONTRACT_FILE)

@@ -49,6 +49,7 @@ class ExportOptions:
     dtype: str = "fp32"
     dense_only: bool = False
     revision: str | None = None
+    quantize_int8: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,31 @@ def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInf
     return graph, report
 
 
+def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan, options: ExportOptions,
+              step: Step) -> tuple[GraphInfo, VerifyReport]:
+    """Swap the fp32 graph in `out` for its int8 version; add the agreement figures to the report."""
+    from prensa.export.quantize import quantize_with_report
+
+    if graph.dtype != "fp32":
+        raise SourceError(f"--quantize int8 needs an fp32 graph; this one is {graph.dtype}")
+    staging = options.out / ".fp32"
+    staging.mkdir(exist_ok=True)
+    for path in options.out.iterdir():  # the graph and its external data move together
+        if path.is_file() and path.name.startswith(Path(ONNX_FILE).stem) and path.suffix != ".json":
+            path.replace(staging / path.name)
+    try:
+        with step("Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"):
+            result = quantize_with_report(staging / ONNX_FILE, options.out / ONNX_FILE, graph.inputs, tokenizer,
+                                          plan.task, plan.pooling, plan.max_length)
+    finally:
+        shutil.rmtree(staging)
+    figures = dict(report.figures)
+    for label, values in result.figures.items():
+        kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
+        figures[f"int8 {label}{kept}"] = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+    return GraphInfo(graph.inputs, graph.outputs, "int8"), VerifyReport(report.heading, figures, report.ok)
+
+
 def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
     from transformers import AutoTokenizer
 
@@ -209,6 +235,8 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
         graph, report = _export_torch(source, tokenizer, plan, options, step)
+    if options.quantize_int8:
+        graph, report = _quantize(graph, report, tokenizer, plan, options, step)
     with step("Writing tokenizer and manifest"):
         tokenizer.save_pretrained(options.out)
         for extra in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):

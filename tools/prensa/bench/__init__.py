@@ -1,0 +1,1 @@
+"""Benchmarks and load tests: the workload, the systems compared, and the reports."""
