@@ -81,8 +81,8 @@ class TokenBudgetEncoder:
         self.length_ratio = length_ratio
         self.max_rows = max_rows
         self.per_token_outputs = per_token_outputs
-        self.padded_tokens = 0  # what the sessions computed, for the padding-efficiency figure
-        self.real_tokens = 0
+        self.padded_tokens = 0  # rows x padded width, summed over forward passes
+        self.real_tokens = 0  # tokens under the attention mask
 
     def encode(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         rows = [
@@ -149,6 +149,17 @@ class TritonPythonModel:
             per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
         )
 
+        # Real vs computed tokens on Triton's metrics port: the padding overhead, per model. The
+        # families must outlive their metrics, so both are kept.
+        self.token_families = {
+            kind: pb_utils.MetricFamily(name=f"prensa_encoder_{kind}_tokens",
+                                        description=f"{kind} tokens in the encoder's forward passes",
+                                        kind=pb_utils.MetricFamily.COUNTER)
+            for kind in ("real", "padded")
+        }
+        self.token_metrics = {kind: family.Metric(labels={"model": args["model_name"]})
+                              for kind, family in self.token_families.items()}
+
     def execute(self, requests):
         names = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
         tensors = []
@@ -160,7 +171,10 @@ class TritonPythonModel:
                     item[name] = tensor.as_numpy()
             item.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(item[contract.INPUT_IDS]))
             tensors.append(item)
+        real, padded = self.encoder.real_tokens, self.encoder.padded_tokens
         results = self.encoder.encode(tensors)
+        self.token_metrics["real"].increment(self.encoder.real_tokens - real)
+        self.token_metrics["padded"].increment(self.encoder.padded_tokens - padded)
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
             for result in results

@@ -7,9 +7,11 @@ import typer
 from prensa.cli import repo
 from prensa.cli.export import export
 from prensa.cli.serve import serve, up
+from prensa.cli.stats import stats
 
 app = typer.Typer(help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.", no_args_is_help=True)
 app.command()(export)
 app.add_typer(repo.app, name="repo")
 app.command()(serve)
 app.command()(up)
+app.command()(stats)
