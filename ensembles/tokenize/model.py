@@ -1,9 +1,12 @@
 """Tokenize stage: UTF-8 text (and optional second segment) -> right-padded token ids.
 
 All texts of all requests in one `execute` go through one `encode_batch` call (the fast
-tokenizer parallelises it); each request then gets tensors padded only to its own longest row.
-Config parameters: `tokenizer_file`, `max_length`, `truncation_side` (right|left),
-`pair_truncation` (only_second|longest_first), `pad_id`.
+tokenizer parallelises it); each request then gets tensors padded only to its own longest row,
+or, when `length_buckets` is set, to the smallest bucket that holds it: native encoders
+(TensorRT, onnxruntime backend) batch only requests of equal shape, and buckets make shapes
+repeat. Config parameters: `tokenizer_file`, `max_length`, `truncation_side` (right|left),
+`pair_truncation` (only_second|longest_first), `pad_id`, optional `length_buckets` (ascending,
+comma-separated, the last one `max_length`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,53 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 
-def load_tokenizer(path: Path, max_length: int, side: str, pair_strategy: str) -> Tokenizer:
+def load_tokenizer(path: Path, max_length: int, side: str, strategy: str) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length, strategy=pair_strategy, direction=side)
+    tokenizer.enable_truncation(max_length, strategy=strategy, direction=side)
     return tokenizer
+
+
+Item = str | tuple[str, str]
+
+
+class TextEncoder:
+    """Tokenizes many requests in as few `encode_batch` calls as possible.
+
+    Single texts truncate `longest_first`, pairs by the pair strategy (`only_second`: the query
+    is kept whole). A batch that fails (e.g. a query longer than max_length) is retried request
+    by request, so only the offending request gets the error.
+    """
+
+    def __init__(self, path: Path, max_length: int, side: str, pair_strategy: str) -> None:
+        self.single = load_tokenizer(path, max_length, side, "longest_first")
+        self.pair = load_tokenizer(path, max_length, side, pair_strategy)
+
+    def _encode(self, requests: list[list[Item]]) -> list[list[Encoding]]:
+        flat = [item for items in requests for item in items]
+        encoded: list[Encoding | None] = [None] * len(flat)
+        for tokenizer, wanted in ((self.single, str), (self.pair, tuple)):
+            indices = [i for i, item in enumerate(flat) if isinstance(item, wanted)]
+            if indices:
+                for i, encoding in zip(indices, tokenizer.encode_batch([flat[i] for i in indices])):
+                    encoded[i] = encoding
+        split, start = [], 0
+        for items in requests:
+            split.append(encoded[start : start + len(items)])
+            start += len(items)
+        return split
+
+    def encode_requests(self, requests: list[list[Item]]) -> list[list[Encoding] | Exception]:
+        try:
+            return self._encode(requests)
+        except Exception:  # noqa: BLE001 - find which request failed; the others still succeed
+            results: list[list[Encoding] | Exception] = []
+            for items in requests:
+                try:
+                    results.append(self._encode([items])[0])
+                except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
+                    results.append(exc)
+            return results
 
 
 def decode_texts(column: np.ndarray) -> list[str]:
@@ -32,9 +77,14 @@ def decode_texts(column: np.ndarray) -> list[str]:
     return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in column.reshape(-1)]
 
 
-def pad_encodings(encodings: list[Encoding], pad_id: int) -> dict[str, np.ndarray]:
-    """Right-pad one request's encodings to its longest row."""
-    width = max((len(e.ids) for e in encodings), default=0)
+def bucket_width(longest: int, buckets: list[int]) -> int:
+    """The smallest bucket holding `longest` tokens; `longest` itself without buckets."""
+    return next((b for b in buckets if b >= longest), longest)
+
+
+def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Right-pad one request's encodings to its longest row, or to that row's length bucket."""
+    width = bucket_width(max((len(e.ids) for e in encodings), default=0), buckets or [])
     ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(encodings), width), dtype=np.int64)
     types = np.zeros((len(encodings), width), dtype=np.int64)
@@ -50,15 +100,16 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = contract.parameters(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.tokenizer = load_tokenizer(
+        self.encoder = TextEncoder(
             version_dir / params["tokenizer_file"],
             int(params["max_length"]),
             params.get("truncation_side", "right"),
             params.get("pair_truncation", "only_second"),
         )
         self.pad_id = int(params["pad_id"])
+        self.buckets = contract.int_list(params.get("length_buckets", ""))
 
-    def _read(self, request) -> list[str | tuple[str, str]]:
+    def _read(self, request) -> list[Item]:
         texts = decode_texts(pb_utils.get_input_tensor_by_name(request, contract.TEXT).as_numpy())
         pair_tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_PAIR)
         if pair_tensor is None:
@@ -69,22 +120,21 @@ class TritonPythonModel:
         return list(zip(texts, pairs))
 
     def execute(self, requests):
-        inputs: list[list[str | tuple[str, str]] | None] = []
-        errors: list[str | None] = []
+        readable: list[list[Item]] = []
+        outcome: list[list[Encoding] | Exception] = []
         for request in requests:
             try:
-                inputs.append(self._read(request))
-                errors.append(None)
+                readable.append(self._read(request))
+                outcome.append([])
             except (UnicodeDecodeError, ValueError) as exc:
-                inputs.append(None)
-                errors.append(f"invalid input: {exc}")
-        flat = [item for items in inputs if items for item in items]
-        encodings = iter(self.tokenizer.encode_batch(flat)) if flat else iter(())
+                outcome.append(exc)
+        encoded = iter(self.encoder.encode_requests(readable))
         responses = []
-        for items, error in zip(inputs, errors):
-            if error is not None:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
-                continue
-            padded = pad_encodings([next(encodings) for _ in items], self.pad_id)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in padded.items()]))
+        for result in outcome:
+            result = result if isinstance(result, Exception) else next(encoded)
+            if isinstance(result, Exception):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {result}")))
+            else:
+                padded = pad_encodings(result, self.pad_id, self.buckets)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in padded.items()]))
         return responses

@@ -96,3 +96,13 @@ def test_num_tokens_counts_special_tokens(triton, minilm_dir):
     out = infer("grpc", triton, "minilm", TEXTS)
     expected = [len(tokenizer(t, truncation=True, max_length=256)["input_ids"]) for t in TEXTS]
     assert out["num_tokens"].ravel().tolist() == expected
+
+
+def test_text_longer_than_max_length_is_truncated(triton, minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    long = "Berlin is the capital and largest city of Germany. " * 60
+    out = infer("grpc", triton, "minilm", [long, "short"])
+    assert out["num_tokens"].ravel().tolist()[0] == 256
+    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode([long])  # truncates at 256 too
+    assert cosine(out["dense"][:1], expected).min() >= 0.9999

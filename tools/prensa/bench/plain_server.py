@@ -1,0 +1,39 @@
+"""The baseline prensa is measured against: a plain FastAPI app that runs sentence-transformers
+on each request as it arrives (no cross-request batching). Run by `prensa bench` as
+`python -m prensa.bench.plain_server MODEL_DIR embed|rerank PORT`."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from fastapi import FastAPI
+
+
+def create_app(model_dir: str, task: str) -> FastAPI:
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    app = FastAPI()
+    if task == "rerank":
+        model = CrossEncoder(model_dir, device="cpu")
+
+        @app.post("/rerank")
+        def rerank(body: dict) -> list[float]:
+            return model.predict([(body["query"], text) for text in body["texts"]]).tolist()
+    else:
+        model = SentenceTransformer(model_dir, device="cpu")
+
+        @app.post("/embed")
+        def embed(body: dict) -> list[list[float]]:
+            return model.encode(body["inputs"]).tolist()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {}
+
+    return app
+
+
+if __name__ == "__main__":
+    model_dir, task, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    uvicorn.run(create_app(model_dir, task), host="127.0.0.1", port=port, log_level="warning")

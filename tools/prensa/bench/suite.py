@@ -1,0 +1,187 @@
+"""One benchmark run: the same workload through every system, one system up at a time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prensa.bench.load import Workload, closed_loop, sequential_latency
+from prensa.bench.systems import (
+    HttpClient,
+    OnnxLimit,
+    SentenceTransformersInProcess,
+    ServerProcess,
+    TritonClient,
+    count_tokens,
+    infinity_server,
+    plain_fastapi_server,
+    text_encoder,
+    wait,
+)
+from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
+from prensa.manifest import Manifest, Task
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.metrics import difference, scrape
+from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+
+SHORT_QUERY = "how are module attributes looked up?"
+Step = Callable[[str], AbstractContextManager]
+
+
+@dataclass
+class BenchOptions:
+    export_dir: Path
+    out_dir: Path
+    concurrencies: list[int] = field(default_factory=lambda: [1, 8, 32])
+    texts: int = 512
+    rerank_queries: int = 32
+    passages_per_query: int = 10
+    single_repeats: int = 30
+    torch_model_dir: Path | None = None
+    infinity: str | None = None
+    gateway: bool = True
+    serving: ServingOptions = field(default_factory=ServingOptions)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) -> Workload:
+    encoder = text_encoder(export_dir, manifest)
+    if manifest.task is Task.RERANK:
+        cases = rerank_cases(options.rerank_queries, options.passages_per_query)
+        tokens = [count_tokens(encoder, [(c.query, p) for p in c.passages]) for c in cases]
+        return Workload(cases, [len(c.passages) for c in cases], tokens)
+    texts = embedding_texts(options.texts)
+    return Workload([[t] for t in texts], [1] * len(texts), [count_tokens(encoder, [t]) for t in texts])
+
+
+def _flat(workload: Workload) -> list:
+    return list(workload.items) if isinstance(workload.items[0], RerankCase) else [i[0] for i in workload.items]
+
+
+def _in_process_entry(name: str, result, single_ms: float) -> dict:
+    return {"name": name, "kind": "in-process", "single_query_p50_ms": single_ms,
+            "runs": [{"concurrency": None, "seq_per_s": result.sequences / result.seconds,
+                      "tok_per_s": result.tokens / result.seconds}]}
+
+
+def _drive(client, workload: Workload, task: Task, options: BenchOptions, short) -> dict:
+    send = client.rerank if task is Task.RERANK else client.embed
+
+    async def go() -> dict:
+        await client.open()
+        try:
+            single = await sequential_latency(send, short, options.single_repeats)
+            runs = []
+            for concurrency in options.concurrencies:
+                result = await closed_loop(send, workload, concurrency)
+                runs.append(result.figures())
+            return {"name": client.name, "kind": "server", "single_query_p50_ms": single, "runs": runs}
+        finally:
+            await client.close()
+
+    return wait(go())
+
+
+def run_bench(options: BenchOptions, step: Step) -> dict:
+    export_dir = options.export_dir
+    manifest = Manifest.read(export_dir)
+    task = manifest.task
+    if task not in (Task.EMBED, Task.M3, Task.RERANK):
+        raise ValueError(f"prensa bench measures embedders and rerankers; this export is {task.value}")
+    workload = build_workload(manifest, export_dir, options)
+    short_item = RerankCase(SHORT_QUERY, ["Module attributes are looked up in the module's namespace dictionary."]) \
+        if task is Task.RERANK else [SHORT_QUERY]
+    short_input = (short_item.query, short_item.passages[0]) if task is Task.RERANK else SHORT_QUERY
+    systems: list[dict] = []
+    report = {"model": manifest.source, "task": task.value, "dtype": manifest.dtype, "cpus": os.cpu_count(),
+              "workload": {"requests": len(workload.items), "sequences": sum(workload.sequences),
+                           "mean_tokens": sum(workload.tokens) / max(sum(workload.sequences), 1)},
+              "systems": systems}
+
+    with step("onnxruntime limit (sorted batches of 32, no server)"):
+        limit = OnnxLimit(export_dir)
+        systems.append(_in_process_entry(limit.name, limit.run(_flat(workload)),
+                                         limit.single_latency_ms(short_input, options.single_repeats)))
+        del limit
+
+    torch_dir = options.torch_model_dir
+    if torch_dir:
+        with step("sentence-transformers in-process"):
+            st = SentenceTransformersInProcess(torch_dir, task)
+            inputs = _flat(workload)
+            systems.append(_in_process_entry(st.name, st.run(inputs, text_encoder(export_dir, manifest)),
+                                             st.single_latency_ms(short_input, options.single_repeats)))
+            del st
+
+    work = Path(tempfile.mkdtemp(prefix="prensa-bench-"))
+    try:
+        name = "bench"
+        build_repository([ModelSource(name, export_dir, manifest)], work / "repo", options.serving)
+        ports = TritonPorts(free_port(), free_port(), free_port())
+        with step("prensa: starting Triton"):
+            triton = TritonProcess(TritonOptions(work / "repo", ports=ports), log_path=options.out_dir / "tritonserver.log")
+            triton.start()
+            triton.wait_ready()
+        try:
+            before = scrape(triton.metrics_url)
+            with step("prensa via Triton gRPC"):
+                systems.append(_drive(TritonClient("prensa (Triton gRPC)", triton.grpc_url, name), workload, task,
+                                      options, short_item))
+            encoder = difference(scrape(triton.metrics_url), before).get(f"{name}_encode")
+            if encoder:
+                report["prensa_encoder"] = {"padded_per_real_token": encoder.padding_ratio,
+                                            "average_batch": encoder.average_batch,
+                                            "queue_ms_per_request": encoder.queue_ms_per_request}
+            if options.gateway:
+                port = free_port()
+                gateway = ServerProcess(
+                    [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
+                     "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000"],
+                    f"http://127.0.0.1:{port}/health", options.out_dir / "gateway.log")
+                with step("prensa via the gateway (TEI /embed, /rerank)"):
+                    gateway.start()
+                    try:
+                        systems.append(_drive(HttpClient("prensa (gateway HTTP)", f"http://127.0.0.1:{port}", name,
+                                                         "tei"), workload, task, options, short_item))
+                    finally:
+                        gateway.stop()
+        finally:
+            triton.stop()
+
+        if torch_dir:
+            port = free_port()
+            plain = plain_fastapi_server(torch_dir, task, port, options.out_dir / "plain_fastapi.log")
+            with step("plain FastAPI + sentence-transformers, one encode per request"):
+                plain.start()
+                try:
+                    systems.append(_drive(HttpClient("FastAPI + sentence-transformers", f"http://127.0.0.1:{port}",
+                                                     "", "tei"), workload, task, options, short_item))
+                finally:
+                    plain.stop()
+        binary = options.infinity or shutil.which("infinity_emb")
+        if binary and torch_dir:
+            port = free_port()
+            infinity = infinity_server(binary, torch_dir, port, options.out_dir / "infinity.log")
+            with step("Infinity (infinity-emb)"):
+                infinity.start()
+                try:
+                    systems.append(_drive(HttpClient("Infinity", f"http://127.0.0.1:{port}", str(torch_dir),
+                                                     "openai"), workload, task, options, short_item))
+                finally:
+                    infinity.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report

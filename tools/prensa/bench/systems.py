@@ -1,0 +1,238 @@
+"""The systems `prensa bench` compares, each behind the same small interface.
+
+In-process systems (the onnxruntime limit, sentence-transformers) are timed on the whole
+workload at once; servers (prensa through Triton gRPC or the gateway, a plain FastAPI app,
+Infinity) are driven by the closed-loop client in `load.py`, one system running at a time so
+they never compete for the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prensa.bench.workload import RerankCase
+from prensa.manifest import Manifest, Task
+from prensa.stages import contract, load_stage
+
+LIMIT_BATCH = 32
+
+
+@dataclass(frozen=True)
+class InProcessResult:
+    seconds: float
+    sequences: int
+    tokens: int
+
+
+class ServerProcess:
+    """A benchmark peer started as a subprocess on loopback and stopped by PID."""
+
+    def __init__(self, command: list[str], health_url: str, log: Path, env: dict[str, str] | None = None) -> None:
+        self.command, self.health_url, self.log, self.env = command, health_url, log, env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=self.env or dict(os.environ), start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.command[0]} exited with {self.process.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=2) as response:  # noqa: S310 - loopback
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{self.command[0]} was not healthy after {timeout_s:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def text_encoder(export_dir: Path, manifest: Manifest):
+    """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
+    return load_stage("tokenize").TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
+                                              "only_second")
+
+
+def count_tokens(encoder, inputs: list) -> int:
+    return sum(len(e.ids) for e in encoder.encode_requests([list(inputs)])[0])
+
+
+class OnnxLimit:
+    """onnxruntime on the served graph with ideal batches: sorted by length, 32 rows, no server."""
+
+    name = "onnxruntime limit"
+
+    def __init__(self, export_dir: Path) -> None:
+        import onnxruntime as ort
+
+        self.manifest = Manifest.read(export_dir)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(export_dir / self.manifest.onnx_file), options,
+                                            providers=["CPUExecutionProvider"])
+        self.encoder = text_encoder(export_dir, self.manifest)
+        self.tokenize = load_stage("tokenize")
+
+    def _run(self, encodings) -> None:
+        padded = self.tokenize.pad_encodings(encodings, self.manifest.pad_id)
+        self.session.run(None, {n: padded[n] for n in self.manifest.inputs})
+
+    def run(self, items: list[str] | list[RerankCase]) -> InProcessResult:
+        inputs = _pairs(items) if items and isinstance(items[0], RerankCase) else items
+        encodings = sorted(self.encoder.encode_requests([inputs])[0], key=lambda e: len(e.ids))
+        started = time.perf_counter()
+        for start in range(0, len(encodings), LIMIT_BATCH):
+            self._run(encodings[start : start + LIMIT_BATCH])
+        return InProcessResult(time.perf_counter() - started, len(encodings), sum(len(e.ids) for e in encodings))
+
+    def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
+        encoding = self.encoder.encode_requests([[text]])[0][0]
+        self._run([encoding])
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            self._run([encoding])
+            samples.append((time.perf_counter() - started) * 1000)
+        return float(np.median(samples))
+
+
+class SentenceTransformersInProcess:
+    """sentence-transformers' own batched encode (it sorts by length too): the library baseline."""
+
+    name = "sentence-transformers (in-process)"
+
+    def __init__(self, model_dir: Path, task: Task) -> None:
+        from sentence_transformers import CrossEncoder, SentenceTransformer
+
+        self.task = task
+        self.model = CrossEncoder(str(model_dir), device="cpu") if task is Task.RERANK else \
+            SentenceTransformer(str(model_dir), device="cpu")
+
+    def _call(self, inputs) -> None:
+        if self.task is Task.RERANK:
+            self.model.predict(inputs, batch_size=LIMIT_BATCH)
+        else:
+            self.model.encode(inputs, batch_size=LIMIT_BATCH)
+
+    def run(self, items, encoder) -> InProcessResult:
+        inputs = _pairs(items) if self.task is Task.RERANK else items
+        started = time.perf_counter()
+        self._call(inputs)
+        return InProcessResult(time.perf_counter() - started, len(inputs), count_tokens(encoder, inputs))
+
+    def single_latency_ms(self, text, repeats: int) -> float:
+        self._call([text])
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            self._call([text])
+            samples.append((time.perf_counter() - started) * 1000)
+        return float(np.median(samples))
+
+
+def _pairs(cases: list[RerankCase]) -> list[tuple[str, str]]:
+    return [(case.query, passage) for case in cases for passage in case.passages]
+
+
+class TritonClient:
+    """prensa through Triton's gRPC endpoint, as `tritonclient` users call it."""
+
+    def __init__(self, name: str, url: str, model: str) -> None:
+        self.name, self.url, self.model = name, url, model
+        self.client = None
+
+    async def open(self) -> None:
+        import tritonclient.grpc.aio as grpcclient
+
+        self.module = grpcclient
+        self.client = grpcclient.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def _tensor(self, name: str, texts: list[str]):
+        tensor = self.module.InferInput(name, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+        return tensor
+
+    async def embed(self, texts: list[str]) -> None:
+        await self.client.infer(self.model, [self._tensor(contract.TEXT, texts)])
+
+    async def rerank(self, case: RerankCase) -> None:
+        queries = [case.query] * len(case.passages)
+        await self.client.infer(self.model, [self._tensor(contract.TEXT, queries),
+                                             self._tensor(contract.TEXT_PAIR, case.passages)])
+
+
+class HttpClient:
+    """Any server speaking TEI's `/embed` + `/rerank` or OpenAI's `/embeddings` + `/rerank`."""
+
+    def __init__(self, name: str, base_url: str, model: str, style: str) -> None:
+        self.name, self.base_url, self.model, self.style = name, base_url.rstrip("/"), model, style
+        self.session = None
+
+    async def open(self) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             timeout=aiohttp.ClientTimeout(total=300))
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def _post(self, path: str, body: dict) -> None:
+        async with self.session.post(self.base_url + path, json=body) as response:
+            await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{path}: HTTP {response.status}")
+
+    async def embed(self, texts: list[str]) -> None:
+        if self.style == "openai":
+            await self._post("/embeddings", {"model": self.model, "input": texts})
+        else:
+            await self._post("/embed", {"inputs": texts, "model": self.model})
+
+    async def rerank(self, case: RerankCase) -> None:
+        if self.style == "openai":
+            await self._post("/rerank", {"model": self.model, "query": case.query, "documents": case.passages})
+        else:
+            await self._post("/rerank", {"query": case.query, "texts": case.passages, "model": self.model})
+
+
+def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:
+    command = [sys.executable, "-m", "prensa.bench.plain_server", str(model_dir), task.value, str(port)]
+    return ServerProcess(command, f"http://127.0.0.1:{port}/health", log)
+
+
+def infinity_server(binary: str, model_dir: Path, port: int, log: Path) -> ServerProcess:
+    command = [binary, "v2", "--model-id", str(model_dir), "--port", str(port), "--host", "127.0.0.1",
+               "--device", "cpu", "--engine", "torch", "--no-bettertransformer"]
+    return ServerProcess(command, f"http://127.0.0.1:{port}/health", log,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
+
+
+def wait(coroutine):
+    return asyncio.run(coroutine)

@@ -1,0 +1,60 @@
+"""`prensa bench`: prensa side by side with the onnxruntime limit and its peers, in one run."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from prensa.bench.report import add_ratios, print_table, write_json, write_plot
+from prensa.bench.suite import BenchOptions, run_bench
+from prensa.manifest import Manifest
+from prensa.triton.repo import ServingOptions
+
+
+def bench(
+    export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")],
+    out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")] = Path("bench-results"),
+    torch_model: Annotated[Optional[Path], typer.Option(help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights.")] = None,
+    concurrency: Annotated[Optional[list[int]], typer.Option(help="Concurrent clients per run; repeatable.")] = None,
+    texts: Annotated[int, typer.Option(help="Embedding requests (one text each) in the workload.")] = 512,
+    queries: Annotated[int, typer.Option(help="Rerank requests in the workload.")] = 32,
+    passages: Annotated[int, typer.Option(help="Passages per rerank request.")] = 10,
+    infinity: Annotated[Optional[str], typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
+    gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
+    quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
+    instances: Annotated[int, typer.Option(help="Encoder instances for the prensa runs.")] = 1,
+    cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
+    queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 1000,
+    max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,
+) -> None:
+    """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
+    console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI get the whole table
+    manifest = Manifest.read(export_dir)
+    source = Path(manifest.source)
+    torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
+    options = BenchOptions(
+        export_dir, out, concurrency or ([1, 4] if quick else [1, 8, 32]), 24 if quick else texts,
+        4 if quick else queries, 4 if quick else passages, 5 if quick else 30, torch_dir, infinity, gateway,
+        ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
+                       max_batch_tokens=max_batch_tokens),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+
+        @contextmanager
+        def step(description: str):
+            handle = progress.add_task(description, total=1)
+            yield
+            progress.update(handle, completed=1, description=f"[green]✓[/] {description}")
+
+        report = add_ratios(run_bench(options, step))
+    print_table(report, console)
+    write_json(report, out / "bench.json")
+    write_plot(report, out / "bench.png")
+    console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
