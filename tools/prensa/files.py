@@ -17,8 +17,9 @@ def link_or_copy(source: Path, target: Path) -> None:
 
 
 def link_graph_files(source_dir: Path, target_dir: Path, onnx_file: str) -> None:
-    """An ONNX graph plus any external-data files named after it (`model.onnx_data`, ...)."""
+    """An ONNX graph plus any external-data files named after it (`model.onnx_data`, ...); not a
+    TensorRT engine (`model.plan`) that shares the stem."""
     stem = Path(onnx_file).stem
     for path in source_dir.iterdir():
-        if path.is_file() and path.name.startswith(stem) and path.suffix != ".json":
+        if path.is_file() and path.name.startswith(stem) and path.suffix not in (".json", ".plan"):
             link_or_copy(path, target_dir / path.name)

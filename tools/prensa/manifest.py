@@ -33,6 +33,26 @@ class GraphOutput:
 
 
 @dataclass
+class EngineProfile:
+    """The one TensorRT optimization profile an engine was built with: the shapes it accepts."""
+
+    min_batch: int
+    opt_batch: int
+    max_batch: int
+    min_length: int
+    opt_length: int
+    max_length: int
+
+
+@dataclass
+class TensorRTEngine:
+    file: str  # serialized engine beside the ONNX graph, e.g. model.plan
+    precision: str  # fp16 (LayerNorm and softmax in fp32) or fp32
+    tensorrt_version: str  # an engine loads only in this TensorRT version, on the GPU kind it was built on
+    profile: EngineProfile
+
+
+@dataclass
 class Manifest:
     task: Task
     source: str  # Hugging Face id or the directory it came from
@@ -49,6 +69,7 @@ class Manifest:
     normalize: bool = True
     dim: int | None = None  # dense dimension
     id2label: dict[int, str] = field(default_factory=dict)
+    tensorrt: TensorRTEngine | None = None  # set by `prensa export --format tensorrt`
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:
@@ -71,4 +92,7 @@ class Manifest:
         data["pooling"] = Pooling(data["pooling"]) if data.get("pooling") else None
         data["outputs"] = [GraphOutput(**o) for o in data["outputs"]]
         data["id2label"] = {int(k): v for k, v in data.get("id2label", {}).items()}
+        if data.get("tensorrt"):
+            engine = data["tensorrt"]
+            data["tensorrt"] = TensorRTEngine(**{**engine, "profile": EngineProfile(**engine["profile"])})
         return cls(**data)

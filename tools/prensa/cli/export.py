@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from prensa.export.pipeline import ExportOptions, export_model
+from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.source import SourceError
+from prensa.export.tensorrt import SERVING_TENSORRT, SERVING_TRITON, TensorRTError, TensorRTUnavailable
 from prensa.manifest import Pooling, Task
 
 console = Console(stderr=True)
@@ -24,17 +25,27 @@ def export(
     task: Annotated[Optional[Task], typer.Option(help="What the model does; detected from its files when omitted.")] = None,
     pooling: Annotated[Optional[Pooling], typer.Option(help="Dense pooling; default from 1_Pooling/config.json, else cls.")] = None,
     max_length: Annotated[Optional[int], typer.Option(help="Max tokens per text; default from the model's configs.")] = None,
-    dtype: Annotated[str, typer.Option(help="fp32, or fp16 (fp16 runs fast only on a GPU execution provider).")] = "fp32",
+    dtype: Annotated[Optional[str], typer.Option(help="fp32 or fp16. Default: fp32 for onnx (fp16 runs fast only on a GPU provider), fp16 for tensorrt.")] = None,
     dense_only: Annotated[bool, typer.Option(help="bge-m3 without its sparse/ColBERT head files: serve dense only.")] = False,
     revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) to export.")] = None,
     quantize: Annotated[Optional[str], typer.Option(help="int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.")] = None,
+    export_format: Annotated[ExportFormat, typer.Option("--format", help="onnx, or tensorrt: also build model.plan (needs TensorRT and a CUDA GPU; see docs/gpu.md).")] = ExportFormat.ONNX,
+    trt_max_batch: Annotated[int, typer.Option(help="TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).")] = 64,
+    trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = 8,
+    trt_opt_length: Annotated[Optional[int], typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
 ) -> None:
-    """Export a model to ONNX plus tokenizer and manifest, and verify it against torch."""
+    """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
+    dtype = dtype or ("fp16" if export_format is ExportFormat.TENSORRT else "fp32")
     if dtype not in ("fp32", "fp16"):
         raise typer.BadParameter("--dtype must be fp32 or fp16")
     if quantize not in (None, "int8") or (quantize and dtype != "fp32"):
         raise typer.BadParameter("--quantize takes int8, from an fp32 export")
-    options = ExportOptions(source, out, task, pooling, max_length, dtype, dense_only, revision, quantize == "int8")
+    if not 1 <= trt_opt_batch <= trt_max_batch:
+        raise typer.BadParameter("the TensorRT profile needs 1 <= --trt-opt-batch <= --trt-max-batch")
+    if quantize and export_format is ExportFormat.TENSORRT:
+        raise typer.BadParameter("--quantize int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)")
+    options = ExportOptions(source, out, task, pooling, max_length, dtype, dense_only, revision, quantize == "int8",
+                            export_format, trt_max_batch, trt_opt_batch, trt_opt_length)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
 
         @contextmanager
@@ -45,7 +56,7 @@ def export(
 
         try:
             manifest, report = export_model(options, step)
-        except SourceError as exc:
+        except (SourceError, TensorRTUnavailable, TensorRTError) as exc:
             failure = exc
         else:
             failure = None
@@ -56,8 +67,13 @@ def export(
     for name, figure in report.figures.items():
         table.add_row(name, figure)
     console.print(table)
-    if dtype == "fp16":
+    if dtype == "fp16" and export_format is ExportFormat.ONNX:
         console.print("[yellow]fp16:[/] onnxruntime's CPU provider runs fp16 graphs slowly; serve it on a GPU.")
+    engine = manifest.tensorrt
+    if engine and not engine.tensorrt_version.startswith(SERVING_TENSORRT + "."):
+        console.print(f"[yellow]TensorRT {engine.tensorrt_version}:[/] compose.yaml's Triton {SERVING_TRITON} loads only "
+                      f"TensorRT {SERVING_TENSORRT} engines; serve this plan with a Triton release built on "
+                      f"TensorRT {engine.tensorrt_version}.")
     if not report.ok:
         console.print("[red]error:[/] the exported graph failed its check (table above)")
         raise typer.Exit(1)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from prensa.manifest import Manifest, Pooling
-from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, ServingOptions, Target, build_repository
 
 app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -46,9 +46,24 @@ def build(
     max_batch_tokens: Annotated[int, typer.Option(help="Token budget of one encoder forward pass (rows x padded length).")] = 16384,
     length_ratio: Annotated[float, typer.Option(help="Start a new sub-batch when a row is this many times longer than the shortest.")] = 1.25,
     pooling: Annotated[Optional[Pooling], typer.Option(help="Override the exported pooling for dense outputs.")] = None,
+    target: Annotated[Target, typer.Option(help="cpu: Python-backend encoder (pip Triton, `prensa serve`); container: native GPU encoder for the official Triton container (compose.yaml, docs/gpu.md).")] = Target.CPU,
+    execution_provider: Annotated[str, typer.Option(help="cpu target: onnxruntime provider of the Python encoder, cpu or cuda (cuda needs onnxruntime-gpu where Triton runs).")] = "cpu",
+    length_buckets: Annotated[Optional[str], typer.Option(help="container target: comma-separated pad lengths (the max length is always the last); default powers of two from 16.")] = None,
+    onnx_tensorrt: Annotated[bool, typer.Option(help="container target, exports without model.plan: run the onnxruntime backend with TensorRT as its accelerator (fp16, engine cache).")] = False,
+    trt_cache_dir: Annotated[str, typer.Option(help="container target with --onnx-tensorrt: engine cache directory inside the container.")] = "/cache/trt",
 ) -> None:
     """Render tokenize -> encode -> pool ensembles for each export into REPO."""
     exports = exports or []
+    if execution_provider not in ("cpu", "cuda"):
+        raise typer.BadParameter("--execution-provider must be cpu or cuda")
+    if target is Target.CONTAINER and execution_provider != "cpu":
+        raise typer.BadParameter("--execution-provider applies to the cpu target; the container target's encoder runs on the GPU")
+    if target is Target.CPU and (length_buckets or onnx_tensorrt):
+        raise typer.BadParameter("--length-buckets and --onnx-tensorrt apply to --target container")
+    try:
+        buckets = tuple(int(b) for b in length_buckets.split(",") if b.strip()) if length_buckets else ()
+    except ValueError as exc:
+        raise typer.BadParameter("--length-buckets takes comma-separated integers, e.g. 16,32,64,128") from exc
     if name and len(exports) > 1:
         raise typer.BadParameter("--name applies to a single export; use NAME=DIR for several")
     if not exports and not models_file:
@@ -60,6 +75,12 @@ def build(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     options = ServingOptions(max_batch_size, queue_delay_us, max_queue_size, instances, cpu_threads,
-                             max_batch_tokens, length_ratio, pooling=pooling)
-    written = build_repository(models, repo, options)
+                             max_batch_tokens, length_ratio, execution_provider=execution_provider, pooling=pooling,
+                             target=target, length_buckets=buckets, onnx_tensorrt=onnx_tensorrt,
+                             trt_cache_dir=trt_cache_dir)
+    try:
+        written = build_repository(models, repo, options)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
     console.print(f"wrote {len(written)} models to {repo}: " + ", ".join(written))

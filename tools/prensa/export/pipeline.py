@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from prensa.export.inspect import ModelPlan, plan_model
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import link_graph_files
-from prensa.manifest import GraphOutput, Manifest, Pooling, Task
+from prensa.manifest import GraphOutput, Manifest, Pooling, Task, TensorRTEngine
 from prensa.stages import contract
 
 ONNX_FILE = "model.onnx"
@@ -39,6 +41,11 @@ RERANK_DEFAULT_MAX_LENGTH = 512  # FlagReranker's default; bge-reranker-v2-m3's 
 Step = Callable[[str], AbstractContextManager]
 
 
+class ExportFormat(str, Enum):
+    ONNX = "onnx"  # model.onnx in `dtype`
+    TENSORRT = "tensorrt"  # model.onnx in fp32 plus model.plan in `dtype`
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     source: str
@@ -46,10 +53,14 @@ class ExportOptions:
     task: Task | None = None
     pooling: Pooling | None = None
     max_length: int | None = None
-    dtype: str = "fp32"
+    dtype: str = "fp32"  # of the served graph: the ONNX file, or the engine for --format tensorrt
     dense_only: bool = False
     revision: str | None = None
     quantize_int8: bool = False
+    format: ExportFormat = ExportFormat.ONNX
+    trt_max_batch: int = 64  # TensorRT profile; its max length is the export's max length
+    trt_opt_batch: int = 8
+    trt_opt_length: int | None = None  # None: min(128, max length)
 
 
 @dataclass(frozen=True)
@@ -107,16 +118,17 @@ def _trace(graph, inputs: list[str], outputs: list[GraphOutput], sample: dict[st
                           dynamic_axes=axes, opset_version=OPSET, dynamo=False, do_constant_folding=True)
 
 
-def _to_fp16(path: Path) -> None:
-    """fp16 weights and compute, fp32 inputs/outputs; LayerNorm and softmax stay fp32 (overflow)."""
+def _to_fp16(source: Path, target: Path) -> None:
+    """fp16 weights and compute, fp32 inputs/outputs; LayerNorm and softmax stay fp32 (overflow).
+    TensorRT builds from the same graph, strongly typed, so both keep those layers in fp32."""
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(source))
     converted = convert_float_to_float16(
         model, keep_io_types=True, op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"]
     )
-    onnx.save(converted, str(path), save_as_external_data=converted.ByteSize() > 2_000_000_000)
+    onnx.save(converted, str(target), save_as_external_data=converted.ByteSize() > 2_000_000_000)
 
 
 def run_torch(graph, inputs: list[str], sample: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -128,12 +140,45 @@ def run_torch(graph, inputs: list[str], sample: dict[str, np.ndarray]) -> list[n
     return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
 
 
-def run_onnx(path: Path, inputs: list[str], sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_onnx(path: Path, inputs: list[str], sample: dict[str, np.ndarray],
+             provider: str = "CPUExecutionProvider") -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=[provider])
     values = session.run(None, {n: sample[n] for n in inputs})
     return {meta.name: value for meta, value in zip(session.get_outputs(), values)}
+
+
+def agreement_report(heading: str, actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+                     mask: np.ndarray, outputs: list[GraphOutput], prefix: str = "") -> VerifyReport:
+    """Cosine against fp32 per output; passes at MIN_COSINE or above."""
+    from prensa.export.agreement import MIN_COSINE, agreement
+
+    figures = agreement(actual, expected, mask, {o.name for o in outputs if o.per_token})
+    return VerifyReport(
+        f"{heading}, min cosine >= {MIN_COSINE}",
+        {f"{prefix}{name}": f"min cosine {cos:.6f}, max |diff| {diff:.2e}" for name, (cos, diff) in figures.items()},
+        all(cos >= MIN_COSINE for cos, _ in figures.values()),
+    )
+
+
+def check_fp16(path: Path, inputs: list[str], sample: dict[str, np.ndarray], expected: list[np.ndarray],
+               outputs: list[GraphOutput]) -> VerifyReport:
+    """The fp16 graph against fp32 torch, on onnxruntime's CUDA provider when there is one, else its
+    CPU provider; when neither runs the graph, the check is skipped and the report says why."""
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail, NotImplemented as NoKernel
+
+    provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers()
+                else "CPUExecutionProvider")
+    try:
+        actual = run_onnx(path, inputs, sample, provider)
+    except (EPFail, Fail, NoKernel) as exc:  # e.g. a provider without fp16 kernels for some op
+        reason = str(exc).splitlines()[0]
+        return VerifyReport("fp16 accuracy check", {"skipped": f"{provider} cannot run this graph: {reason}"}, True)
+    reference = {o.name: value for o, value in zip(outputs, expected)}
+    return agreement_report(f"onnxruntime fp16 ({provider}) vs fp32 torch", actual, reference,
+                            sample[contract.ATTENTION_MASK], outputs)
 
 
 def compare_with_torch(actual: dict[str, np.ndarray], expected: list[np.ndarray], mask: np.ndarray,
@@ -160,7 +205,7 @@ def check_adopted(actual: dict[str, np.ndarray], outputs: list[GraphOutput], row
     return VerifyReport("adopted graph run on a sample batch", figures, ok)
 
 
-def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions,
+def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions, dtype: str,
                   step: Step) -> tuple[GraphInfo, VerifyReport]:
     from prensa.export.graphs import build_graph
 
@@ -172,13 +217,16 @@ def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: Expo
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
         _trace(graph, inputs, outputs, sample, onnx_path)
-    if options.dtype == "fp16":
+    if dtype == "fp16":
         with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
-            _to_fp16(onnx_path)
-    with step("Verifying onnxruntime against torch"):
-        report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
-                                    sample[contract.ATTENTION_MASK], options.dtype)
-    return GraphInfo(inputs, outputs, options.dtype), report
+            _to_fp16(onnx_path, onnx_path)
+        with step("Checking fp16 against fp32 on a sample"):
+            report = check_fp16(onnx_path, inputs, sample, expected, outputs)
+    else:
+        with step("Verifying onnxruntime against torch"):
+            report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
+                                        sample[contract.ATTENTION_MASK], dtype)
+    return GraphInfo(inputs, outputs, dtype), report
 
 
 def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
@@ -217,9 +265,44 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan
     return GraphInfo(graph.inputs, graph.outputs, "int8"), VerifyReport(report.heading, figures, report.ok)
 
 
+def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan, options: ExportOptions,
+                    step: Step) -> tuple[TensorRTEngine, VerifyReport]:
+    """model.plan beside the fp32 model.onnx, checked against it through the TensorRT runtime."""
+    from prensa.export import tensorrt
+
+    if graph.dtype != "fp32":
+        raise SourceError(f"--format tensorrt builds from an fp32 graph; this one is {graph.dtype}")
+    profile = tensorrt.engine_profile(plan.max_length, options.trt_max_batch, options.trt_opt_batch,
+                                      options.trt_opt_length)
+    onnx_path, plan_path = options.out / ONNX_FILE, options.out / tensorrt.ENGINE_FILE
+    sample = sample_batch(tokenizer, plan.task, plan.max_length)
+    with step("Running the fp32 graph for reference outputs"):
+        expected = run_onnx(onnx_path, graph.inputs, sample)
+    with tempfile.TemporaryDirectory(dir=options.out) as staging:
+        source = onnx_path
+        if options.dtype == "fp16":
+            source = Path(staging) / ONNX_FILE
+            with step("Converting a copy to fp16 (LayerNorm and softmax kept in fp32)"):
+                _to_fp16(onnx_path, source)
+        with step(f"Building the {options.dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"):
+            version = tensorrt.build_engine(source, plan_path, profile)
+    with step("Running the engine on a sample batch"):
+        actual = tensorrt.EngineRunner(plan_path).run({n: sample[n] for n in graph.inputs})
+    checked = agreement_report("TensorRT", actual, expected, sample[contract.ATTENTION_MASK], graph.outputs,
+                               prefix="tensorrt ")
+    engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.dtype, version, profile)
+    figures = {**report.figures, **checked.figures,
+               "tensorrt engine": f"TensorRT {version}, {options.dtype}, {tensorrt.describe_profile(profile)}"}
+    return engine, VerifyReport(f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok)
+
+
 def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
     from transformers import AutoTokenizer
 
+    if options.format is ExportFormat.TENSORRT:
+        from prensa.export.tensorrt import require_tensorrt
+
+        require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
         tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True)
@@ -234,9 +317,13 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         adopted.require(plan.task)
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
-        graph, report = _export_torch(source, tokenizer, plan, options, step)
+        onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
+        graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, step)
     if options.quantize_int8:
         graph, report = _quantize(graph, report, tokenizer, plan, options, step)
+    engine = None
+    if options.format is ExportFormat.TENSORRT:
+        engine, report = _build_tensorrt(graph, report, tokenizer, plan, options, step)
     with step("Writing tokenizer and manifest"):
         tokenizer.save_pretrained(options.out)
         for extra in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
@@ -260,6 +347,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
             normalize=plan.normalize,
             dim=hidden if plan.task in (Task.EMBED, Task.M3) else None,
             id2label=labels if plan.task is Task.CLASSIFY else {},
+            tensorrt=engine,
         )
         manifest.write(options.out)
     return manifest, report

@@ -2,7 +2,8 @@
 
 Per model `<name>`: `<name>_tokenize`, `<name>_encode`, `<name>_pool` (Python backend, stage code
 copied from `ensembles/`) and the ensemble `<name>` wiring them. Serving knobs live in each
-`config.pbtxt` as parameters; stage code reads them at load time.
+`config.pbtxt` as parameters; stage code reads them at load time. The `container` target swaps
+the encoder for a native GPU backend (see `prensa.triton.native`) and pads tokens to buckets.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import shutil
 import struct
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,17 @@ import numpy as np
 from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, contract, stage_model_file
+from prensa.triton import native
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
 
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+
+
+class Target(str, Enum):
+    CPU = "cpu"  # Python-backend encoder: onnxruntime over ragged, token-budget sub-batches
+    CONTAINER = "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,10 @@ class ServingOptions:
     instance_kind: str = "KIND_CPU"
     execution_provider: str = "cpu"
     pooling: Pooling | None = None  # overrides the manifest's
+    target: Target = Target.CPU
+    length_buckets: tuple[int, ...] = ()  # container: pad lengths below max length; () = powers of two from 16
+    onnx_tensorrt: bool = False  # container, onnxruntime backend: TensorRT as execution accelerator
+    trt_cache_dir: str = "/cache/trt"  # container path of that accelerator's engine cache (a volume in compose.yaml)
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,19 @@ class ModelRenderer:
             contract.ATTENTION_MASK: np.ones(len(encoding.ids), dtype=np.int64),
             contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
         }
+        self.native_encoder = options.target is Target.CONTAINER
+        self.buckets: list[int] = []
+        if self.native_encoder:  # warm up on a shape real requests will have
+            native.check_servable(self.m, options.max_batch_size)
+            self.buckets = native.length_buckets(self.m.max_length, options.length_buckets)
+            width = next(b for b in self.buckets if b >= len(encoding.ids))
+            pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
+            self.sample_tokens = {n: np.pad(v, (0, width - v.shape[0]), constant_values=pad[n])
+                                  for n, v in self.sample_tokens.items()}
+
+    def encoder_inputs(self) -> list[str]:
+        """What the encoder takes: the Python stage accepts all three, a native backend exactly the graph's."""
+        return [n for n in TOKEN_INPUTS if n in self.m.inputs] if self.native_encoder else list(TOKEN_INPUTS)
 
     def stage_dir(self, stage: str) -> Path:
         return self.repo / f"{self.model.name}_{stage}"
@@ -127,12 +152,14 @@ class ModelRenderer:
             inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1], optional=self.m.task is Task.CLASSIFY))
         warmup = {t.name: {"data_type": "TYPE_STRING", "dims": [1], "input_data_file": t.name} for t in inputs}
         files = {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
+        parameters: dict[str, object] = {
+            "tokenizer_file": self.m.tokenizer_file, "max_length": self.m.max_length, "truncation_side": "right",
+            "pair_truncation": "only_second", "pad_id": self.m.pad_id}
+        if self.buckets:
+            parameters["length_buckets"] = ",".join(map(str, self.buckets))
         config = _python_stage(
             self.stage_dir("tokenize").name, self.options, inputs,
-            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS],
-            {"tokenizer_file": self.m.tokenizer_file, "max_length": self.m.max_length, "truncation_side": "right",
-             "pair_truncation": "only_second", "pad_id": self.m.pad_id},
-            warmup,
+            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS], parameters, warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
@@ -143,6 +170,9 @@ class ModelRenderer:
         return 1 if self.m.dtype == "int8" else self.options.max_batch_size
 
     def encode(self) -> None:
+        if self.native_encoder:
+            self.native_encode()
+            return
         if self.options.max_batch_tokens < self.m.max_length:
             raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
                              "a full-length text would never fit a sub-batch")
@@ -160,6 +190,19 @@ class ModelRenderer:
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
+
+    def native_encode(self) -> None:
+        warmup, files = self._token_warmup(tuple(self.encoder_inputs()))
+        directory = self.stage_dir("encode")
+        options = self.options
+        cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
+        config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
+                                       options.max_queue_size, options.encode_instances, warmup, cache)
+        self._write(directory, config, None, files)
+        if self.m.tensorrt:
+            link_or_copy(self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file)
+        else:
+            link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
     def pool(self) -> None:
         warmup, files = self._token_warmup((contract.INPUT_IDS, contract.ATTENTION_MASK))
@@ -183,7 +226,9 @@ class ModelRenderer:
 
     def ensemble(self) -> None:
         pair = self.m.task in PAIR_TASKS
-        tokens = {n: f"tokens_{n}" for n in TOKEN_INPUTS}
+        encoder_inputs = self.encoder_inputs()
+        used = [n for n in TOKEN_INPUTS if n in encoder_inputs or n in (contract.INPUT_IDS, contract.ATTENTION_MASK)]
+        tokens = {n: f"tokens_{n}" for n in used}
         encoded = {o.name: f"encoded_{o.name}" for o in self.m.outputs}
         inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1])]
         if pair:
@@ -198,9 +243,9 @@ class ModelRenderer:
             "output": [t.as_output() for t in outputs],
             "ensemble_scheduling": {"step": [
                 {"model_name": self.stage_dir("tokenize").name, "model_version": -1,
-                 "input_map": {t.name: t.name for t in inputs}, "output_map": {n: tokens[n] for n in TOKEN_INPUTS}},
+                 "input_map": {t.name: t.name for t in inputs}, "output_map": tokens},
                 {"model_name": self.stage_dir("encode").name, "model_version": -1,
-                 "input_map": {n: tokens[n] for n in TOKEN_INPUTS}, "output_map": encoded},
+                 "input_map": {n: tokens[n] for n in encoder_inputs}, "output_map": encoded},
                 {"model_name": self.stage_dir("pool").name, "model_version": -1,
                  "input_map": {contract.INPUT_IDS: tokens[contract.INPUT_IDS],
                                contract.ATTENTION_MASK: tokens[contract.ATTENTION_MASK], **encoded},
@@ -209,7 +254,8 @@ class ModelRenderer:
             # Read by the gateway and by tritonclient users (`get_model_config`).
             "parameters": string_parameters({
                 "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
-                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value, "dtype": m.dtype,
+                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
+                "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
                 "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
             }),
         }

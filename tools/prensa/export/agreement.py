@@ -1,0 +1,41 @@
+"""How closely a reduced-precision graph (fp16 ONNX, a TensorRT engine) follows the fp32 one.
+
+The figure is cosine similarity over the vectors clients actually consume: each real token's
+vector for per-token outputs (padding is free to differ), each row for pooled outputs, and the
+whole batch at once where a row is a single number (one-logit rerankers), where a per-row cosine
+could only say +1 or -1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_COSINE = 0.999
+
+
+def output_vectors(value: np.ndarray, mask: np.ndarray, per_token: bool) -> np.ndarray:
+    """[vectors, features] in float64: what one cosine each is computed over."""
+    if per_token:
+        value = value[mask.astype(bool)]
+    rows = value.reshape(value.shape[0], -1).astype(np.float64)
+    return rows.reshape(1, -1) if rows.shape[1] == 1 else rows
+
+
+def min_cosine(actual: np.ndarray, expected: np.ndarray, eps: float = 1e-12) -> float:
+    """Smallest row-wise cosine; two all-zero rows agree, one all-zero row does not."""
+    dot = (actual * expected).sum(axis=1)
+    norms = np.linalg.norm(actual, axis=1) * np.linalg.norm(expected, axis=1)
+    both_zero = (np.linalg.norm(actual, axis=1) < eps) & (np.linalg.norm(expected, axis=1) < eps)
+    cosine = np.where(both_zero, 1.0, dot / np.maximum(norms, eps))
+    return float(cosine.min()) if cosine.size else 1.0
+
+
+def agreement(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], mask: np.ndarray,
+              per_token: set[str]) -> dict[str, tuple[float, float]]:
+    """Per output: (min cosine, max |difference|) of `actual` against the fp32 `expected`."""
+    figures = {}
+    for name, want in expected.items():
+        got = output_vectors(actual[name], mask, name in per_token)
+        ref = output_vectors(want, mask, name in per_token)
+        figures[name] = (min_cosine(got, ref), float(np.abs(got - ref).max()) if ref.size else 0.0)
+    return figures

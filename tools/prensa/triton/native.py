@@ -1,0 +1,78 @@
+"""The container target's encoder: a native Triton backend on the GPU instead of the Python stage.
+
+A TensorRT plan (`platform: tensorrt_plan`) when the export has one, else the onnxruntime
+backend, optionally with TensorRT as its execution accelerator. Native backends batch only
+requests whose shapes are equal (no ragged inputs here), so the tokenizer pads each request to a
+length bucket and the dynamic batcher merges requests of the same bucket.
+"""
+
+from __future__ import annotations
+
+from prensa.manifest import Manifest
+from prensa.triton.config import ConfigDict, Tensor, dynamic_batching
+
+ACCELERATOR_WORKSPACE_BYTES = 4 << 30
+SMALLEST_BUCKET = 16
+
+
+def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int]:
+    """Ascending pad lengths ending at `max_length`: the requested ones below it, or powers of two
+    from 16. Few buckets mean more merging; each bucket wastes at most half its length on padding."""
+    base = requested or tuple(2**k for k in range(SMALLEST_BUCKET.bit_length() - 1, max_length.bit_length()))
+    return sorted({b for b in base if 0 < b < max_length}) + [max_length]
+
+
+def check_servable(manifest: Manifest, max_batch_size: int) -> None:
+    """Refuse, at build time, exports a native GPU encoder would serve wrongly or not load."""
+    if manifest.dtype == "int8":
+        raise ValueError("int8 (dynamically quantised) graphs are a CPU format: their results depend on batch "
+                         "neighbours and their kernels run on the CPU; build them with --target cpu, or export fp32/fp16")
+    engine = manifest.tensorrt
+    if engine and engine.profile.max_batch < max_batch_size:
+        raise ValueError(f"the TensorRT engine accepts at most {engine.profile.max_batch} rows, the repository "
+                         f"--max-batch-size is {max_batch_size}: lower it or re-export with --trt-max-batch")
+
+
+def _shapes(inputs: list[str], batch: int, length: int) -> str:
+    return ",".join(f"{name}:{batch}x{length}" for name in inputs)
+
+
+def tensorrt_accelerator(manifest: Manifest, max_batch_size: int, cache_path: str) -> ConfigDict:
+    """onnxruntime's TensorRT provider in fp16 (LayerNorm kept in fp32), one explicit profile
+    covering every batch and bucket, and an engine cache outside the read-only repository so a
+    restart loads engines instead of rebuilding them."""
+    opt_batch, opt_length = min(8, max_batch_size), min(128, manifest.max_length)
+    parameters = {
+        "precision_mode": "FP16",
+        "max_workspace_size_bytes": str(ACCELERATOR_WORKSPACE_BYTES),
+        "trt_layer_norm_fp32_fallback": "true",
+        "trt_engine_cache_enable": "true",
+        "trt_engine_cache_path": cache_path,
+        "trt_profile_min_shapes": _shapes(manifest.inputs, 1, 1),
+        "trt_profile_opt_shapes": _shapes(manifest.inputs, opt_batch, opt_length),
+        "trt_profile_max_shapes": _shapes(manifest.inputs, max_batch_size, manifest.max_length),
+    }
+    return {"execution_accelerators": {"gpu_execution_accelerator": [{"name": "tensorrt", "parameters": parameters}]}}
+
+
+def encoder_config(name: str, manifest: Manifest, max_batch_size: int, queue_delay_us: int, max_queue_size: int,
+                   instances: int, warmup: dict[str, ConfigDict], accelerator_cache: str | None) -> ConfigDict:
+    """`accelerator_cache` set: onnxruntime graphs get the TensorRT accelerator, caching engines there."""
+    config: ConfigDict = {
+        "name": name,
+        "max_batch_size": max_batch_size,
+        "input": [Tensor(n, "TYPE_INT64", [-1]).as_input() for n in manifest.inputs],
+        "output": [Tensor(o.name, "TYPE_FP32", o.dims).as_output() for o in manifest.outputs],
+        "dynamic_batching": dynamic_batching(queue_delay_us, max_queue_size),
+        "instance_group": [{"count": instances, "kind": "KIND_GPU"}],
+        # Warm before READY: the plan's context (or onnxruntime's CUDA/TensorRT session) is set up
+        # and run once, so the first client request does not pay for it.
+        "model_warmup": [{"name": "sample", "batch_size": 1, "inputs": warmup}],
+    }
+    if manifest.tensorrt:
+        config.update(platform="tensorrt_plan", default_model_filename=manifest.tensorrt.file)
+    else:
+        config.update(backend="onnxruntime", default_model_filename=manifest.onnx_file)
+        if accelerator_cache:
+            config["optimization"] = tensorrt_accelerator(manifest, max_batch_size, accelerator_cache)
+    return config
