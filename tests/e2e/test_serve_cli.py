@@ -18,7 +18,9 @@ pytestmark = pytest.mark.triton
 def test_serve_reports_model_load_failure(tmp_path, exports):
     build_repository([ModelSource("broken", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
                      ServingOptions())
-    (tmp_path / "broken_encode" / "1" / "model.onnx").write_bytes(b"not an onnx graph")
+    graph = tmp_path / "broken_encode" / "1" / "model.onnx"
+    graph.unlink()  # a hard link to the shared export: never write through it
+    graph.write_bytes(b"not an onnx graph")
     ports = [str(free_port()) for _ in range(3)]
     result = CliRunner().invoke(app, ["serve", "--repo", str(tmp_path), "--http-port", ports[0],
                                       "--grpc-port", ports[1], "--metrics-port", ports[2]])

@@ -6,6 +6,7 @@ import typer
 
 from prensa.cli import repo
 from prensa.cli.export import export
+from prensa.cli.gateway import gateway
 from prensa.cli.serve import serve, up
 from prensa.cli.stats import stats
 
@@ -14,4 +15,5 @@ app.command()(export)
 app.add_typer(repo.app, name="repo")
 app.command()(serve)
 app.command()(up)
+app.command()(gateway)
 app.command()(stats)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prensa.cli.gateway import GatewayHost, GatewayPort, gateway_server, run_server
+from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 
 console = Console(stderr=True)
@@ -20,9 +24,34 @@ GrpcPort = Annotated[int, typer.Option(help="Triton gRPC port.")]
 MetricsPort = Annotated[int, typer.Option(help="Triton Prometheus metrics port.")]
 LogVerbose = Annotated[int, typer.Option(help="Triton --log-verbose level.")]
 ControlMode = Annotated[str, typer.Option(help="Triton --model-control-mode: none, explicit or poll.")]
+WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
 
 
-def run_triton(options: TritonOptions) -> None:
+@dataclass(frozen=True)
+class GatewayAddress:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+def run_gateway(triton: TritonProcess, address: GatewayAddress) -> None:
+    """Serve the gateway in this thread until a signal (uvicorn re-raises it after draining, which then
+    reaches the handler that stops Triton) or until Triton exits on its own."""
+    host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    settings = GatewaySettings(triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
+    server = gateway_server(settings, address.host, address.port)
+
+    def stop_with_triton() -> None:
+        triton.process.wait()
+        server.should_exit = True
+
+    threading.Thread(target=stop_with_triton, daemon=True).start()
+    if not run_server(server):
+        triton.stop()
+        console.print("[red]error:[/] the gateway did not start (see its log above)")
+        raise typer.Exit(1)
+
+
+def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None) -> None:
     """Start Triton, wait until every model is ready, print endpoints, stop cleanly on a signal."""
     triton = TritonProcess(options)
     console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
@@ -39,7 +68,11 @@ def run_triton(options: TritonOptions) -> None:
     table.add_row("HTTP (KServe v2)", f"http://{triton.http_url}")
     table.add_row("gRPC", triton.grpc_url)
     table.add_row("metrics", triton.metrics_url)
+    if gateway:
+        table.add_row("gateway (OpenAI + TEI)", f"http://{gateway.host}:{gateway.port}  (docs: /docs)")
     console.print(table)
+    if gateway:
+        run_gateway(triton, gateway)
     code = triton.process.wait()
     if code not in (0, -signal.SIGTERM, -signal.SIGINT):
         console.print(f"[red]tritonserver exited with {code}[/]\n{triton.errors()}")
@@ -54,11 +87,15 @@ def serve(
     metrics_port: MetricsPort = 8002,
     log_verbose: LogVerbose = 0,
     model_control_mode: ControlMode = "none",
+    gateway: WithGateway = True,
+    gateway_host: GatewayHost = "127.0.0.1",
+    gateway_port: GatewayPort = 8080,
 ) -> None:
-    """Run Triton on REPO until Ctrl-C or SIGTERM; exits non-zero if a model fails to load."""
+    """Run Triton on REPO (and the HTTP gateway) until Ctrl-C or SIGTERM; exits non-zero if a model fails to load."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode))
+    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode),
+               GatewayAddress(gateway_host, gateway_port) if gateway else None)
 
 
 def up(
@@ -69,6 +106,9 @@ def up(
     http_port: HttpPort = 8000,
     grpc_port: GrpcPort = 8001,
     metrics_port: MetricsPort = 8002,
+    gateway: WithGateway = True,
+    gateway_host: GatewayHost = "127.0.0.1",
+    gateway_port: GatewayPort = 8080,
 ) -> None:
     """Export (once), build the repository and serve: the whole path in one command."""
     from prensa.defaults import DefaultModel, default_models
@@ -90,4 +130,5 @@ def up(
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
     written = build_repository(sources, repo, ServingOptions())
     console.print(f"repository {repo}: {', '.join(written)}")
-    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)))
+    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)),
+               GatewayAddress(gateway_host, gateway_port) if gateway else None)

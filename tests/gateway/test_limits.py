@@ -1,0 +1,112 @@
+"""Admission rules: client batch size (refused or split), body size, API key, CORS, and a burst over
+--max-concurrent-requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+pytestmark = pytest.mark.triton
+
+BATCH = [f"sentence number {i} about the city of Berlin" for i in range(33)]
+
+
+def test_batch_over_the_limit_is_422(http):
+    response = http.post("/embed", json={"inputs": BATCH})
+    assert response.status_code == 422
+    assert response.json() == {"error": "batch size 33 > maximum allowed batch size 32", "error_type": "Validation"}
+    assert http.post("/embed", json={"inputs": BATCH[:32]}).status_code == 200
+
+
+def test_split_large_batches(start_gateway, direct):
+    url = start_gateway(split_large_batches=True, max_client_batch_size=8)
+    response = httpx.post(f"{url}/embed", json={"inputs": BATCH}, timeout=60)
+    assert response.status_code == 200
+    expected = np.concatenate([direct("minilm", BATCH[:20])["dense"], direct("minilm", BATCH[20:])["dense"]])
+    np.testing.assert_allclose(response.json(), expected, atol=1e-6)
+    sparse = httpx.post(f"{url}/embed_sparse", json={"inputs": BATCH[:10] + ["x " * 50]}, timeout=60).json()
+    reference = direct("bge-m3", BATCH[:10] + ["x " * 50])
+    for row, terms in enumerate(sparse):  # chunks padded to different widths are merged row by row
+        ids = reference["sparse_ids"][row]
+        assert [t["index"] for t in terms] == ids[ids >= 0].tolist()
+
+
+def test_payload_limit_before_parsing(start_gateway):
+    url = start_gateway(payload_limit=1000)
+    too_big = httpx.post(f"{url}/embed", json={"inputs": "x" * 2000})
+    assert too_big.status_code == 413 and too_big.json()["error_type"] == "PayloadTooLarge"
+    openai_shape = httpx.post(f"{url}/v1/embeddings", json={"input": "x" * 2000})
+    assert openai_shape.status_code == 413 and openai_shape.json()["code"] == 413
+
+    def chunked():  # no Content-Length: counted while reading
+        yield b'{"inputs": "'
+        yield b"y" * 2000
+        yield b'"}'
+
+    streamed = httpx.post(f"{url}/embed", content=chunked(), headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+    assert httpx.post(f"{url}/embed", json={"inputs": "x" * 500}).status_code == 200
+
+
+def test_api_key(start_gateway, direct):
+    url = start_gateway(api_key="s3cret")
+    for path, body in (("/embed", {"inputs": "ok"}), ("/v1/embeddings", {"input": "ok"}), ("/tokenize", {"inputs": "ok"}),
+                       ("/decode", {"ids": [101]}), ("/rerank", {"query": "q", "texts": ["t"]})):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            response = httpx.post(f"{url}{path}", json=body, headers=headers)
+            assert response.status_code == 401 and response.content == b"", (path, headers)
+    assert httpx.get(f"{url}/info").status_code == 401
+    for path in ("/health", "/metrics", "/docs", "/openapi.json"):
+        assert httpx.get(f"{url}{path}").status_code == 200, path
+    ok = httpx.post(f"{url}/embed", json={"inputs": "ok"}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+    vector = client.embeddings.create(model="minilm", input="ok", encoding_format="float").data[0].embedding
+    np.testing.assert_allclose(vector, direct("minilm", ["ok"])["dense"][0], atol=1e-6)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).embeddings.create(model="minilm", input="ok")
+
+
+def test_cors(start_gateway):
+    url = start_gateway(cors_allow_origins=("https://app.example",), api_key="k")  # preflights need no key
+    preflight = httpx.options(f"{url}/embed", headers={"Origin": "https://app.example",
+                                                       "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.options(f"{url}/embed", headers={"Origin": "https://evil.example",
+                                                   "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_burst_over_max_concurrent_requests(start_gateway, direct):
+    url = start_gateway(max_concurrent_requests=4)
+    texts = [f"{'a long sentence about Berlin and its museums ' * 20} number {i}" for i in range(16)]
+    expected = direct("minilm", texts)["dense"]
+
+    async def burst() -> list[tuple[httpx.Response, float]]:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=16)) as client:
+            await asyncio.gather(*(client.get("/health") for _ in range(16)))  # open 16 connections first
+
+            async def one(text: str) -> tuple[httpx.Response, float]:
+                started = time.perf_counter()
+                response = await client.post("/embed", json={"inputs": text})
+                return response, time.perf_counter() - started
+
+            return await asyncio.gather(*(one(t) for t in texts))
+
+    results = asyncio.run(burst())
+    admitted = [i for i, (r, _) in enumerate(results) if r.status_code == 200]
+    refused = [i for i, (r, _) in enumerate(results) if r.status_code == 429]
+    assert len(admitted) + len(refused) == 16
+    assert len(admitted) >= 4 and refused, f"{len(refused)} of 16 refused with 4 permits"
+    for i in refused:
+        assert results[i][0].json() == {"error": "Model is overloaded", "error_type": "Overloaded"}
+    slowest_admitted = max(results[i][1] for i in admitted)
+    assert all(results[i][1] < slowest_admitted for i in refused), "429 must come at once, without queueing"
+    for i in admitted:
+        np.testing.assert_allclose(results[i][0].json()[0], expected[i], atol=1e-5)

@@ -1,0 +1,108 @@
+"""/rerank, /v1/rerank, /predict and SPLADE /embed_sparse, against direct Triton calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.triton
+
+QUERY = "What is the capital of Germany?"
+PASSAGES = ["Berlin is the capital and largest city of Germany.", "Paris is the capital of France.",
+            "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.mark.parametrize("model", ["reranker", "msmarco"])
+def test_rerank_sorted_scores(http, direct, need, model):
+    need(model)
+    expected = direct(model, [QUERY] * len(PASSAGES), PASSAGES)
+    ranks = http.post(f"/rerank?model={model}", json={"query": QUERY, "texts": PASSAGES}).json()
+    order = np.argsort(-expected["scores"][:, 0], kind="stable").tolist()
+    assert [r["index"] for r in ranks] == order
+    np.testing.assert_allclose([r["score"] for r in ranks], expected["scores"][order, 0], atol=1e-6)
+    assert all(set(r) == {"index", "score"} for r in ranks)
+    raw = http.post(f"/rerank?model={model}", json={"query": QUERY, "texts": PASSAGES, "raw_scores": True,
+                                                    "return_text": True}).json()
+    np.testing.assert_allclose([r["score"] for r in raw], expected["logits"][order, 0], atol=1e-5)
+    assert [r["text"] for r in raw] == [PASSAGES[i] for i in order]
+
+
+def test_rerank_errors_and_truncation(http, direct, need, tokenizer):
+    need("reranker")
+    empty = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": []})
+    assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"
+    assert http.post("/rerank?model=minilm", json={"query": QUERY, "texts": PASSAGES}).status_code == 422
+    long_passage = "Berlin is the capital and largest city of Germany. " * 80
+    # A too-long passage is cut on the right (only_second), as Triton's tokenize stage does itself.
+    ranks = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage]}).json()
+    np.testing.assert_allclose(ranks[0]["score"], direct("reranker", [QUERY], [long_passage])["scores"][0, 0], atol=1e-5)
+    refused = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage], "truncate": False})
+    assert refused.status_code == 422 and "must have less than" in refused.json()["error"]
+    long_query = "capital " * 1000  # alone longer than max length: the gateway cuts the query too
+    cut = http.post("/rerank?model=reranker", json={"query": long_query, "texts": PASSAGES[:1]})
+    assert cut.status_code == 200 and np.isfinite(cut.json()[0]["score"])
+
+
+def test_v1_rerank(http, direct, need):
+    need("reranker")
+    expected = direct("reranker", [QUERY] * len(PASSAGES), PASSAGES)
+    documents = [PASSAGES[0], {"text": PASSAGES[1]}, PASSAGES[2]]
+    body = http.post("/v1/rerank", json={"model": "reranker", "query": QUERY, "documents": documents, "top_n": 2}).json()
+    order = np.argsort(-expected["scores"][:, 0], kind="stable").tolist()[:2]
+    assert body["model"] == "reranker" and [r["index"] for r in body["results"]] == order
+    np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], expected["scores"][order, 0], atol=1e-6)
+    assert [r["document"]["text"] for r in body["results"]] == [PASSAGES[i] for i in order]
+    assert body["usage"]["total_tokens"] == int(expected["num_tokens"].sum())
+    bare = http.post("/v1/rerank", json={"model": "reranker", "query": QUERY, "documents": PASSAGES,
+                                         "return_documents": False}).json()
+    assert all("document" not in r for r in bare["results"]) and len(bare["results"]) == 3
+    missing = http.post("/v1/rerank", json={"model": "nope", "query": QUERY, "documents": PASSAGES})
+    assert missing.status_code == 404 and missing.json()["type"] == "NotFound"
+
+
+def test_predict_single_pair_and_batch(http, direct, need):
+    need("classifier")
+    labels = ["negative", "neutral", "positive"]
+    single = http.post("/predict?model=classifier", json={"inputs": "I love Berlin."}).json()
+    expected = direct("classifier", ["I love Berlin."])["scores"][0]
+    assert [p["label"] for p in single] == [labels[i] for i in np.argsort(-expected, kind="stable")]
+    np.testing.assert_allclose([p["score"] for p in single], np.sort(expected)[::-1], atol=1e-6)
+    pair = http.post("/predict?model=classifier", json={"inputs": ["I love Berlin.", "Berlin loves me."]}).json()
+    pair_expected = direct("classifier", ["I love Berlin."], ["Berlin loves me."])["scores"][0]
+    np.testing.assert_allclose(sorted(p["score"] for p in pair), np.sort(pair_expected), atol=1e-6)
+    batch = http.post("/predict?model=classifier", json={"inputs": [["I love Berlin."], ["I love Berlin.", "Berlin loves me."]],
+                                                         "raw_scores": True}).json()
+    assert len(batch) == 2
+    logits = direct("classifier", ["I love Berlin."])["logits"][0]
+    np.testing.assert_allclose(sorted(p["score"] for p in batch[0]), np.sort(logits), atol=1e-5)
+    assert http.post("/predict?model=classifier", json={"inputs": ["a", "b", "c"]}).status_code == 422
+    assert http.post("/predict?model=classifier", json={"inputs": []}).status_code == 400
+
+
+def test_predict_reranker_needs_pairs(http, direct, need):
+    need("reranker")
+    assert http.post("/predict?model=reranker", json={"inputs": "just one text"}).status_code == 422
+    pair = http.post("/predict?model=reranker", json={"inputs": [QUERY, PASSAGES[0]]}).json()
+    np.testing.assert_allclose(pair[0]["score"], direct("reranker", [QUERY], [PASSAGES[0]])["scores"][0, 0], atol=1e-6)
+
+
+def test_splade_sparse(http, direct, need):
+    need("splade")
+    texts = ["What is the capital of Germany?", "Berlin"]
+    body = http.post("/embed_sparse?model=splade", json={"inputs": texts}).json()
+    expected = direct("splade", texts)
+    for row, terms in enumerate(body):
+        ids = expected["sparse_ids"][row]
+        assert [t["index"] for t in terms] == ids[ids >= 0].tolist()
+        np.testing.assert_allclose([t["value"] for t in terms], expected["sparse_weights"][row][ids >= 0], atol=1e-5)
+    assert http.post("/embed?model=splade", json={"inputs": "ok"}).status_code == 422
+
+
+def test_info_model_types(http, need):
+    for model in ("reranker", "classifier", "splade"):
+        need(model)
+    assert http.get("/info?model=splade").json()["model_type"] == {"embedding": {"pooling": "splade"}}
+    reranker = http.get("/info?model=reranker").json()["model_type"]
+    assert reranker == {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    classifier = http.get("/info?model=classifier").json()["model_type"]["classifier"]
+    assert classifier["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}

@@ -1,0 +1,83 @@
+"""The FastAPI app factory: routers, middleware, error handlers and the Triton connection's life."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.middleware.cors import CORSMiddleware
+
+from prensa.gateway import routes_openai, routes_tei
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body
+from prensa.gateway.limits import Guard, Permits
+from prensa.gateway.metrics import GatewayMetrics
+from prensa.gateway.models import Registry
+from prensa.gateway.responses import Gateway
+from prensa.gateway.service import Service
+from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.triton_client import TritonClient
+
+log = logging.getLogger("prensa.gateway")
+
+
+def _error_response(request: Request, error: GatewayError) -> Response:
+    request.app.state.metrics.request_failure.inc(error.kind.value)
+    return Response(error_body(error, request.url.path), status_code=error.status, media_type="application/json")
+
+
+async def on_gateway_error(request: Request, error: GatewayError) -> Response:
+    return _error_response(request, error)
+
+
+async def on_invalid_request(request: Request, error: RequestValidationError) -> Response:
+    """400 for malformed JSON, 422 for missing fields or fields of the wrong type (the Guard already
+    answered 415 to bodies that are not JSON)."""
+    problems = error.errors()
+    malformed = [p for p in problems if p["type"] == "json_invalid"]
+    if malformed:
+        reason = malformed[0].get("ctx", {}).get("error", malformed[0]["msg"])
+        kind, message = ErrorKind.MALFORMED, f"Failed to parse the request body as JSON: {reason}"
+    else:
+        details = "; ".join(f"`{'.'.join(str(x) for x in p['loc'][1:])}`: {p['msg']}" for p in problems[:5])
+        kind, message = ErrorKind.VALIDATION, f"Input validation error: {details}"
+    return _error_response(request, GatewayError(kind, message))
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The gateway; it connects to Triton and reads the served models when it starts."""
+    metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = TritonClient(settings.triton_url, settings.triton_timeout_s, settings.probe_timeout_s)
+        registry = Registry(client, settings.repo, settings.default_model)
+        try:
+            await registry.refresh()
+        except GatewayError as exc:
+            log.warning("%s; the model list is read again on the next request", exc.message)
+        if registry.models and settings.default_model and settings.default_model not in registry.models:
+            await client.close()
+            raise RuntimeError(f"--default-model {settings.default_model} is not served; "
+                               f"Triton serves {', '.join(registry.models)}")
+        permits = Permits(settings.max_concurrent_requests, metrics.queue_size.set)
+        app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
+        yield
+        await client.close()
+
+    app = FastAPI(title="prensa gateway", summary="OpenAI- and TEI-compatible embeddings and reranking over Triton",
+                  lifespan=lifespan)
+    app.state.metrics = metrics
+    app.include_router(routes_openai.router)
+    app.include_router(routes_tei.router)
+    app.include_router(routes_tei.open_router)
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(RequestValidationError, on_invalid_request)
+    app.add_middleware(Guard, payload_limit=settings.payload_limit, api_key=settings.api_key,
+                       on_reject=lambda kind: metrics.request_failure.inc(kind.value))
+    if settings.cors_allow_origins:  # added last, so it runs first: preflights never need the key
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_allow_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"], expose_headers=["*"])
+    return app

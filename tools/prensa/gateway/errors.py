@@ -1,0 +1,74 @@
+"""Every error the gateway returns: one table from kind to status code and `error_type`, and the
+two body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import orjson
+
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings", "/v1/rerank"})
+
+
+class ErrorKind(str, Enum):
+    """The value is the `err` label of `te_request_failure`."""
+
+    VALIDATION = "validation"
+    TOKENIZER = "tokenizer"
+    EMPTY = "empty"
+    MALFORMED = "malformed"
+    NOT_FOUND = "not_found"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    OVERLOADED = "overloaded"
+    BACKEND = "backend"
+    UNHEALTHY = "unhealthy"
+
+
+# kind -> (HTTP status, `error_type` / OpenAI `type`)
+ERROR_TABLE: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.VALIDATION: (422, "Validation"),
+    ErrorKind.TOKENIZER: (422, "Tokenizer"),
+    ErrorKind.EMPTY: (400, "Empty"),
+    ErrorKind.MALFORMED: (400, "Validation"),
+    ErrorKind.NOT_FOUND: (404, "NotFound"),
+    ErrorKind.PAYLOAD_TOO_LARGE: (413, "PayloadTooLarge"),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "UnsupportedMediaType"),
+    ErrorKind.OVERLOADED: (429, "Overloaded"),
+    ErrorKind.BACKEND: (424, "Backend"),
+    ErrorKind.UNHEALTHY: (503, "Unhealthy"),
+}
+
+
+class GatewayError(Exception):
+    """Raised anywhere below the routes; the app turns it into a response of the right shape."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return ERROR_TABLE[self.kind][0]
+
+
+def is_openai_path(path: str) -> bool:
+    return path in OPENAI_PATHS
+
+
+def error_body(error: GatewayError, path: str) -> bytes:
+    """The JSON body for `error` in the shape the route at `path` speaks."""
+    status, error_type = ERROR_TABLE[error.kind]
+    if is_openai_path(path):
+        return orjson.dumps({"message": error.message, "code": status, "type": error_type})
+    return orjson.dumps({"error": error.message, "error_type": error_type})
+
+
+def overloaded() -> GatewayError:
+    return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
+
+
+def validation(message: str) -> GatewayError:
+    """TEI prefixes input validation messages this way."""
+    return GatewayError(ErrorKind.VALIDATION, f"Input validation error: {message}")

@@ -1,0 +1,120 @@
+"""Admission: permits per input (try-acquire, never queue), the API key, the JSON content type and
+the body size limit.
+
+The last three are checked in a plain ASGI middleware, before routing and JSON parsing, in
+that order (as TEI): an unauthenticated caller learns nothing else, an oversized body is never
+parsed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body, overloaded
+
+# Routes a caller may reach without the API key (TEI leaves the same ones open).
+OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+
+
+class Permits:
+    """A try-acquire counting semaphore: asyncio runs one handler at a time, so no lock is needed."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int], None]) -> None:
+        self.capacity = capacity
+        self.in_use = 0
+        self._on_change = on_change
+
+    @contextmanager
+    def hold(self, count: int) -> Iterator[None]:
+        """Take `count` permits for the duration of the block, or raise Overloaded at once."""
+        if self.in_use + count > self.capacity:
+            raise overloaded()
+        self.in_use += count
+        self._on_change(self.in_use)
+        try:
+            yield
+        finally:
+            self.in_use -= count
+            self._on_change(self.in_use)
+
+
+def is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+def key_matches(authorization: str, api_key: str) -> bool:
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+class Guard:
+    """ASGI middleware: stamps the arrival time, checks the API key, enforces the body limit."""
+
+    def __init__(self, app: ASGIApp, payload_limit: int, api_key: str | None,
+                 on_reject: Callable[[ErrorKind], None]) -> None:
+        self.app = app
+        self.payload_limit = payload_limit
+        self.api_key = api_key
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})["received"] = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key and scope["path"] not in OPEN_PATHS and not key_matches(headers.get("authorization", ""), self.api_key):
+            await self._respond(send, 401, b"", [])
+            return
+        if scope["method"] == "POST" and not is_json(headers.get("content-type", "")):
+            await self._reject(scope, send, GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                                                         "Expected request with `Content-Type: application/json`"))
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.payload_limit:
+            await self._too_large(scope, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.payload_limit:
+                await self._too_large(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        await self._reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
+                                                     f"Payload too large: the limit is {self.payload_limit} bytes"))
+
+    async def _reject(self, scope: Scope, send: Send, error: GatewayError) -> None:
+        self.on_reject(error.kind)
+        await self._respond(send, error.status, error_body(error, scope["path"]),
+                            [(b"content-type", b"application/json")])
+
+    @staticmethod
+    async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

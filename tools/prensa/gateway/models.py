@@ -1,0 +1,201 @@
+"""The served models, read once from Triton's repository index and model configs.
+
+A served model is a Triton ensemble whose `parameters` carry a prensa `task`; its stage models
+(`<name>_tokenize`, `<name>_encode`, `<name>_pool`) say how to call the encoder directly and
+where the tokenizer file is. The registry is rebuilt by `refresh()`: at startup, and lazily
+while it is empty (the gateway started before Triton) or when a request names a model it does
+not know (Triton loaded it later), at most once a second; unchanged tokenizer files are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from tritonclient.grpc import model_config_pb2
+
+from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.gateway.triton_client import TritonClient
+from prensa.stages import contract
+
+log = logging.getLogger("prensa.gateway")
+REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
+
+
+class Capability(str, Enum):
+    """What a route needs from a model; the value is used in error messages."""
+
+    DENSE = "dense embeddings"
+    SPARSE = "sparse embeddings"
+    COLBERT = "ColBERT multi-vectors"
+    HIDDEN = "per-token hidden states"
+    RERANK = "reranking"
+    PREDICT = "classification"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    task: str
+    source: str
+    revision: str
+    dtype: str
+    pooling: str
+    normalize: bool
+    max_length: int
+    id2label: tuple[str, ...]  # one per logit; LABEL_i when the export names none
+    max_batch_size: int  # rows per Triton call
+    max_batch_tokens: int | None
+    dense_dim: int | None
+    outputs: frozenset[str]  # what the ensemble returns
+    encode_inputs: tuple[str, ...]  # what `<name>_encode` reads (native encoders may skip token_type_ids)
+    encode_outputs: tuple[str, ...]  # what `<name>_encode` returns
+    pool_inputs: tuple[str, ...]  # what `<name>_pool` reads
+    pad_id: int
+    takes_pairs: bool  # the ensemble has a `text_pair` input
+    needs_pairs: bool  # ... and it is not optional (rerankers)
+    tokenizer: Tokenizer | None
+    tokenizer_path: Path
+
+    @property
+    def encode_model(self) -> str:
+        return f"{self.name}_encode"
+
+    @property
+    def pool_model(self) -> str:
+        return f"{self.name}_pool"
+
+    def can(self, capability: Capability) -> bool:
+        return {
+            Capability.DENSE: contract.DENSE in self.outputs,
+            Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
+            Capability.COLBERT: contract.COLBERT in self.outputs,
+            Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs,
+            Capability.RERANK: self.task == "rerank",
+            Capability.PREDICT: contract.LOGITS in self.outputs,
+        }[capability]
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise GatewayError(ErrorKind.TOKENIZER, f"no tokenizer for model `{self.name}` at {self.tokenizer_path}; "
+                                                    "start the gateway with --repo set to Triton's model repository")
+        return self.tokenizer
+
+
+def _parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+TokenizerCache = dict[tuple[Path, int], Tokenizer]  # (file, mtime_ns): a refresh reloads changed files only
+
+
+def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
+    """The stage's tokenizer file with truncation and padding off: the gateway decides both."""
+    if not path.is_file():
+        log.warning("no tokenizer at %s: /tokenize, /decode, truncate=false, left truncation and texts with token-id "
+                    "inputs will be refused for this model", path)
+        return None
+    key = (path, path.stat().st_mtime_ns)
+    if key not in cache:
+        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        cache[key] = tokenizer
+    return cache[key]
+
+
+async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
+                     tokenizers: TokenizerCache) -> ServedModel:
+    name = ensemble.name
+    tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
+    params, tokenize_params = _parameters(ensemble), _parameters(tokenize)
+    dense = [o for o in ensemble.output if o.name == contract.DENSE]
+    pair = [i for i in ensemble.input if i.name == contract.TEXT_PAIR]
+    logits = [o for o in ensemble.output if o.name == contract.LOGITS]
+    labels = tuple(label for label in params.get("id2label", "").split(",") if label)
+    if logits and len(labels) != logits[0].dims[-1]:
+        labels = tuple(f"LABEL_{i}" for i in range(logits[0].dims[-1]))
+    tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
+    max_batch_tokens = _parameters(encode).get("max_batch_tokens")
+    return ServedModel(
+        name=name,
+        task=params["task"],
+        source=params.get("source", ""),
+        revision=params.get("revision", ""),
+        dtype=params.get("dtype", ""),
+        pooling=params.get("pooling", ""),
+        normalize=params.get("normalize", "true") == "true",
+        max_length=int(params["max_length"]),
+        id2label=labels,
+        max_batch_size=ensemble.max_batch_size or 1,
+        max_batch_tokens=int(max_batch_tokens) if max_batch_tokens else None,
+        dense_dim=int(dense[0].dims[-1]) if dense else None,
+        outputs=frozenset(o.name for o in ensemble.output),
+        encode_inputs=tuple(i.name for i in encode.input),
+        encode_outputs=tuple(o.name for o in encode.output),
+        pool_inputs=tuple(i.name for i in pool.input),
+        pad_id=int(tokenize_params.get("pad_id", "0")),
+        takes_pairs=bool(pair),
+        needs_pairs=bool(pair) and not pair[0].optional,
+        tokenizer=await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers),
+        tokenizer_path=tokenizer_path,
+    )
+
+
+class Registry:
+    def __init__(self, client: TritonClient, repo: Path, default_model: str | None) -> None:
+        self.client = client
+        self.repo = repo
+        self.default_model = default_model
+        self.models: dict[str, ServedModel] = {}
+        self._tokenizers: TokenizerCache = {}
+        self._lock = asyncio.Lock()
+        self._last_attempt = 0.0
+
+    async def refresh(self) -> None:
+        """Re-read every ready ensemble that carries a prensa task."""
+        async with self._lock:
+            self._last_attempt = time.monotonic()
+            names = await self.client.ready_models()
+            configs = await asyncio.gather(*(self.client.config(n) for n in names))
+            ensembles = [c for c in configs if c.platform == "ensemble" and "task" in c.parameters]
+            models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
+            self.models = {m.name: m for m in sorted(models, key=lambda m: m.name)}
+        log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model")
+
+    def _may_refresh(self) -> bool:
+        return time.monotonic() - self._last_attempt >= REFRESH_INTERVAL_S
+
+    async def ensure(self) -> None:
+        """Retry an empty registry (Triton was down or still loading), at most once a second."""
+        if not self.models and self._may_refresh():
+            await self.refresh()
+        if not self.models:
+            raise GatewayError(ErrorKind.UNHEALTHY, f"Triton at {self.client.url} serves no prensa model yet")
+
+    async def pick(self, capability: Capability | None, name: str | None) -> ServedModel:
+        """`name` if it exists and can; else the default model if it can; else the first one that can.
+        No capability: any model will do (`/info`)."""
+        await self.ensure()
+        if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
+            if name not in self.models and self._may_refresh():  # loaded into Triton after we started?
+                await self.refresh()
+            model = self.models.get(name)
+            if model is None:
+                raise GatewayError(ErrorKind.NOT_FOUND,
+                                   f"The model `{name}` does not exist; served: {', '.join(self.models)}")
+            if capability is not None and not model.can(capability):
+                raise validation(f"model `{name}` (task {model.task}) does not provide {capability.value}")
+            return model
+        candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
+        default = self.models.get(self.default_model or "")
+        if default is not None and default in candidates:
+            return default
+        if not candidates:
+            raise validation(f"no served model provides {capability.value if capability else 'anything'}")
+        return candidates[0]

@@ -1,0 +1,86 @@
+"""HTTP plumbing both routers share: the gateway state, orjson responses with timing headers,
+and a route class that counts every request under TEI's metric names."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
+
+from prensa.gateway.metrics import GatewayMetrics
+from prensa.gateway.models import Registry
+from prensa.gateway.service import Service, Timings
+from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.triton_client import TritonClient
+
+
+@dataclass
+class Gateway:
+    """What the routes reach through `request.app.state.gateway`, built when the app starts."""
+
+    settings: GatewaySettings
+    client: TritonClient
+    registry: Registry
+    service: Service
+    metrics: GatewayMetrics
+
+
+async def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+async def timings(request: Request) -> Timings:
+    """Timings of this request, starting when the Guard middleware saw it arrive."""
+    return Timings(received=request.state.received)
+
+
+TimingsDep = Annotated[Timings, Depends(timings)]
+
+
+def _ms(seconds: float) -> str:
+    return str(int(seconds * 1000))
+
+
+def json_response(payload: Any, timings: Timings | None = None) -> Response:
+    """orjson straight from numpy arrays; TEI's timing headers when the request reached Triton."""
+    headers = {}
+    if timings is not None:
+        queue = timings.queue_s or 0.0
+        headers = {
+            "x-compute-type": "triton",
+            "x-compute-time": _ms(timings.tokenization_s + queue + timings.inference_s),
+            "x-compute-characters": str(timings.characters),
+            "x-compute-tokens": str(timings.tokens),
+            "x-total-time": _ms(time.perf_counter() - timings.received),
+            "x-tokenization-time": _ms(timings.tokenization_s),
+            "x-queue-time": _ms(queue),
+            "x-inference-time": _ms(timings.inference_s),
+        }
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
+                    headers=headers)
+
+
+class CountedRoute(APIRoute):
+    """Counts requests and successes per route (`method` label = the route's name) and times them."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        method = self.name
+
+        async def counted(request: Request) -> Response:
+            metrics: GatewayMetrics = request.app.state.metrics
+            metrics.started(method)
+            response = await handler(request)
+            if response.status_code < 400:
+                metrics.succeeded(method, time.perf_counter() - request.state.received)
+            return response
+
+        return counted

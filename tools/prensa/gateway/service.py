@@ -1,0 +1,237 @@
+"""Request -> Triton -> result, with no HTTP in sight.
+
+Two ways to Triton. The text path sends UTF-8 texts to the ensemble `<name>`: one call, Triton
+tokenizes (right truncation at the model's max length). The token path sends token ids the
+gateway produced (see `tokenization`) to `<name>_encode`, then the encoder outputs to
+`<name>_pool`, so left truncation, token-id inputs and truncated pairs are pooled by the same
+stage code as everything else. The token path is taken only when the text path would give a
+different answer; a request whose inputs all fit goes the text path even when the gateway had to
+count its tokens. Inputs are cut into chunks of at most the model's `max_batch_size` (and the
+client batch limit) and the chunks go to Triton concurrently, where the dynamic batcher merges
+them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.gateway.limits import Permits
+from prensa.gateway.metrics import GatewayMetrics
+from prensa.gateway.models import ServedModel
+from prensa.gateway.pooling import l2_normalize, pool_tokens
+from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.tokenization import Item, TokenRows, Truncation, tokenize_items
+from prensa.gateway.triton_client import TritonClient, texts_tensor
+from prensa.stages import contract
+
+
+@dataclass
+class Timings:
+    """What the response headers report; see the README's gateway section for each field."""
+
+    received: float  # perf_counter when the request arrived
+    tokenization_s: float = 0.0
+    queue_s: float | None = None
+    inference_s: float = 0.0
+    tokens: int = 0
+    characters: int = 0
+
+
+@dataclass
+class Inferred:
+    outputs: dict[str, np.ndarray]
+    num_tokens: np.ndarray  # [n], special tokens included
+    mask: np.ndarray | None = None  # [n, t], encoder-only calls
+
+
+@dataclass
+class Embeddings:
+    rows: list[np.ndarray] | np.ndarray  # [n, dim], or one array per input (sparse ids, token vectors)
+    num_tokens: np.ndarray  # [n], special tokens included
+    weights: list[np.ndarray] = field(default_factory=list)  # sparse only: the weight of each id in `rows`
+
+
+def concat_rows(arrays: list[np.ndarray], pad: float) -> np.ndarray:
+    """Concatenate chunk outputs whose axis 1 (tokens, sparse terms) may differ in width."""
+    if len(arrays) == 1:
+        return arrays[0]
+    if arrays[0].ndim > 1:
+        width = max(a.shape[1] for a in arrays)
+        arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=pad)
+                  for a in arrays]
+    return np.concatenate(arrays)
+
+
+def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
+    """An empty batch is `Empty` (400); an empty input or too many of them is `Validation` (422)."""
+    if not items:
+        raise GatewayError(ErrorKind.EMPTY, "`inputs` cannot be empty")
+    if len(items) > batch_limit and not split:
+        raise GatewayError(ErrorKind.VALIDATION, f"batch size {len(items)} > maximum allowed batch size {batch_limit}")
+    if any(len(item) == 0 for item in items):
+        raise validation("`inputs` cannot be empty")
+
+
+def check_prompt(model: ServedModel, prompt_name: str | None) -> None:
+    if prompt_name is not None:
+        raise validation(f"prompt `{prompt_name}` is not defined: model `{model.name}` has no prompts")
+
+
+class Service:
+    def __init__(self, settings: GatewaySettings, client: TritonClient, metrics: GatewayMetrics, permits: Permits) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics
+        self.permits = permits
+
+    def truncation(self, truncate: bool | None, direction: str) -> Truncation:
+        return Truncation(self.settings.auto_truncate if truncate is None else truncate, direction)
+
+    def check(self, items: Sequence[Item]) -> None:
+        check_items(items, self.settings.max_client_batch_size, self.settings.split_large_batches)
+
+    def _chunks(self, model: ServedModel, count: int) -> list[slice]:
+        size = max(1, min(model.max_batch_size, self.settings.max_client_batch_size))
+        return [slice(start, start + size) for start in range(0, count, size)]
+
+    async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
+                         outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+        inputs = {contract.TEXT: texts_tensor(texts)}
+        if pairs is not None:
+            inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
+        return await self.client.infer(model.name, inputs, outputs)
+
+    async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
+                          encoder_only: bool) -> dict[str, np.ndarray]:
+        ids, mask, types = rows.padded(model.pad_id)
+        tokens = {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
+        encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
+        if encoder_only:
+            return await self.client.infer(model.encode_model, encoder_inputs, outputs)
+        encoded = await self.client.infer(model.encode_model, encoder_inputs, model.encode_outputs)
+        available = {**tokens, **encoded}
+        return await self.client.infer(model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs)
+
+    async def infer(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
+                    outputs: tuple[str, ...], timings: Timings, encoder_only: bool = False) -> Inferred:
+        """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
+        texts_only = all(isinstance(item, str) for item in items)
+        timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        rows = None
+        if encoder_only or not texts_only or not truncation.enabled or truncation.direction == "left" or pairs:
+            tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
+            started = time.perf_counter()
+            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation)
+            elapsed = time.perf_counter() - started
+            timings.tokenization_s += elapsed
+            self.metrics.tokenization_duration.observe(elapsed)
+        token_path = rows is not None and (encoder_only or not texts_only or rows.cut)
+        chunks = self._chunks(model, len(items))
+        started = time.perf_counter()
+        if timings.queue_s is None:  # parsing, validation and admission: the gateway itself never queues
+            timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
+            self.metrics.queue_duration.observe(timings.queue_s)
+        if token_path:
+            calls = [self._token_call(model, rows.select(c), outputs, encoder_only) for c in chunks]
+        else:
+            calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs) for c in chunks]
+        parts = await asyncio.gather(*calls)
+        elapsed = time.perf_counter() - started
+        timings.inference_s += elapsed
+        self.metrics.inference_duration.observe(elapsed)
+        merged = {name: concat_rows([p[name] for p in parts], contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0)
+                  for name in outputs}
+        if encoder_only:
+            num_tokens = np.asarray(rows.lengths, dtype=np.int64)
+        else:
+            num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
+        for chunk in chunks:
+            self.metrics.batch_next_size.observe(len(num_tokens[chunk]))
+            self.metrics.batch_next_tokens.observe(int(num_tokens[chunk].sum()))
+        for count in num_tokens.tolist():
+            self.metrics.input_length.observe(count)
+        timings.tokens += int(num_tokens.sum())
+        if not encoder_only:
+            return Inferred(merged, num_tokens)
+        width = merged[outputs[0]].shape[1]
+        return Inferred(merged, num_tokens, (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64))
+
+    async def dense(self, model: ServedModel, items: list[Item], truncation: Truncation, normalize: bool,
+                    dimensions: int | None, timings: Timings) -> Embeddings:
+        """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked."""
+        self.check(items)
+        dim = model.dense_dim or 0
+        if dimensions is not None and dimensions <= 0:
+            raise validation("`dimensions` should be positive")
+        if dimensions is not None and dimensions > dim:
+            raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
+        with self.permits.hold(len(items)):
+            if not normalize and model.normalize:  # Triton's pool stage normalises: pool the raw encoder output here
+                result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
+                vectors = pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
+            else:
+                result = await self.infer(model, items, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings)
+                vectors = result.outputs[contract.DENSE]
+        if dimensions is not None:
+            vectors = vectors[:, :dimensions]
+        if normalize and (dimensions is not None or not model.normalize):
+            vectors = l2_normalize(vectors)
+        return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), result.num_tokens)
+
+    async def sparse(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+        """Per input, its non-zero vocabulary ids (ascending) and their weights."""
+        self.check(items)
+        with self.permits.hold(len(items)):
+            result = await self.infer(model, items, None, truncation,
+                                      (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS), timings)
+        ids, weights = result.outputs[contract.SPARSE_IDS], result.outputs[contract.SPARSE_WEIGHTS]
+        keep = ids >= 0
+        return Embeddings([ids[i][keep[i]] for i in range(len(items))], result.num_tokens,
+                          [weights[i][keep[i]] for i in range(len(items))])
+
+    async def colbert(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+        """bge-m3 multi-vectors: `num_tokens - 1` vectors per input (CLS dropped)."""
+        self.check(items)
+        with self.permits.hold(len(items)):
+            result = await self.infer(model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS), timings)
+        vectors = result.outputs[contract.COLBERT]
+        return Embeddings([vectors[i, : n - 1] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
+
+    async def hidden(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+        """The encoder's last hidden state, one vector per token, no pooling."""
+        self.check(items)
+        with self.permits.hold(len(items)):
+            result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
+        hidden = result.outputs[contract.LAST_HIDDEN_STATE]
+        return Embeddings([hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
+
+    async def scores(self, model: ServedModel, texts: list[str], pairs: list[str | None], truncation: Truncation,
+                     raw_scores: bool, timings: Timings) -> tuple[np.ndarray, np.ndarray]:
+        """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed."""
+        self.check(texts)
+        if any(pair == "" for pair in pairs):
+            raise validation("`inputs` cannot be empty")
+        singles = [i for i, pair in enumerate(pairs) if pair is None]
+        doubles = [i for i, pair in enumerate(pairs) if pair is not None]
+        if singles and model.needs_pairs:
+            raise validation(f"model `{model.name}` scores (text, text_pair) pairs; give two texts per input")
+        if doubles and not model.takes_pairs:
+            raise validation(f"model `{model.name}` classifies single texts; give one text per input")
+        name = contract.LOGITS if raw_scores else contract.SCORES
+        groups = [(rows, group_pairs) for rows, group_pairs in ((singles, None), (doubles, [pairs[i] for i in doubles]))
+                  if rows]
+        with self.permits.hold(len(texts)):
+            results = await asyncio.gather(*(
+                self.infer(model, [texts[i] for i in rows], group_pairs, truncation, (name, contract.NUM_TOKENS), timings)
+                for rows, group_pairs in groups))
+        width = results[0].outputs[name].shape[1]
+        values, tokens = np.zeros((len(texts), width), dtype=np.float32), np.zeros(len(texts), dtype=np.int64)
+        for (rows, _), result in zip(groups, results):
+            values[rows], tokens[rows] = result.outputs[name], result.num_tokens
+        return values, tokens

@@ -1,0 +1,126 @@
+"""Gateway-side tokenization: only when Triton's tokenize stage cannot do the job alone.
+
+The ensemble's tokenize stage always truncates on the right at the model's max length. The
+gateway tokenizes itself (with the stage's own tokenizer file) when a request needs more:
+`truncate: false` (count, refuse too long inputs), `truncation_direction: left`, token-id inputs,
+text pairs (the stage's `only_second` strategy fails when the first text alone is too long) and
+`/embed_all`. Truncation keeps the special tokens: content is cut, then the post-processor adds
+them back, exactly as `tokenizers` does when truncation is enabled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from prensa.gateway.errors import validation
+
+Item = str | list[int]  # one input: a text or token ids used as they are
+
+
+def as_items(inputs: str | list[int] | list[str | list[int]]) -> list[Item]:
+    """A request's `input(s)` field as a batch: a text or one token-id list is a batch of one."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if inputs and all(isinstance(item, int) for item in inputs):
+        return [list(inputs)]
+    return list(inputs)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    enabled: bool
+    direction: str  # "right" or "left"
+
+
+@dataclass
+class TokenRows:
+    ids: list[list[int]]
+    type_ids: list[list[int]]
+    cut: bool  # some row was truncated
+
+    def select(self, rows: slice) -> TokenRows:
+        return TokenRows(self.ids[rows], self.type_ids[rows], self.cut)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(row) for row in self.ids]
+
+    def padded(self, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Right-padded `input_ids`, `attention_mask`, `token_type_ids`, as the tokenize stage sends them."""
+        width = max(self.lengths, default=0)
+        ids = np.full((len(self.ids), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(self.ids), width), dtype=np.int64)
+        types = np.zeros((len(self.ids), width), dtype=np.int64)
+        for row, (tokens, type_ids) in enumerate(zip(self.ids, self.type_ids)):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+            types[row, : len(tokens)] = type_ids
+        return ids, mask, types
+
+
+def too_long(max_length: int, given: int) -> Exception:
+    return validation(f"`inputs` must have less than {max_length} tokens. Given: {given}")
+
+
+def _cut(encoding: Encoding, keep: int, direction: str) -> None:
+    encoding.truncate(max(keep, 0), direction=direction)
+
+
+def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[str] | None, max_length: int,
+                   truncation: Truncation) -> TokenRows:
+    """Token ids per input, special tokens added to texts (not to token-id inputs), truncated or refused."""
+    texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
+    ids: list[list[int]] = [[] for _ in items]
+    type_ids: list[list[int]] = [[] for _ in items]
+    cut = False
+    vocab = tokenizer.get_vocab_size(True) if tokenizer is not None else None
+    for i, item in enumerate(items):
+        if isinstance(item, list):
+            if vocab is not None and not all(0 <= t < vocab for t in item):
+                raise validation(f"token ids must lie in [0, {vocab})")
+            if len(item) > max_length and not truncation.enabled:
+                raise too_long(max_length, len(item))
+            kept = item[-max_length:] if truncation.direction == "left" else item[:max_length]
+            cut = cut or len(kept) < len(item)
+            ids[i], type_ids[i] = kept, [0] * len(kept)
+    if not texts:
+        return TokenRows(ids, type_ids, cut)
+    assert tokenizer is not None, "callers require a tokenizer for text inputs"
+    firsts = tokenizer.encode_batch([text for _, text in texts], add_special_tokens=False)
+    seconds = tokenizer.encode_batch([pairs[i] for i, _ in texts], add_special_tokens=False) if pairs else None
+    specials = tokenizer.num_special_tokens_to_add(pairs is not None)
+    room = max_length - specials
+    for row, (i, _) in enumerate(texts):
+        first, second = firsts[row], seconds[row] if seconds else None
+        content = len(first) + (len(second) if second else 0)
+        if content > room:
+            if not truncation.enabled:
+                raise too_long(max_length, content + specials)
+            cut = True
+            if second is not None:  # only_second first; the first text too if it alone is too long
+                _cut(second, room - len(first), truncation.direction)
+            _cut(first, room - (len(second) if second else 0), truncation.direction)
+        encoding = tokenizer.post_process(first, second)
+        ids[i], type_ids[i] = encoding.ids, encoding.type_ids
+    return TokenRows(ids, type_ids, cut)
+
+
+def simple_tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[dict[str, object]]:
+    """TEI's `/tokenize` items: byte offsets into the UTF-8 input; special tokens carry no offsets."""
+    encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    data = text.encode("utf-8")
+    byte_at = np.cumsum([0, *(len(c.encode("utf-8")) for c in text)]) if not text.isascii() else None
+    tokens = []
+    for token_id, token, (start, stop), special in zip(encoding.ids, encoding.tokens, encoding.offsets,
+                                                       encoding.special_tokens_mask):
+        if special:
+            tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            continue
+        if byte_at is not None:
+            start, stop = int(byte_at[start]), int(byte_at[stop])
+        tokens.append({"id": token_id, "text": data[start:stop].decode("utf-8", errors="replace"), "special": False,
+                       "start": start, "stop": stop})
+    return tokens

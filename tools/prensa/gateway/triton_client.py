@@ -1,0 +1,89 @@
+"""Every call the gateway makes to Triton, over one reused gRPC aio channel.
+
+Triton's gRPC errors become `GatewayError`s here: unreachable or too slow -> Unhealthy (503),
+a full Triton queue -> Overloaded (429), anything else Triton reports -> Backend (424). Without
+`wait_for_ready`, gRPC fails at once while the channel cannot connect, so a dead Triton costs a
+request milliseconds, not the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from prensa.gateway.errors import ErrorKind, GatewayError
+
+T = TypeVar("T")
+
+
+def texts_tensor(texts: Sequence[str]) -> np.ndarray:
+    """A BYTES column `[n, 1]` of UTF-8 texts."""
+    column = np.empty((len(texts), 1), dtype=object)
+    column[:, 0] = [text.encode("utf-8") for text in texts]
+    return column
+
+
+def translate_error(exc: InferenceServerException, url: str, timeout_s: float) -> GatewayError:
+    """A tritonclient error as the gateway's error kind (see the module docstring)."""
+    status, message = exc.status() or "", exc.message() or str(exc)
+    if status.endswith("DEADLINE_EXCEEDED"):
+        return GatewayError(ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s")
+    if "maximum queue size" in message:  # a stage's bounded queue rejected the request
+        return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
+    if status.endswith("UNAVAILABLE"):
+        return GatewayError(ErrorKind.UNHEALTHY, f"Triton is unreachable at {url}")
+    return GatewayError(ErrorKind.BACKEND, f"Backend error: {message}")
+
+
+class TritonClient:
+    def __init__(self, url: str, timeout_s: float, probe_timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self._client = grpcaio.InferenceServerClient(url)
+
+    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        try:
+            result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
+                                              client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise translate_error(exc, self.url, self.timeout_s) from None
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def ready_models(self) -> list[str]:
+        index = await self._probe(self._client.get_model_repository_index(client_timeout=self.probe_timeout_s))
+        return [model.name for model in index.models if model.state == "READY"]
+
+    async def config(self, model: str) -> model_config_pb2.ModelConfig:
+        return (await self._probe(self._client.get_model_config(model, client_timeout=self.probe_timeout_s))).config
+
+    async def is_ready(self, models: Sequence[str]) -> bool:
+        """Server ready and every model in `models` ready; False rather than raising."""
+        try:
+            if not await self._client.is_server_ready(client_timeout=self.probe_timeout_s):
+                return False
+            states = await asyncio.gather(
+                *(self._client.is_model_ready(m, client_timeout=self.probe_timeout_s) for m in models))
+        except InferenceServerException:
+            return False
+        return all(states)
+
+    async def _probe(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except InferenceServerException as exc:
+            raise translate_error(exc, self.url, self.probe_timeout_s) from None
+
+    async def close(self) -> None:
+        await self._client.close()
