@@ -70,6 +70,17 @@ class ServerProcess:
                 self.process.wait()
 
 
+def median_ms(call, repeats: int) -> float:
+    """Median wall time of `call` over `repeats` runs, after one warm-up run."""
+    call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return float(np.median(samples))
+
+
 def text_encoder(export_dir: Path, manifest: Manifest):
     """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
     return load_stage("tokenize").TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
@@ -110,13 +121,7 @@ class OnnxLimit:
 
     def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
         encoding = self.encoder.encode_requests([[text]])[0][0]
-        self._run([encoding])
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            self._run([encoding])
-            samples.append((time.perf_counter() - started) * 1000)
-        return float(np.median(samples))
+        return median_ms(lambda: self._run([encoding]), repeats)
 
 
 class SentenceTransformersInProcess:
@@ -144,13 +149,7 @@ class SentenceTransformersInProcess:
         return InProcessResult(time.perf_counter() - started, len(inputs), count_tokens(encoder, inputs))
 
     def single_latency_ms(self, text, repeats: int) -> float:
-        self._call([text])
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            self._call([text])
-            samples.append((time.perf_counter() - started) * 1000)
-        return float(np.median(samples))
+        return median_ms(lambda: self._call([text]), repeats)
 
 
 def _pairs(cases: list[RerankCase]) -> list[tuple[str, str]]:
@@ -209,17 +208,20 @@ class HttpClient:
             if response.status != 200:
                 raise RuntimeError(f"{path}: HTTP {response.status}")
 
+    def _tei_path(self, route: str) -> str:
+        return f"{route}?model={self.model}" if self.model else route  # prensa serves several models
+
     async def embed(self, texts: list[str]) -> None:
         if self.style == "openai":
             await self._post("/embeddings", {"model": self.model, "input": texts})
         else:
-            await self._post("/embed", {"inputs": texts, "model": self.model})
+            await self._post(self._tei_path("/embed"), {"inputs": texts})
 
     async def rerank(self, case: RerankCase) -> None:
         if self.style == "openai":
             await self._post("/rerank", {"model": self.model, "query": case.query, "documents": case.passages})
         else:
-            await self._post("/rerank", {"query": case.query, "texts": case.passages, "model": self.model})
+            await self._post(self._tei_path("/rerank"), {"query": case.query, "texts": case.passages})
 
 
 def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import typer
 
 from prensa.cli import repo
+from prensa.cli.bench import bench
 from prensa.cli.export import export
 from prensa.cli.gateway import gateway
+from prensa.cli.loadtest import loadtest
 from prensa.cli.serve import serve, up
 from prensa.cli.stats import stats
+from prensa.cli.tune import tune
 
 app = typer.Typer(help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.", no_args_is_help=True)
 app.command()(export)
@@ -17,3 +20,6 @@ app.command()(serve)
 app.command()(up)
 app.command()(gateway)
 app.command()(stats)
+app.command()(bench)
+app.command()(tune)
+app.command()(loadtest)

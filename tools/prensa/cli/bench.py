@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, run_bench
+from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
 from prensa.triton.repo import ServingOptions
 
@@ -45,14 +44,7 @@ def bench(
                        max_batch_tokens=max_batch_tokens),
     )
     out.mkdir(parents=True, exist_ok=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
-
-        @contextmanager
-        def step(description: str):
-            handle = progress.add_task(description, total=1)
-            yield
-            progress.update(handle, completed=1, description=f"[green]✓[/] {description}")
-
+    with step_progress(console) as step:
         report = add_ratios(run_bench(options, step))
     print_table(report, console)
     write_json(report, out / "bench.json")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from prensa.cli.progress import step_progress
 from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.source import SourceError
 from prensa.export.tensorrt import SERVING_TENSORRT, SERVING_TRITON, TensorRTError, TensorRTUnavailable
@@ -46,14 +45,7 @@ def export(
         raise typer.BadParameter("--quantize int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)")
     options = ExportOptions(source, out, task, pooling, max_length, dtype, dense_only, revision, quantize == "int8",
                             export_format, trt_max_batch, trt_opt_batch, trt_opt_length)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
-
-        @contextmanager
-        def step(description: str):
-            handle = progress.add_task(description, total=1)
-            yield
-            progress.update(handle, completed=1, description=f"[green]✓[/] {description}")
-
+    with step_progress(console) as step:
         try:
             manifest, report = export_model(options, step)
         except (SourceError, TensorRTUnavailable, TensorRTError) as exc:

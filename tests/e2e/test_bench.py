@@ -1,0 +1,52 @@
+"""`prensa bench --quick` and `prensa tune --quick` on the test exports: every system present,
+every figure positive (speed targets live in the full benchmark, not in tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from prensa.bench.tune import TunePoint, best_point, default_grid
+from prensa.cli import app
+from prensa.triton.config import parse_pbtxt
+
+pytestmark = pytest.mark.triton
+
+SYSTEMS = {"onnxruntime limit", "sentence-transformers (in-process)", "prensa (Triton gRPC)",
+           "prensa (gateway HTTP)", "FastAPI + sentence-transformers"}
+
+
+@pytest.mark.parametrize("export", ["minilm", "reranker"])
+def test_quick_bench_reports_every_system(tmp_path, exports, export):
+    result = CliRunner().invoke(app, ["bench", str(exports[export]), "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {s["name"] for s in report["systems"]} >= SYSTEMS
+    for system in report["systems"]:
+        assert system["single_query_p50_ms"] > 0
+        for run in system["runs"]:
+            assert run["seq_per_s"] > 0 and run["tok_per_s"] > 0 and run["vs_limit"] > 0
+            assert run.get("errors", 0) == 0
+            if system["kind"] == "server":
+                assert 0 < run["p50_ms"] <= run["p90_ms"] <= run["p99_ms"]
+    assert report["prensa_encoder"]["padded_per_real_token"] >= 1.0
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+
+
+def test_tune_picks_the_fastest_clean_point_and_writes_it(tmp_path, exports):
+    repo = tmp_path / "model_repo"
+    result = CliRunner().invoke(app, ["tune", str(exports["minilm"]), "--name", "minilm", "--repo", str(repo),
+                                      "--quick", "--requests", "16", "--concurrency", "8"])
+    assert result.exit_code == 0, result.output
+    config = parse_pbtxt((repo / "minilm_encode" / "config.pbtxt").read_text())
+    delays = {p.queue_delay_us for p in default_grid(2, 256, quick=True)}
+    assert config.dynamic_batching.max_queue_delay_microseconds in delays
+
+
+def test_best_point_prefers_throughput_then_p99_and_skips_errors():
+    rows = [dict(instances=1, threads=0, queue_delay_us=0, max_batch_tokens=4096, seq_per_s=50, p99_ms=300, errors=0),
+            dict(instances=2, threads=1, queue_delay_us=0, max_batch_tokens=4096, seq_per_s=49, p99_ms=200, errors=0),
+            dict(instances=1, threads=0, queue_delay_us=5000, max_batch_tokens=4096, seq_per_s=80, p99_ms=90, errors=3)]
+    assert best_point(rows) == TunePoint(2, 1, 0, 4096)

@@ -1,0 +1,102 @@
+"""`prensa tune`: sweep the serving knobs on this machine, keep the fastest, write it to the repo.
+
+Each point builds a repository with one setting, starts Triton, drives the bench workload at a
+fixed concurrency through gRPC and records throughput and p99. Points run one after another so
+they never share the CPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from prensa.bench.load import Workload, closed_loop
+from prensa.bench.suite import BenchOptions, build_workload, free_port
+from prensa.bench.systems import TritonClient, wait
+from prensa.manifest import Manifest, Task
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.metrics import difference, scrape
+from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+
+
+@dataclass(frozen=True)
+class TunePoint:
+    instances: int
+    threads: int  # onnxruntime intra-op threads per instance; 0 = all cores
+    queue_delay_us: int
+    max_batch_tokens: int
+
+    def serving(self, base: ServingOptions) -> ServingOptions:
+        return replace(base, encode_instances=self.instances, cpu_threads=self.threads,
+                       queue_delay_us=self.queue_delay_us, max_batch_tokens=self.max_batch_tokens)
+
+
+def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
+    """Instances x threads that use every core once, a few queue delays and token budgets."""
+    layouts = [(1, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
+    delays = [0, 2000] if quick else [0, 1000, 5000]
+    budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
+    points = [TunePoint(i, t, d, b) for (i, t), d, b in itertools.product(layouts, delays, budgets)]
+    return points[:2] if quick else points
+
+
+def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrency: int, base: ServingOptions,
+            log_dir: Path) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="prensa-tune-"))
+    try:
+        build_repository([model], work, point.serving(base))
+        ports = TritonPorts(free_port(), free_port(), free_port())
+        with TritonProcess(TritonOptions(work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton:
+            client = TritonClient("tune", triton.grpc_url, model.name)
+            send = client.rerank if model.manifest.task is Task.RERANK else client.embed
+
+            async def go():
+                await client.open()
+                try:
+                    await closed_loop(send, Workload(workload.items[:concurrency], workload.sequences[:concurrency],
+                                                     workload.tokens[:concurrency]), concurrency)  # warm-up
+                    return await closed_loop(send, workload, concurrency)
+                finally:
+                    await client.close()
+
+            before = scrape(triton.metrics_url)
+            result = wait(go())
+            encoder = difference(scrape(triton.metrics_url), before).get(f"{model.name}_encode")
+        figures = result.figures()
+        return {**asdict(point), "seq_per_s": figures["seq_per_s"], "p99_ms": figures["p99_ms"],
+                "errors": figures["errors"], "average_batch": encoder.average_batch if encoder else None}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def best_point(results: list[dict]) -> TunePoint:
+    """Highest throughput without errors; p99 breaks ties within 3%."""
+    clean = [r for r in results if r["errors"] == 0] or results
+    top = max(r["seq_per_s"] for r in clean)
+    near = [r for r in clean if r["seq_per_s"] >= 0.97 * top]
+    chosen = min(near, key=lambda r: r["p99_ms"])
+    return TunePoint(chosen["instances"], chosen["threads"], chosen["queue_delay_us"], chosen["max_batch_tokens"])
+
+
+def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bool, log_dir: Path,
+         on_result=lambda result: None) -> tuple[TunePoint, list[dict]]:
+    manifest = Manifest.read(export_dir)
+    model = ModelSource(name, export_dir, manifest)
+    options = BenchOptions(export_dir, log_dir, texts=requests, rerank_queries=max(requests // 10, 4))
+    workload = build_workload(manifest, export_dir, options)
+    base = ServingOptions()
+    results = []
+    for point in default_grid(os.cpu_count() or 1, manifest.max_length, quick):
+        results.append(measure(point, model, workload, concurrency, base, log_dir))
+        on_result(results[-1])
+    return best_point(results), results
+
+
+def write_best(export_dir: Path, name: str, repo: Path, point: TunePoint) -> list[str]:
+    """Re-render the model in `repo` with the winning settings (other models there are kept)."""
+    return build_repository([ModelSource(name, export_dir, Manifest.read(export_dir))], repo,
+                            point.serving(ServingOptions()))

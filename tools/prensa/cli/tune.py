@@ -1,0 +1,43 @@
+"""`prensa tune`: find this machine's best encoder layout, queue delay and token budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prensa.bench.tune import TunePoint, tune as run_tune, write_best
+
+
+def tune(
+    export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export`.")],
+    name: Annotated[str, typer.Option(help="Model name in the repository.")],
+    repo: Annotated[Path, typer.Option(help="Repository to write the winning settings into.")] = Path("model_repo"),
+    requests: Annotated[int, typer.Option(help="Requests per sweep point.")] = 192,
+    concurrency: Annotated[int, typer.Option(help="Concurrent clients per sweep point.")] = 32,
+    quick: Annotated[bool, typer.Option(help="Two points only (CI).")] = False,
+    write: Annotated[bool, typer.Option(help="Write the best settings into REPO.")] = True,
+) -> None:
+    """Sweep encoder instances x threads, queue delay and max batch tokens; keep the fastest."""
+    console = Console()
+    table = Table("instances", "threads", "queue delay us", "max batch tokens", "seq/s", "p99 ms", "avg batch",
+                  "errors", title=f"tuning {name} at {concurrency} concurrent clients")
+
+    def show(result: dict) -> None:
+        console.print(f"  {result['instances']} x {result['threads'] or 'all'} threads, delay "
+                      f"{result['queue_delay_us']} us, budget {result['max_batch_tokens']}: "
+                      f"{result['seq_per_s']:.1f} seq/s, p99 {result['p99_ms']:.0f} ms")
+
+    best, results = run_tune(export_dir, name, requests, concurrency, quick, repo.parent / ".prensa", show)
+    for r in results:
+        mark = "[green]" if TunePoint(r["instances"], r["threads"], r["queue_delay_us"], r["max_batch_tokens"]) == best else ""
+        table.add_row(*(f"{mark}{v}" for v in (r["instances"], r["threads"] or "all", r["queue_delay_us"],
+                                                r["max_batch_tokens"], f"{r['seq_per_s']:.1f}", f"{r['p99_ms']:.0f}",
+                                                f"{r['average_batch'] or 0:.1f}", r["errors"])))
+    console.print(table)
+    if write:
+        written = write_best(export_dir, name, repo, best)
+        console.print(f"wrote {', '.join(written)} to {repo} with {best}")
