@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from prensa.cli import repo
+from prensa.cli import deploy, repo
 from prensa.cli.bench import bench
+from prensa.cli.corpus import embed_corpus
 from prensa.cli.export import export
 from prensa.cli.gateway import gateway
 from prensa.cli.loadtest import loadtest
@@ -16,6 +17,7 @@ from prensa.cli.tune import tune
 app = typer.Typer(help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.", no_args_is_help=True)
 app.command()(export)
 app.add_typer(repo.app, name="repo")
+app.add_typer(deploy.app, name="deploy")
 app.command()(serve)
 app.command()(up)
 app.command()(gateway)
@@ -23,3 +25,4 @@ app.command()(stats)
 app.command()(bench)
 app.command()(tune)
 app.command()(loadtest)
+app.command("embed-corpus")(embed_corpus)

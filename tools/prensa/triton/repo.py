@@ -77,6 +77,20 @@ def _python_stage(name: str, options: ServingOptions, inputs: list[Tensor], outp
     }
 
 
+def encoder_rows(manifest: Manifest, options: ServingOptions) -> int:
+    """Rows per forward pass. Dynamically quantised (int8) graphs scale activations per tensor,
+    so a row's result would depend on its batch neighbours and their padding: run them alone."""
+    return 1 if manifest.dtype == "int8" else options.max_batch_size
+
+
+def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, str]:
+    """The pool stage's config parameters; `prensa embed-corpus --export` pools with the same."""
+    pooling = options.pooling or manifest.pooling
+    return {"pooling": pooling.value if pooling else "none", "normalize": str(manifest.normalize).lower(),
+            "drop_ids": ",".join(map(str, manifest.special_ids)),
+            "activation": "sigmoid" if len(manifest.id2label) <= 1 else "softmax"}
+
+
 def client_outputs(manifest: Manifest) -> list[Tensor]:
     """What the ensemble returns, by task; the README documents how to decode each."""
     graph = {o.name: o for o in manifest.outputs}
@@ -164,11 +178,6 @@ class ModelRenderer:
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
 
-    def encoder_rows(self) -> int:
-        """Rows per forward pass. Dynamically quantised (int8) graphs scale activations per tensor,
-        so a row's result would depend on its batch neighbours and their padding: run them alone."""
-        return 1 if self.m.dtype == "int8" else self.options.max_batch_size
-
     def encode(self) -> None:
         if self.native_encoder:
             self.native_encode()
@@ -182,7 +191,7 @@ class ModelRenderer:
             [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
             {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
-             "length_ratio": self.options.length_ratio, "max_rows": self.encoder_rows(),
+             "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
              "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
              "execution_provider": self.options.execution_provider,
              "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)},
@@ -210,17 +219,12 @@ class ModelRenderer:
         for o in self.m.outputs:
             dims = [length, *o.dims[1:]] if o.per_token else o.dims
             warmup[o.name] = {"data_type": "TYPE_FP32", "dims": dims, "zero_data": True}
-        pooling = self.options.pooling or self.m.pooling
         config = _python_stage(
             self.stage_dir("pool").name, self.options,
             [Tensor(contract.INPUT_IDS, "TYPE_INT64", [-1], ragged=True),
              Tensor(contract.ATTENTION_MASK, "TYPE_INT64", [-1], ragged=True),
              *(Tensor(o.name, "TYPE_FP32", o.dims, ragged=True) for o in self.m.outputs)],
-            client_outputs(self.m),
-            {"pooling": pooling.value if pooling else "none", "normalize": str(self.m.normalize).lower(),
-             "drop_ids": ",".join(map(str, self.m.special_ids)),
-             "activation": "sigmoid" if len(self.m.id2label) <= 1 else "softmax"},
-            warmup,
+            client_outputs(self.m), pool_parameters(self.m, self.options), warmup,
         )
         self._write(self.stage_dir("pool"), config, "pool", files)
 

@@ -1,0 +1,209 @@
+"""Where a corpus's embeddings come from: a running prensa Triton over gRPC, or an export run in
+this process by the very stage code Triton runs (tokenize -> encode -> pool, with the parameters
+`prensa repo build` writes into their configs), so both give the vectors the server gives.
+
+Both answer in the ensemble's own tensors (`dense`, `sparse_ids`, ...), one response per request
+of at most `max_rows` texts; `prensa.corpus.io` turns them into Parquet columns.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from prensa.manifest import Manifest, Task
+from prensa.stages import contract, load_stage
+from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters
+
+# Output kinds a corpus run can ask for, and the ensemble outputs each needs.
+KINDS: dict[str, tuple[str, ...]] = {
+    "dense": (contract.DENSE,),
+    "sparse": (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS),
+    "colbert": (contract.COLBERT,),
+}
+EMBEDDING_TASKS = (Task.EMBED.value, Task.M3.value, Task.SPLADE.value)
+
+
+class BackendError(RuntimeError):
+    """The model cannot embed this corpus, or the server failed; the message says which."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What identifies the vectors (recorded beside the parts) and how to call the model."""
+
+    name: str
+    source: str
+    revision: str
+    dtype: str
+    max_length: int
+    kinds: tuple[str, ...]  # output kinds the model has, in KINDS order
+    max_rows: int  # texts per request
+
+    def choose(self, requested: str | None) -> tuple[str, ...]:
+        """Requested kinds (comma-separated), checked; by default every kind but ColBERT, whose
+        token x dim floats per row are worth asking for explicitly."""
+        if requested is None:
+            return tuple(k for k in self.kinds if k != "colbert")
+        wanted = [k.strip() for k in requested.split(",") if k.strip()]
+        unknown = [k for k in wanted if k not in self.kinds]
+        if unknown or not wanted:
+            raise BackendError(f"{self.name} offers outputs {', '.join(self.kinds)}; asked for {requested!r}")
+        return tuple(k for k in self.kinds if k in wanted)
+
+
+def kinds_of(output_names: set[str]) -> tuple[str, ...]:
+    return tuple(kind for kind, names in KINDS.items() if set(names) <= output_names)
+
+
+def requested_outputs(kinds: tuple[str, ...]) -> list[str]:
+    return [name for kind in kinds for name in KINDS[kind]] + [contract.NUM_TOKENS]
+
+
+def _chunks(texts: list[str], size: int) -> list[list[str]]:
+    return [texts[start : start + size] for start in range(0, len(texts), size)]
+
+
+def _rows(batch_size: int, limit: int, name: str) -> int:
+    if batch_size > limit:
+        raise BackendError(f"--batch-size {batch_size} exceeds {name}'s max_batch_size {limit}")
+    return batch_size or limit
+
+
+class Backend(Protocol):
+    info: ModelInfo
+
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+        """Responses for consecutive slices of `texts`, in order."""
+
+    def close(self) -> None: ...
+
+
+class TritonBackend:
+    """A prensa ensemble over gRPC, several requests in flight so Triton's batcher has work to merge."""
+
+    def __init__(self, url: str, model: str, batch_size: int, concurrency: int) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        try:
+            config = self.client.get_model_config(model, as_json=True)["config"]
+        except InferenceServerException as exc:
+            raise BackendError(f"cannot read {model!r} from Triton at {url}: {exc}") from exc
+        # Proto3 JSON leaves out empty strings (e.g. an embedder's `id2label`).
+        params = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+        if config.get("platform") != "ensemble" or params.get("task") not in EMBEDDING_TASKS:
+            raise BackendError(f"{model!r} is not a prensa embedding model (task {params.get('task')!r}); "
+                               f"embed-corpus takes {', '.join(EMBEDDING_TASKS)} models")
+        outputs = {output["name"] for output in config.get("output", [])}
+        self.info = ModelInfo(model, params.get("source", ""), params.get("revision", ""), params.get("dtype", ""),
+                              int(params.get("max_length", "0")), kinds_of(outputs),
+                              _rows(batch_size, int(config.get("max_batch_size", 1)), model))
+        self.pool = ThreadPoolExecutor(max(concurrency, 1))
+
+    def _infer(self, texts: list[str], names: list[str]) -> dict[str, np.ndarray]:
+        tensor = grpcclient.InferInput(contract.TEXT, [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[text.encode()] for text in texts], dtype=object))
+        try:
+            result = self.client.infer(self.info.name, [tensor],
+                                       outputs=[grpcclient.InferRequestedOutput(name) for name in names])
+        except InferenceServerException as exc:
+            raise BackendError(f"Triton failed a request of {len(texts)} texts: {exc}") from exc
+        return {name: result.as_numpy(name) for name in names}
+
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+        names = requested_outputs(kinds)
+        return list(self.pool.map(lambda chunk: self._infer(chunk, names), _chunks(texts, self.info.max_rows)))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.client.close()
+
+
+def export_info(export_dir: Path, manifest: Manifest, batch_size: int) -> ModelInfo:
+    if manifest.task.value not in EMBEDDING_TASKS:
+        raise BackendError(f"{export_dir} is a {manifest.task.value} model; embed-corpus takes "
+                           f"{', '.join(EMBEDDING_TASKS)} models")
+    return ModelInfo(export_dir.resolve().name, manifest.source, manifest.revision, manifest.dtype,
+                     manifest.max_length, kinds_of({t.name for t in client_outputs(manifest)}),
+                     _rows(batch_size, ServingOptions().max_batch_size, "the default repository"))
+
+
+class OnnxBackend:
+    """The served pipeline in this process: the stages' own functions and classes, with the
+    parameters a default `prensa repo build` writes into their configs. All texts of one call go
+    through the token-budget encoder together, length-sorted across requests."""
+
+    def __init__(self, export_dir: Path, batch_size: int, threads: int) -> None:
+        manifest = Manifest.read(export_dir)
+        self.info = export_info(export_dir, manifest, batch_size)
+        options = ServingOptions()
+        tokenize, encode, pool = (load_stage(stage) for stage in ("tokenize", "encode", "pool"))
+        # The tokenize stage's config: right truncation; pairs `only_second` (unused for single texts).
+        self.tokenizer = tokenize.TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
+                                              "only_second")
+        self.pad, self.pad_id = tokenize.pad_encodings, manifest.pad_id
+        session = encode.create_session(export_dir / manifest.onnx_file, threads, options.execution_provider)
+        self.encoder = encode.TokenBudgetEncoder(
+            session, manifest.pad_id, options.max_batch_tokens, options.length_ratio, encoder_rows(manifest, options),
+            {output.name for output in manifest.outputs if output.per_token})
+        params = pool_parameters(manifest, options)
+        self.pool_request = pool.pool_request
+        self.pooling = (params["pooling"], params["normalize"] == "true",
+                        np.asarray(contract.int_list(params["drop_ids"]), dtype=np.int64), params["activation"])
+
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+        encoded = self.tokenizer.encode_requests(_chunks(texts, self.info.max_rows))
+        failed = next((result for result in encoded if isinstance(result, Exception)), None)
+        if failed is not None:
+            raise BackendError(f"the tokenizer failed: {failed}")
+        tokens = [self.pad(encodings, self.pad_id) for encodings in encoded]
+        names = requested_outputs(kinds)
+        responses = []
+        for request, outputs in zip(tokens, self.encoder.encode(tokens)):
+            stage_inputs = {contract.INPUT_IDS: request[contract.INPUT_IDS],
+                            contract.ATTENTION_MASK: request[contract.ATTENTION_MASK], **outputs}
+            pooled = self.pool_request(stage_inputs, *self.pooling)
+            responses.append({name: pooled[name] for name in names})
+        return responses
+
+    def close(self) -> None:
+        """Free the onnxruntime session (a large graph's memory) now rather than when the object goes."""
+        del self.encoder
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Where to embed, as plain values: Ray sends it to each worker, which opens its own backend."""
+
+    triton_url: str | None = None
+    model: str | None = None
+    export_dir: Path | None = None
+    batch_size: int = 0  # texts per request; 0 = the model's max_batch_size
+    concurrency: int = 4  # Triton requests in flight per backend
+    threads: int = 0  # onnxruntime intra-op threads in-process; 0 = every core
+
+    def __post_init__(self) -> None:
+        if (self.export_dir is None) == (self.triton_url is None):
+            raise BackendError("embed with exactly one of a Triton endpoint (--triton-url, --model) "
+                               "or an export (--export)")
+        if self.triton_url is not None and not self.model:
+            raise BackendError("--triton-url needs --model, the ensemble to call")
+
+    def describe(self) -> ModelInfo:
+        """The model's identity and limits without loading it (Ray's driver needs no session)."""
+        if self.export_dir is not None:
+            return export_info(self.export_dir, Manifest.read(self.export_dir), self.batch_size)
+        backend = self.open()
+        backend.close()
+        return backend.info
+
+    def open(self) -> Backend:
+        if self.export_dir is not None:
+            return OnnxBackend(self.export_dir, self.batch_size, self.threads)
+        assert self.triton_url is not None and self.model is not None
+        return TritonBackend(self.triton_url, self.model, self.batch_size, self.concurrency)

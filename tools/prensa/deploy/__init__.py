@@ -1,0 +1,1 @@
+"""Deployment manifests rendered from a model repository (`prensa deploy ...`)."""

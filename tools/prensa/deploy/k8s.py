@@ -1,0 +1,367 @@
+"""Kubernetes manifests for one rendered model repository, from the settings compose.yaml uses.
+
+Each pod runs Triton and the gateway side by side, the gateway calling its own Triton on
+127.0.0.1: a replica is a whole serving unit, and the Service balances HTTP connections across
+replicas. Separate gateway and Triton Deployments would pin each gateway's long-lived gRPC
+channel (one HTTP/2 connection) to a single Triton pod, so added Triton replicas would sit idle.
+
+The HorizontalPodAutoscaler scales on the time requests wait in Triton's queues before an
+encoder runs them, per pod, which prometheus-adapter computes from two counters Triton exports:
+queueing is what clients feel, while a GPU server's CPU use says little about its load.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tritonclient.grpc import model_config_pb2
+
+from prensa.export.tensorrt import SERVING_TRITON
+from prensa.triton.config import parse_pbtxt
+from prensa.triton.launcher import TritonPorts
+
+Manifest = dict[str, Any]
+
+# compose.yaml runs the same images, ports, command and shared-memory size; a unit test keeps them equal.
+TRITON_PORTS = TritonPorts()
+GATEWAY_PORT = 8080
+TRITON_IMAGE = f"prensa-tritonserver:{SERVING_TRITON}-py3"
+GATEWAY_IMAGE = f"prensa-gateway:{version('prensa')}"
+MODELS_PATH = "/models"
+TRITON_COMMAND = ["tritonserver", f"--model-repository={MODELS_PATH}", "--strict-readiness=true",
+                  "--exit-on-error=true", "--log-verbose=0"]
+SHM_GB = 4  # Python-backend stages exchange tensors through /dev/shm
+STARTUP_BUDGET_S = 15 * 60  # compose.yaml's start_period: a first start may build TensorRT engines
+
+# Triton's counters behind the autoscaling metric, and the name prometheus-adapter gives the quotient.
+QUEUE_SERIES = "nv_inference_queue_duration_us"
+SUCCESS_SERIES = "nv_inference_request_success"
+QUEUE_METRIC = "prensa_encoder_queue_us_per_request"
+RATE_WINDOW = "1m"
+SCRAPE_INTERVAL = "15s"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+KUSTOMIZE_RESOURCES = ("namespace.yaml", "deployment.yaml", "service.yaml", "hpa.yaml", "servicemonitor.yaml")
+ADAPTER_VALUES = "prometheus-adapter-values.yaml"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One Triton model of an ensemble, as its config.pbtxt declares it."""
+
+    model: str
+    gpu: bool  # a KIND_GPU instance group, or a Python encoder on onnxruntime's CUDA provider
+    instances: int
+    python: bool  # Python backend: one process per instance
+    threads: int  # onnxruntime intra-op threads of a Python encoder; 0 when not pinned
+
+    @property
+    def cores(self) -> int:
+        """CPU cores the stage keeps busy under load: one per Python process, times its pinned threads."""
+        return self.instances * max(self.threads, 1) if self.python else 0
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    task: str
+    encoder: Stage
+    stages: tuple[Stage, ...]  # every ensemble step, the encoder included
+    accelerator_cache: str | None  # onnxruntime's TensorRT engine cache directory, when the encoder has one
+
+
+def _stage(name: str, config: model_config_pb2.ModelConfig) -> Stage:
+    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group]
+    return Stage(
+        model=name,
+        gpu="KIND_GPU" in kinds or parameters.get("execution_provider") == "cuda",
+        instances=sum(max(group.count, 1) for group in config.instance_group) or 1,
+        python=config.backend == "python",
+        threads=int(parameters.get("intra_op_threads", "0")),
+    )
+
+
+def _accelerator_cache(config: model_config_pb2.ModelConfig) -> str | None:
+    for accelerator in config.optimization.execution_accelerators.gpu_execution_accelerator:
+        if "trt_engine_cache_path" in accelerator.parameters:
+            return accelerator.parameters["trt_engine_cache_path"]
+    return None
+
+
+def read_repository(repo: Path) -> list[ServedModel]:
+    """The prensa ensembles of a repository rendered by `prensa repo build`, with their stages."""
+    configs = {path.parent.name: parse_pbtxt(path.read_text()) for path in sorted(repo.glob("*/config.pbtxt"))}
+    models = []
+    for name, config in configs.items():
+        if config.platform != "ensemble" or "task" not in config.parameters:
+            continue
+        steps = [step.model_name for step in config.ensemble_scheduling.step]
+        missing = [step for step in steps if step not in configs]
+        if missing:
+            raise ValueError(f"{repo}: ensemble {name} runs {', '.join(missing)}, which the repository lacks")
+        stages = tuple(_stage(step, configs[step]) for step in steps)
+        encoder_name = f"{name}_encode"
+        encoder = next((stage for stage in stages if stage.model == encoder_name), None)
+        if encoder is None:
+            raise ValueError(f"{repo}: ensemble {name} has no {encoder_name} step; "
+                             "re-render it with `prensa repo build`")
+        models.append(ServedModel(name, config.parameters["task"].string_value, encoder, stages,
+                                  _accelerator_cache(configs[encoder_name])))
+    if not models:
+        raise ValueError(f"{repo} holds no prensa ensembles; render one with `prensa repo build`")
+    return models
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    repo_image: str | None = None  # an init container copies the repository out of this image
+    repo_claim: str | None = None  # or this PersistentVolumeClaim holds it, mounted read-only
+    namespace: str = "prensa"
+    name: str = "prensa"
+    registry: str | None = None  # prefix of the Triton and gateway images, e.g. ghcr.io/acme
+    gpus: int | None = None  # per pod; None: 1 when a stage runs on the GPU, else 0
+    memory: str = "16Gi"  # per Triton container, request and limit (/dev/shm counts against it)
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_queue_ms: float = 50.0  # average encoder queue time per request the autoscaler aims at
+    prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc"
+    prometheus_port: int = 9090
+    monitor_labels: tuple[tuple[str, str], ...] = (("release", "kube-prometheus-stack"),)
+
+    def __post_init__(self) -> None:
+        if (self.repo_image is None) == (self.repo_claim is None):
+            raise ValueError("give the model repository as exactly one of an image or a PersistentVolumeClaim")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"replicas need 1 <= min <= max, got {self.min_replicas} and {self.max_replicas}")
+        if self.target_queue_ms <= 0:
+            raise ValueError("the target queue time must be positive")
+
+    def image(self, name: str) -> str:
+        return f"{self.registry.rstrip('/')}/{name}" if self.registry else name
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": self.name, "app.kubernetes.io/part-of": "prensa"}
+
+    def metadata(self, **extra: Any) -> Manifest:
+        return {"name": self.name, "namespace": self.namespace, "labels": self.labels, **extra}
+
+
+def pod_gpus(models: list[ServedModel], options: K8sOptions) -> int:
+    needs_gpu = [stage.model for model in models for stage in model.stages if stage.gpu]
+    gpus = options.gpus if options.gpus is not None else int(bool(needs_gpu))
+    if needs_gpu and gpus < 1:
+        raise ValueError(f"{', '.join(needs_gpu)} run on the GPU: a pod needs at least one")
+    return gpus
+
+
+def _http_probe(path: str, port: str, period_s: int, failures: int) -> Manifest:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period_s, "failureThreshold": failures,
+            "timeoutSeconds": 5}
+
+
+def _triton_container(models: list[ServedModel], options: K8sOptions) -> Manifest:
+    gpus = pod_gpus(models, options)
+    cores = max(sum(stage.cores for model in models for stage in model.stages), 1)
+    limits: dict[str, Any] = {"memory": options.memory}
+    requests: dict[str, Any] = {"cpu": str(cores), "memory": options.memory}
+    if gpus:
+        limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = gpus
+    mounts = [{"name": "model-repo", "mountPath": MODELS_PATH, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"}]
+    caches = sorted({posixpath.dirname(m.accelerator_cache) for m in models if m.accelerator_cache})
+    mounts += [{"name": f"trt-cache-{i}", "mountPath": path} for i, path in enumerate(caches)]
+    return {
+        "name": "triton",
+        "image": options.image(TRITON_IMAGE),
+        "command": TRITON_COMMAND,
+        "ports": [{"name": "http", "containerPort": TRITON_PORTS.http},
+                  {"name": "grpc", "containerPort": TRITON_PORTS.grpc},
+                  {"name": "metrics", "containerPort": TRITON_PORTS.metrics}],
+        "resources": {"requests": requests, "limits": limits},
+        # Ready once every model loaded and ran its warmup (--strict-readiness); the startup probe
+        # holds liveness off while engines build, as compose.yaml's start_period does.
+        "startupProbe": _http_probe("/v2/health/ready", "http", 10, STARTUP_BUDGET_S // 10),
+        "readinessProbe": _http_probe("/v2/health/ready", "http", 5, 3),
+        "livenessProbe": _http_probe("/v2/health/live", "http", 10, 6),
+        "volumeMounts": mounts,
+    }
+
+
+def _gateway_container(options: K8sOptions) -> Manifest:
+    return {
+        "name": "gateway",
+        "image": options.image(GATEWAY_IMAGE),
+        "command": ["prensa", "gateway", "--triton-url", f"127.0.0.1:{TRITON_PORTS.grpc}", "--repo", MODELS_PATH,
+                    "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)],
+        "ports": [{"name": "gateway", "containerPort": GATEWAY_PORT}],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        # /health is 503 until Triton and every model are ready: right for readiness, wrong for
+        # liveness (restarting the gateway cannot make Triton ready). /metrics answers from the
+        # gateway's own event loop.
+        "readinessProbe": _http_probe("/health", "gateway", 5, 3),
+        "livenessProbe": _http_probe("/metrics", "gateway", 10, 6),
+        "volumeMounts": [{"name": "model-repo", "mountPath": MODELS_PATH, "readOnly": True}],
+    }
+
+
+def _repo_volume(options: K8sOptions) -> tuple[Manifest, list[Manifest]]:
+    """The repository volume and, for an image, the init container that fills it."""
+    if options.repo_claim:
+        return {"name": "model-repo", "persistentVolumeClaim": {"claimName": options.repo_claim, "readOnly": True}}, []
+    copy = {"name": "model-repo", "image": options.repo_image, "command": ["sh", "-c", f"cp -R {MODELS_PATH}/. /repo/"],
+            "volumeMounts": [{"name": "model-repo", "mountPath": "/repo"}]}
+    return {"name": "model-repo", "emptyDir": {}}, [copy]
+
+
+def deployment(models: list[ServedModel], options: K8sOptions) -> Manifest:
+    triton = _triton_container(models, options)
+    repo_volume, init = _repo_volume(options)
+    volumes = [repo_volume, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GB}Gi"}}]
+    volumes += [{"name": mount["name"], "emptyDir": {}}
+                for mount in triton["volumeMounts"] if mount["name"].startswith("trt-cache")]
+    pod: Manifest = {"terminationGracePeriodSeconds": 60}
+    if init:
+        pod["initContainers"] = init
+    pod.update(containers=[triton, _gateway_container(options)], volumes=volumes)
+    if GPU_RESOURCE in triton["resources"]["limits"]:
+        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    served = ",".join(m.name for m in models)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": options.metadata(annotations={"prensa/models": served}),
+        # No `replicas`: the HorizontalPodAutoscaler owns it, and re-applying must not reset it.
+        "spec": {
+            "selector": {"matchLabels": options.labels},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": STARTUP_BUDGET_S + 300,
+            "template": {"metadata": {"labels": options.labels, "annotations": {"prensa/models": served}},
+                         "spec": pod},
+        },
+    }
+
+
+def service(options: K8sOptions) -> Manifest:
+    ports = [("gateway", GATEWAY_PORT), ("http", TRITON_PORTS.http), ("grpc", TRITON_PORTS.grpc),
+             ("metrics", TRITON_PORTS.metrics)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": options.metadata(),
+        "spec": {"selector": options.labels,
+                 "ports": [{"name": name, "port": port, "targetPort": name} for name, port in ports]},
+    }
+
+
+def service_monitor(options: K8sOptions) -> Manifest:
+    """Prometheus Operator scrapes Triton's metrics port and the gateway's /metrics, per pod."""
+    metadata = options.metadata()
+    metadata["labels"] = {**options.labels, **dict(options.monitor_labels)}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": metadata,
+        "spec": {"selector": {"matchLabels": options.labels},
+                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL},
+                               {"port": "gateway", "path": "/metrics", "interval": SCRAPE_INTERVAL}]},
+    }
+
+
+def _model_matcher(models: list[ServedModel]) -> str:
+    """A PromQL regex matching the encoders' model label; `.` is the one regex character Triton names allow."""
+    return "|".join(m.encoder.model.replace(".", "\\\\.") for m in models)
+
+
+def queue_query(models: list[ServedModel]) -> str:
+    """Per pod: encoder queue microseconds per successful encoder request over the rate window. An
+    idle pod reads 0, not NaN (the denominator is clamped), so the autoscaler can scale down."""
+    selector = f'{{model=~"{_model_matcher(models)}",<<.LabelMatchers>>}}'
+    per_pod = "sum(rate({series}{selector}[{window}])) by (<<.GroupBy>>)"
+    queue = per_pod.format(series=QUEUE_SERIES, selector=selector, window=RATE_WINDOW)
+    success = per_pod.format(series=SUCCESS_SERIES, selector=selector, window=RATE_WINDOW)
+    return f"{queue}\n/ clamp_min({success}, 1e-9)"
+
+
+def adapter_values(models: list[ServedModel], options: K8sOptions) -> Manifest:
+    """Values for the prometheus-community/prometheus-adapter chart: one custom metrics rule."""
+    rule = {
+        "seriesQuery": f'{QUEUE_SERIES}{{namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": f"^{QUEUE_SERIES}$", "as": QUEUE_METRIC},
+        "metricsQuery": queue_query(models),
+    }
+    return {"prometheus": {"url": options.prometheus_url, "port": options.prometheus_port},
+            "rules": {"default": False, "custom": [rule]}}
+
+
+def autoscaler(options: K8sOptions) -> Manifest:
+    # A new replica loads and warms every model before it takes traffic: scale up steadily and
+    # scale down slowly, so one burst does not make pods come and go.
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": options.metadata(),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": options.name},
+            "minReplicas": options.min_replicas,
+            "maxReplicas": options.max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": QUEUE_METRIC},
+                "target": {"type": "AverageValue", "averageValue": str(round(options.target_queue_ms * 1000))},
+            }}],
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 60,
+                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
+                "scaleDown": {"stabilizationWindowSeconds": 600,
+                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+            },
+        },
+    }
+
+
+def namespace(options: K8sOptions) -> Manifest:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace}}
+
+
+def render(models: list[ServedModel], options: K8sOptions) -> dict[str, Manifest]:
+    """File name -> object; `kubectl apply -k` takes the kustomization, Helm the adapter values."""
+    return {
+        "namespace.yaml": namespace(options),
+        "deployment.yaml": deployment(models, options),
+        "service.yaml": service(options),
+        "hpa.yaml": autoscaler(options),
+        "servicemonitor.yaml": service_monitor(options),
+        ADAPTER_VALUES: adapter_values(models, options),
+        "kustomization.yaml": {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                               "resources": list(KUSTOMIZE_RESOURCES)},
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the PromQL rule) as literal blocks, as a person would write them."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def write_manifests(out: Path, files: dict[str, Manifest], models: list[ServedModel]) -> list[Path]:
+    header = ("# Rendered by `prensa deploy k8s` for a model repository serving "
+              f"{', '.join(m.name for m in models)}.\n# Re-render instead of editing (docs/kubernetes.md).\n")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, manifest in files.items():
+        path = out / name
+        path.write_text(header + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, width=120))
+        written.append(path)
+    return written
