@@ -33,7 +33,7 @@ def run_server(server: uvicorn.Server) -> bool:
 
 
 def gateway(
-    triton_url: Annotated[str, typer.Option(help="Triton gRPC address.")] = "127.0.0.1:8001",
+    triton_url: Annotated[str, typer.Option(help="Triton gRPC address; several replicas as a comma-separated list (least outstanding requests, health-checked).")] = "127.0.0.1:8001",
     repo: Annotated[Path, typer.Option(help="Triton's model repository, read for tokenizer files.")] = Path("model_repo"),
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback exposes the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port.")] = 8080,

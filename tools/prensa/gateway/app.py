@@ -18,6 +18,7 @@ from prensa.gateway.models import Registry
 from prensa.gateway.responses import Gateway
 from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
@@ -52,7 +53,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = TritonClient(settings.triton_url, settings.triton_timeout_s, settings.probe_timeout_s)
+        client = ReplicaPool([TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
+                              for url in settings.triton_urls])
         registry = Registry(client, settings.repo, settings.default_model)
         try:
             await registry.refresh()
@@ -62,6 +64,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await client.close()
             raise RuntimeError(f"--default-model {settings.default_model} is not served; "
                                f"Triton serves {', '.join(registry.models)}")
+        client.start_probing(sorted(registry.models))
         permits = Permits(settings.max_concurrent_requests, metrics.queue_size.set)
         app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
         yield

@@ -8,7 +8,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    triton_url: str = "127.0.0.1:8001"
+    triton_url: str = "127.0.0.1:8001"  # several replicas: comma-separated gRPC addresses
     repo: Path = Path("model_repo")  # where `<name>_tokenize/1/<tokenizer file>` is read from
     default_model: str | None = None
     max_concurrent_requests: int = 512  # permits; one per input, try-acquire (TEI)
@@ -19,6 +19,10 @@ class GatewaySettings:
     api_key: str | None = None
     cors_allow_origins: tuple[str, ...] = field(default_factory=tuple)
     triton_timeout_s: float = 30.0  # per inference call; health and metadata calls use min(2 s, this)
+
+    @property
+    def triton_urls(self) -> list[str]:
+        return [url.strip() for url in self.triton_url.split(",") if url.strip()]
 
     @property
     def probe_timeout_s(self) -> float:

@@ -1,0 +1,111 @@
+"""Several Triton replicas behind one gateway: least outstanding requests, health-checked.
+
+The pool offers the same calls as `TritonClient`, so the rest of the gateway does not know how
+many replicas there are. A replica that fails with Unhealthy (refused connection, deadline) is
+taken out at once and the call is retried on another one, so an admitted request is not lost
+to a replica dying mid-load; a background probe puts it back when it reports ready again.
+Inference errors that are the request's own (424 Backend, 429 Overloaded) are not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from prensa.gateway.errors import ErrorKind, GatewayError
+from prensa.gateway.triton_client import TritonClient
+
+log = logging.getLogger("prensa.gateway")
+
+
+@dataclass
+class Replica:
+    client: TritonClient
+    healthy: bool = True
+    outstanding: int = 0
+
+
+class ReplicaPool:
+    def __init__(self, clients: Sequence[TritonClient], probe_interval_s: float = 1.0) -> None:
+        if not clients:
+            raise ValueError("a replica pool needs at least one Triton URL")
+        self.replicas = [Replica(client) for client in clients]
+        self.probe_interval_s = probe_interval_s
+        self._models: Sequence[str] = ()
+        self._probe_task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return ",".join(r.client.url for r in self.replicas)
+
+    def start_probing(self, models: Sequence[str] = ()) -> None:
+        """Health-check every replica in the background; `models` must be ready for 'healthy'."""
+        self._models = models
+        if self._probe_task is None:
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            states = await asyncio.gather(*(r.client.is_ready(self._models) for r in self.replicas))
+            for replica, ready in zip(self.replicas, states):
+                if ready != replica.healthy:
+                    log.warning("Triton replica %s is %s", replica.client.url, "back" if ready else "down")
+                replica.healthy = ready
+
+    def _pick(self, tried: set[int]) -> int | None:
+        candidates = [i for i, r in enumerate(self.replicas) if i not in tried and r.healthy]
+        if not candidates:  # every replica looks down: try the untried ones anyway, they may be back
+            candidates = [i for i in range(len(self.replicas)) if i not in tried]
+        return min(candidates, key=lambda i: self.replicas[i].outstanding, default=None)
+
+    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        tried: set[int] = set()
+        failure: GatewayError | None = None
+        while (index := self._pick(tried)) is not None:
+            tried.add(index)
+            replica = self.replicas[index]
+            replica.outstanding += 1
+            try:
+                return await replica.client.infer(model, inputs, outputs)
+            except GatewayError as exc:
+                if exc.kind is not ErrorKind.UNHEALTHY:
+                    raise
+                replica.healthy = False
+                log.warning("Triton replica %s failed (%s); retrying elsewhere", replica.client.url, exc.message)
+                failure = exc
+            finally:
+                replica.outstanding -= 1
+        raise failure or GatewayError(ErrorKind.UNHEALTHY, "no Triton replica answered")
+
+    async def _first_answer(self, call):
+        failure: GatewayError | None = None
+        for replica in sorted(self.replicas, key=lambda r: not r.healthy):
+            try:
+                return await call(replica.client)
+            except GatewayError as exc:
+                failure = exc
+        raise failure or GatewayError(ErrorKind.UNHEALTHY, "no Triton replica answered")
+
+    async def ready_models(self) -> list[str]:
+        return await self._first_answer(lambda client: client.ready_models())
+
+    async def config(self, model: str) -> model_config_pb2.ModelConfig:
+        return await self._first_answer(lambda client: client.config(model))
+
+    async def is_ready(self, models: Sequence[str]) -> bool:
+        """Ready when at least one replica serves every model: the gateway can answer."""
+        states = await asyncio.gather(*(r.client.is_ready(models) for r in self.replicas))
+        for replica, ready in zip(self.replicas, states):
+            replica.healthy = ready
+        return any(states)
+
+    async def close(self) -> None:
+        if self._probe_task:
+            self._probe_task.cancel()
+        await asyncio.gather(*(r.client.close() for r in self.replicas))
