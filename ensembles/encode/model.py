@@ -5,8 +5,10 @@ rows are merged, sorted by length and cut into sub-batches, each padded only to 
 row: a new sub-batch starts when the next row is longer than `length_ratio` x the sub-batch's
 shortest, or when rows x padded length would exceed `max_batch_tokens`. A row longer than the
 budget runs alone. Outputs are scattered back to each request, per-token outputs padded to the
-request's own width. Config parameters: `onnx_file`, `max_batch_tokens`, `length_ratio`,
-`max_rows`, `pad_id`, `intra_op_threads`, `execution_provider` (cpu|cuda), `per_token_outputs`.
+request's own width. A sub-batch that raises is run again request by request, so only a request
+that fails on its own gets an error response. Config parameters: `onnx_file`,
+`max_batch_tokens`, `length_ratio`, `max_rows`, `pad_id`, `intra_op_threads`,
+`execution_provider` (cpu|cuda), `per_token_outputs`.
 """
 
 from __future__ import annotations
@@ -85,21 +87,56 @@ class TokenBudgetEncoder:
         self.real_tokens = 0  # tokens under the attention mask
 
     def encode(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Outputs per request; raises the error of the first request that fails."""
+        results = self.encode_each(requests)
+        failed = next((result for result in results if isinstance(result, Exception)), None)
+        if failed is not None:
+            raise failed
+        return results
+
+    def encode_each(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
+        """Outputs per request, or the exception that request alone raises (see `_run_isolated`)."""
         rows = [
             Row(r, i, int(length))
             for r, tensors in enumerate(requests)
             for i, length in enumerate(tensors[contract.ATTENTION_MASK].sum(axis=1))
         ]
-        results: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        results: list[dict[str, np.ndarray] | Exception] = [{} for _ in requests]
         if not rows:
             return results
         lengths = np.array([row.length for row in rows])
         for batch in plan_sub_batches(lengths, self.max_batch_tokens, self.length_ratio, self.max_rows):
-            members = [rows[i] for i in batch]
-            outputs = self._run(requests, members)
-            for position, member in enumerate(members):
-                self._scatter(requests, results, member, {k: v[position] for k, v in outputs.items()})
+            members = [rows[i] for i in batch if not isinstance(results[rows[i].request], Exception)]
+            for group, outputs in self._run_isolated(requests, members):
+                if isinstance(outputs, Exception):
+                    for member in group:
+                        results[member.request] = outputs
+                    continue
+                for position, member in enumerate(group):
+                    self._scatter(requests, results, member, {k: v[position] for k, v in outputs.items()})
         return results
+
+    def _run_isolated(self, requests: list[dict[str, np.ndarray]],
+                      members: list[Row]) -> list[tuple[list[Row], dict[str, np.ndarray] | Exception]]:
+        """Run a sub-batch; if it raises (an out-of-vocabulary id, say), run each request's rows of it
+        on their own, so the error reaches only the requests that fail alone, not their neighbours."""
+        if not members:
+            return []
+        try:
+            return [(members, self._run(requests, members))]
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises plain exceptions; find the culprit below
+            if len({m.request for m in members}) == 1:
+                return [(members, exc)]
+        by_request: dict[int, list[Row]] = {}
+        for member in members:
+            by_request.setdefault(member.request, []).append(member)
+        outcomes: list[tuple[list[Row], dict[str, np.ndarray] | Exception]] = []
+        for group in by_request.values():
+            try:
+                outcomes.append((group, self._run(requests, group)))
+            except Exception as exc:  # noqa: BLE001 - reported to this request only
+                outcomes.append((group, exc))
+        return outcomes
 
     def _run(self, requests: list[dict[str, np.ndarray]], members: list[Row]) -> dict[str, np.ndarray]:
         width = max(max(m.length for m in members), 1)
@@ -172,10 +209,12 @@ class TritonPythonModel:
             item.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(item[contract.INPUT_IDS]))
             tensors.append(item)
         real, padded = self.encoder.real_tokens, self.encoder.padded_tokens
-        results = self.encoder.encode(tensors)
+        results = self.encoder.encode_each(tensors)
         self.token_metrics["real"].increment(self.encoder.real_tokens - real)
         self.token_metrics["padded"].increment(self.encoder.padded_tokens - padded)
         return [
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(f"encoder failed: {result}"))
+            if isinstance(result, Exception) else
             pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
             for result in results
         ]

@@ -116,12 +116,16 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = []
-        for request in requests:
+        for request in requests:  # pooled one by one: a request that raises fails alone
             tensors = {}
             for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, *ENCODER_OUTPUTS):
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     tensors[name] = tensor.as_numpy()
-            outputs = pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+            try:
+                outputs = pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+            except Exception as exc:  # noqa: BLE001 - e.g. inputs whose shapes disagree
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"pooling failed: {exc}")))
+                continue
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
         return responses

@@ -10,11 +10,13 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from prensa.cli.gateway import GatewayHost, GatewayPort, gateway_server, run_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
+from prensa.triton.supervisor import RestartPolicy, Supervisor
 
 console = Console(stderr=True)
 
@@ -25,6 +27,8 @@ MetricsPort = Annotated[int, typer.Option(help="Triton Prometheus metrics port."
 LogVerbose = Annotated[int, typer.Option(help="Triton --log-verbose level.")]
 ControlMode = Annotated[str, typer.Option(help="Triton --model-control-mode: none, explicit or poll.")]
 WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
+RestartLimit = Annotated[int, typer.Option(min=0, help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
+RestartBackoff = Annotated[float, typer.Option(min=0.0, help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
 
 
 @dataclass(frozen=True)
@@ -33,36 +37,42 @@ class GatewayAddress:
     port: int = 8080
 
 
-def run_gateway(triton: TritonProcess, address: GatewayAddress) -> None:
+def say(message: str) -> None:
+    """Supervisor news on stderr, printed as is (Triton's log lines carry brackets rich would eat)."""
+    console.print(message, markup=False, highlight=False)
+
+
+def run_gateway(triton: TritonProcess, address: GatewayAddress, supervising: threading.Thread) -> bool:
     """Serve the gateway in this thread until a signal (uvicorn re-raises it after draining, which then
-    reaches the handler that stops Triton) or until Triton exits on its own."""
+    reaches the handler that stops the supervisor) or until the supervisor gives up; False if it never
+    started. It outlives Triton restarts: meanwhile it answers 503, then carries on."""
     host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
     settings = GatewaySettings(triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
     server = gateway_server(settings, address.host, address.port)
 
-    def stop_with_triton() -> None:
-        triton.process.wait()
+    def stop_with_supervisor() -> None:
+        supervising.join()
         server.should_exit = True
 
-    threading.Thread(target=stop_with_triton, daemon=True).start()
-    if not run_server(server):
-        triton.stop()
-        console.print("[red]error:[/] the gateway did not start (see its log above)")
-        raise typer.Exit(1)
+    threading.Thread(target=stop_with_supervisor, daemon=True).start()
+    return run_server(server)
 
 
-def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None) -> None:
-    """Start Triton, wait until every model is ready, print endpoints, stop cleanly on a signal."""
+def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
+               policy: RestartPolicy = RestartPolicy()) -> None:
+    """Start Triton, wait until every model is ready, print endpoints, keep it running (restarts
+    per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once."""
     triton = TritonProcess(options)
     console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
     triton.start()
-    for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the wait below then returns
-        signal.signal(signum, lambda *_: triton.terminate())
+    supervisor = Supervisor(triton, policy, say)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the supervisor then returns
+        signal.signal(signum, lambda *_: supervisor.stop())
     try:
         triton.wait_ready()
     except TritonStartError as exc:
         triton.stop()
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     table = Table("endpoint", "address", title="Triton is ready")
     table.add_row("HTTP (KServe v2)", f"http://{triton.http_url}")
@@ -71,11 +81,19 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None) ->
     if gateway:
         table.add_row("gateway (OpenAI + TEI)", f"http://{gateway.host}:{gateway.port}  (docs: /docs)")
     console.print(table)
-    if gateway:
-        run_gateway(triton, gateway)
-    code = triton.process.wait()
-    if code not in (0, -signal.SIGTERM, -signal.SIGINT):
-        console.print(f"[red]tritonserver exited with {code}[/]\n{triton.errors()}")
+    outcome: list[int] = []
+    thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+    thread.start()
+    if gateway and not run_gateway(triton, gateway, thread):
+        supervisor.stop()
+        thread.join()
+        console.print("[red]error:[/] the gateway did not start (see its log above)")
+        raise typer.Exit(1)
+    while thread.is_alive():  # a timed join, so signals reach their handler meanwhile
+        thread.join(0.5)
+    code = outcome[0] if outcome else 1  # none: the supervisor raised, its traceback is above
+    if code != 0:
+        console.print(f"[red]prensa serve exits with {code}[/]")
         raise typer.Exit(code)
 
 
@@ -90,12 +108,16 @@ def serve(
     gateway: WithGateway = True,
     gateway_host: GatewayHost = "127.0.0.1",
     gateway_port: GatewayPort = 8080,
+    restart_limit: RestartLimit = 5,
+    restart_backoff: RestartBackoff = 1.0,
 ) -> None:
-    """Run Triton on REPO (and the HTTP gateway) until Ctrl-C or SIGTERM; exits non-zero if a model fails to load."""
+    """Run Triton on REPO (and the HTTP gateway) until Ctrl-C or SIGTERM, restarting Triton if it dies;
+    exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
     run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode),
-               GatewayAddress(gateway_host, gateway_port) if gateway else None)
+               GatewayAddress(gateway_host, gateway_port) if gateway else None,
+               RestartPolicy(limit=restart_limit, backoff_s=restart_backoff))
 
 
 def up(

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from prensa.export.safe_load import pretrained_options, refusing_pickled_code
 from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
 
@@ -65,7 +66,8 @@ class SpladeGraph(nn.Module):
 def load_head(path: Path, hidden: int, out_features: int) -> nn.Linear:
     """bge-m3 head weights; `weights_only` so a model directory can never run pickled code."""
     head = nn.Linear(hidden, out_features)
-    head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    with refusing_pickled_code(path.name):
+        head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return head.eval()
 
 
@@ -73,16 +75,18 @@ def build_graph(task: Task, model_dir: Path, attn: str = "eager") -> tuple[nn.Mo
     """Load the Hugging Face model for `task` and wrap it; also say what the graph outputs."""
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    if task in (Task.RERANK, Task.CLASSIFY):
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation=attn).eval()
-        return LogitsGraph(model), [GraphOutput(contract.LOGITS, [model.config.num_labels], False)]
-    if task is Task.SPLADE:
-        model = AutoModelForMaskedLM.from_pretrained(model_dir, attn_implementation=attn).eval()
-        return SpladeGraph(model), [GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)]
-    try:  # the pooler is never used; BERT-like models let us skip loading it
-        model = AutoModel.from_pretrained(model_dir, attn_implementation=attn, add_pooling_layer=False).eval()
-    except TypeError:
-        model = AutoModel.from_pretrained(model_dir, attn_implementation=attn).eval()
+    options = {"attn_implementation": attn, **pretrained_options(model_dir)}
+    with refusing_pickled_code(f"the model weights in {model_dir.name}"):
+        if task in (Task.RERANK, Task.CLASSIFY):
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir, **options).eval()
+            return LogitsGraph(model), [GraphOutput(contract.LOGITS, [model.config.num_labels], False)]
+        if task is Task.SPLADE:
+            model = AutoModelForMaskedLM.from_pretrained(model_dir, **options).eval()
+            return SpladeGraph(model), [GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)]
+        try:  # the pooler is never used; BERT-like models let us skip loading it
+            model = AutoModel.from_pretrained(model_dir, add_pooling_layer=False, **options).eval()
+        except TypeError:
+            model = AutoModel.from_pretrained(model_dir, **options).eval()
     hidden = model.config.hidden_size
     state = GraphOutput(contract.LAST_HIDDEN_STATE, [-1, hidden], True)
     if task is Task.M3:

@@ -305,7 +305,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
-        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True)
+        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)
         if not tokenizer.is_fast:
             raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
         config = _read_config(source)

@@ -1,5 +1,5 @@
 """Admission: permits per input (try-acquire, never queue), the API key, the JSON content type and
-the body size limit.
+the body size limit; and the end of a request whose client hung up.
 
 The last three are checked in a plain ASGI middleware, before routing and JSON parsing, in
 that order (as TEI): an unauthenticated caller learns nothing else, an oversized body is never
@@ -8,6 +8,7 @@ parsed.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import Callable, Iterator
@@ -92,17 +93,45 @@ class Guard:
                 return
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
+        await self._serve_while_connected(scope, b"".join(chunks), receive, send)
+
+    async def _serve_while_connected(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """Run the app on the buffered body; a client that hangs up before its answer cancels it, so
+        its permits and Triton calls are released now rather than when Triton answers nobody."""
+        gone, answered = asyncio.Event(), asyncio.Event()
         delivered = False
 
         async def replay() -> Message:
             nonlocal delivered
-            if delivered:
-                return await receive()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
 
-        await self.app(scope, replay, send)
+        async def watch() -> None:  # the server reports a disconnect (or the answer's end) here
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered.set()
+
+        app = asyncio.ensure_future(self.app(scope, replay, sending))
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({app, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not app.done() and not answered.is_set():
+                app.cancel()  # the client left (or this request's own task is being cancelled)
+        try:
+            await app
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                raise
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await self._reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,

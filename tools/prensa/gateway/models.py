@@ -82,8 +82,8 @@ class ServedModel:
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise GatewayError(ErrorKind.TOKENIZER, f"no tokenizer for model `{self.name}` at {self.tokenizer_path}; "
-                                                    "start the gateway with --repo set to Triton's model repository")
+            raise GatewayError(ErrorKind.TOKENIZER, f"no tokenizer for model `{self.name}`: the gateway's --repo is "
+                                                    "not Triton's model repository (its log names the missing file)")
         return self.tokenizer
 
 

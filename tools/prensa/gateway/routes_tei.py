@@ -33,7 +33,7 @@ from prensa.gateway.protocol_tei import (
 )
 from prensa.gateway.responses import CountedRoute, GatewayDep, TimingsDep, json_response
 from prensa.gateway.service import check_prompt
-from prensa.gateway.tokenization import as_items, simple_tokens
+from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
 
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
@@ -161,6 +161,8 @@ async def decode(request: DecodeRequest, gw: GatewayDep, model: ModelParam = Non
     served = await gw.registry.pick(None, model)
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
     tokenizer = served.require_tokenizer()
+    for ids in batch:
+        check_token_ids(ids, tokenizer)
     return json_response(tokenizer.decode_batch(batch, skip_special_tokens=request.skip_special_tokens))
 
 

@@ -61,6 +61,17 @@ class TokenRows:
         return ids, mask, types
 
 
+INT64_LIMIT = 2**63
+
+
+def check_token_ids(ids: list[int], tokenizer: Tokenizer | None) -> None:
+    """Ids inside the vocabulary; without a tokenizer, at least non-negative int64 (a negative id
+    would index the embedding matrix from its end and answer with a wrong vector)."""
+    limit = tokenizer.get_vocab_size(True) if tokenizer is not None else INT64_LIMIT
+    if not all(0 <= t < limit for t in ids):
+        raise validation(f"token ids must lie in [0, {limit})")
+
+
 def too_long(max_length: int, given: int) -> Exception:
     return validation(f"`inputs` must have less than {max_length} tokens. Given: {given}")
 
@@ -76,11 +87,9 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
     ids: list[list[int]] = [[] for _ in items]
     type_ids: list[list[int]] = [[] for _ in items]
     cut = False
-    vocab = tokenizer.get_vocab_size(True) if tokenizer is not None else None
     for i, item in enumerate(items):
         if isinstance(item, list):
-            if vocab is not None and not all(0 <= t < vocab for t in item):
-                raise validation(f"token ids must lie in [0, {vocab})")
+            check_token_ids(item, tokenizer)
             if len(item) > max_length and not truncation.enabled:
                 raise too_long(max_length, len(item))
             kept = item[-max_length:] if truncation.direction == "left" else item[:max_length]

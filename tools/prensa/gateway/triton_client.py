@@ -3,12 +3,15 @@
 Triton's gRPC errors become `GatewayError`s here: unreachable or too slow -> Unhealthy (503),
 a full Triton queue -> Overloaded (429), anything else Triton reports -> Backend (424). Without
 `wait_for_ready`, gRPC fails at once while the channel cannot connect, so a dead Triton costs a
-request milliseconds, not the timeout.
+request milliseconds, not the timeout; the channel retries the connection at least once a second
+(gRPC's own backoff grows to two minutes), so a restarted Triton is used again within a second.
+Triton's messages reach clients only without the Python backend's traceback and file paths.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
@@ -21,6 +24,22 @@ from prensa.gateway.errors import ErrorKind, GatewayError
 
 T = TypeVar("T")
 
+# Channel options: tritonclient's message size limit (2**31 - 1; passing options replaces its
+# defaults) and reconnection attempts at most `RECONNECT_MS` apart.
+MAX_MESSAGE_BYTES = 2**31 - 1
+RECONNECT_MS = 1000
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS),
+]
+# The Python backend appends "At:" and the stack (file paths, line numbers) to an uncaught
+# exception's message; anything that still looks like an absolute file path is masked too.
+TRACEBACK = re.compile(r"\s*(Traceback \(most recent call last\)|At:\s*\n).*", re.DOTALL)
+FILE_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+-]+){2,}/?")
+
 
 def texts_tensor(texts: Sequence[str]) -> np.ndarray:
     """A BYTES column `[n, 1]` of UTF-8 texts."""
@@ -29,9 +48,14 @@ def texts_tensor(texts: Sequence[str]) -> np.ndarray:
     return column
 
 
+def public_message(message: str) -> str:
+    """Triton's error message without traceback or file paths: fit for a response body."""
+    return FILE_PATH.sub("<path>", TRACEBACK.sub("", message)).strip()
+
+
 def translate_error(exc: InferenceServerException, url: str, timeout_s: float) -> GatewayError:
     """A tritonclient error as the gateway's error kind (see the module docstring)."""
-    status, message = exc.status() or "", exc.message() or str(exc)
+    status, message = exc.status() or "", public_message(exc.message() or str(exc))
     if status.endswith("DEADLINE_EXCEEDED"):
         return GatewayError(ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s")
     if "maximum queue size" in message:  # a stage's bounded queue rejected the request
@@ -46,7 +70,7 @@ class TritonClient:
         self.url = url
         self.timeout_s = timeout_s
         self.probe_timeout_s = probe_timeout_s
-        self._client = grpcaio.InferenceServerClient(url)
+        self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_OPTIONS)
 
     async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         tensors = []

@@ -149,16 +149,19 @@ class TritonProcess:
         except FileNotFoundError:
             return ""
 
-    def errors(self) -> str:
-        """Triton's error lines (model load failures and the like), without CPU-only noise."""
+    def error_lines(self) -> str:
+        """Triton's error lines (model load failures and the like), without CPU-only noise; may be empty."""
         try:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
-        lines = [line for line in text.splitlines()
-                 if (line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
-                 and not any(noise in line for noise in CPU_NOISE)]
-        return "\n".join(lines) or self.log_tail()
+        return "\n".join(line for line in text.splitlines()
+                         if (line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
+                         and not any(noise in line for noise in CPU_NOISE))
+
+    def errors(self) -> str:
+        """Triton's error lines, or the end of its log when it logged none."""
+        return self.error_lines() or self.log_tail()
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Poll server readiness; with strict readiness that means every model loaded and warm."""

@@ -1,0 +1,93 @@
+"""Keep one tritonserver running under `prensa serve`.
+
+A Triton that dies (OOM killer, a crashing backend, `kill -9`) is started again after a delay
+that doubles with every quick failure in a row (1 s, 2 s, 4 s ... up to 30 s). A Triton that
+stayed up for `healthy_after_s` counts as healthy again, so one crash a day never adds up to a
+give-up; `limit` quick failures in a row (a repository that no longer loads, a port taken by
+someone else) end `prensa serve` with a non-zero exit, for the service manager above to see.
+Whether the first start works is the caller's business: a model that fails to load then is a
+configuration error, reported at once, not retried.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prensa.triton.launcher import TritonProcess, TritonStartError
+
+CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    limit: int = 5  # quick failures in a row before giving up; 0: never restart
+    backoff_s: float = 1.0  # delay before the first restart, doubled per quick failure in a row
+    max_backoff_s: float = 30.0
+    healthy_after_s: float = 60.0  # a Triton that ran this long resets the count and the delay
+
+    def delay(self, failures: int) -> float:
+        return min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Waits on a started, ready `TritonProcess` and restarts it per the policy until `stop()`."""
+
+    def __init__(self, triton: TritonProcess, policy: RestartPolicy, say: Callable[[str], None]) -> None:
+        self.triton = triton
+        self.policy = policy
+        self.say = say
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """No restart after this; Triton drains and exits. Safe in a signal handler (never waits)."""
+        self._stopping.set()
+        self.triton.terminate()
+
+    def run(self) -> int:
+        """Supervise until `stop()` (0, or Triton's own code if it did not exit cleanly) or until
+        the policy gives up (non-zero)."""
+        assert self.triton.process is not None, "start Triton first"
+        failures = 0
+        started = time.monotonic()
+        while True:
+            code = self.triton.process.wait()
+            if self._stopping.is_set():
+                return 0 if code in CLEAN_EXITS else code
+            ran_s = time.monotonic() - started
+            failures = 1 if ran_s >= self.policy.healthy_after_s else failures + 1
+            kept = self.triton.log_path.with_name(self.triton.log_path.name + ".previous")
+            errors = self.triton.error_lines()
+            if self.triton.log_path.exists():
+                self.triton.log_path.replace(kept)  # the next start writes a fresh log
+            self.say(f"tritonserver died ({describe_exit(code)}) after {ran_s:.0f} s; its log: {kept}"
+                     + (f"\n{errors}" if errors else ""))
+            if failures > self.policy.limit:
+                self.say("not restarting tritonserver (restart limit 0)" if self.policy.limit == 0 else
+                         f"giving up: tritonserver failed {failures} times in a row; no restart ran "
+                         f"{self.policy.healthy_after_s:g} s")
+                return code if code > 0 else 1
+            delay = self.policy.delay(failures)
+            self.say(f"restarting tritonserver in {delay:g} s (quick failure {failures} of {self.policy.limit})")
+            if self._stopping.wait(delay):
+                return 0
+            started = time.monotonic()
+            self.triton.start()
+            if self._stopping.is_set():  # a signal between the wait and the start: that Triton stops too
+                self.triton.terminate()
+            try:
+                self.triton.wait_ready()
+            except TritonStartError as exc:
+                if not self._stopping.is_set():
+                    self.say(f"tritonserver did not come back: {exc}")
+                continue
+            self.say(f"tritonserver is ready again (restart after {describe_exit(code)})")

@@ -1,0 +1,284 @@
+"""Soak test: a prensa of its own under steady mixed load, watching every process's memory.
+
+Starts `prensa up` (Triton + gateway) on free loopback ports (the offline default models unless
+`--model` names others; exports are kept in `--work` and reused), then for `--minutes` sends
+OpenAI embeddings, sparse embeddings and reranking requests from `--concurrency` clients, while
+sampling the RSS of the prensa process (it hosts the gateway), tritonserver and each Python
+backend stub every `--sample-every` seconds. A warm-up of the largest requests, all clients at
+once, comes first, so memory arenas reach their peak before sampling starts. Prints start/end memory per process, the slope of a
+least-squares line through the second half of the samples (after warm-up), status counts per
+request kind and latency; writes every sample to `<work>/soak-memory.csv`.
+
+Verdict: PASS when no process grows steadily (second-half slope above `--max-slope` MB/min while
+rising in most sampling intervals; see `Trend`) and no request got a 5xx or failed to connect;
+exit code 0, else 1 (2 when prensa did not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import itertools
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+
+PRENSA = Path(sys.executable).parent / "prensa"
+WORDS = ("river bridge city museum night train harbour market winter garden library question answer "
+         "embedding vector search ranking passage query model server memory latency batch token").split()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def label(process: psutil.Process, root: int) -> str:
+    """`prensa (gateway)`, `tritonserver`, or the model a Python backend stub serves."""
+    if process.pid == root:
+        return "prensa (gateway)"
+    if process.name() == "tritonserver":
+        return "tritonserver"
+    model = next((Path(arg).parent.parent.name for arg in process.cmdline() if arg.endswith("model.py")), None)
+    return f"stub {model}" if model else f"{process.name()} {process.pid}"
+
+
+class MemorySampler(threading.Thread):
+    """RSS of the root process and all its descendants, every `every_s` seconds, into `rows`."""
+
+    def __init__(self, root: int, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.root, self.every_s = root, every_s
+        self.rows: list[tuple[float, str, int, float]] = []  # seconds since start, label, pid, RSS MB
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                top = psutil.Process(self.root)
+                processes = [top, *top.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            now = time.monotonic() - started
+            for process in processes:
+                try:
+                    self.rows.append((now, label(process, self.root), process.pid, process.memory_info().rss / 2**20))
+                except psutil.NoSuchProcess:
+                    continue
+            self.stop.wait(self.every_s)
+
+
+@dataclass
+class Load:
+    statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+MAX_TEXTS, MAX_WORDS = 8, 120  # per request; warm-up sends this largest shape
+
+
+def texts(rng: random.Random, largest: bool, count: int = MAX_TEXTS) -> list[str]:
+    """`count` texts (fewer, at random, unless `largest`) of up to MAX_WORDS words."""
+    n = count if largest else rng.randint(1, count)
+    return [" ".join(rng.choice(WORDS) for _ in range(MAX_WORDS if largest else rng.randint(3, MAX_WORDS)))
+            for _ in range(n)]
+
+
+Body = Callable[[random.Random, bool], dict]
+
+
+def requests_for(info: dict) -> list[tuple[str, str, Body]]:
+    """(kind, route, body(rng, largest)) for what the served models can do."""
+    tasks = {m["served_model_name"]: m["task"] for m in info["models"]}
+    embed = next((n for n, t in tasks.items() if t in ("embed", "m3")), None)
+    sparse = next((n for n, t in tasks.items() if t in ("splade", "m3")), None)
+    rerank = next((n for n, t in tasks.items() if t == "rerank"), None)
+    kinds: list[tuple[str, str, Body]] = []
+    if embed:
+        kinds.append(("embeddings", "/v1/embeddings", lambda rng, big: {"model": embed, "input": texts(rng, big)}))
+    if sparse:
+        kinds.append(("sparse", f"/embed_sparse?model={sparse}", lambda rng, big: {"inputs": texts(rng, big)}))
+    if rerank:
+        kinds.append(("rerank", f"/rerank?model={rerank}",
+                      lambda rng, big: {"query": texts(rng, big, 1)[0], "texts": texts(rng, big)}))
+    return kinds
+
+
+async def warm_up(url: str, kinds: list[tuple[str, str, Body]], concurrency: int) -> None:
+    """The largest requests the load will send, all clients at once, per kind: onnxruntime's memory
+    arenas grow to their peak here, before sampling, and do not pass for a leak later."""
+    rng = random.Random(0)
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        for _, route, body in kinds:
+            for response in await asyncio.gather(*(client.post(route, json=body(rng, True)) for _ in range(concurrency))):
+                response.raise_for_status()
+
+
+async def drive(url: str, kinds: list[tuple[str, str, Body]], seconds: float, concurrency: int, load: Load) -> None:
+    deadline = time.monotonic() + seconds
+    cycle = itertools.cycle(kinds)
+
+    async def client_loop(index: int) -> None:
+        rng = random.Random(index)
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            while time.monotonic() < deadline:
+                kind, route, body = next(cycle)
+                sent = time.perf_counter()
+                try:
+                    status = (await client.post(route, json=body(rng, False))).status_code
+                except httpx.TransportError as exc:
+                    status = type(exc).__name__
+                load.statuses[kind][status] += 1
+                load.latencies[kind].append(time.perf_counter() - sent)
+
+    await asyncio.gather(*(client_loop(i) for i in range(concurrency)))
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Second half of one process's samples (the first half is warm-up)."""
+
+    slope: float  # MB/min, least squares
+    rising: float  # share of sampling intervals in which RSS rose by more than RISE_MB
+
+    def verdict(self, max_slope: float) -> str:
+        """`GROWING` only for steady growth: too steep and rising in most intervals. Steep but rising
+        in few intervals is `steps`: an allocator (onnxruntime's arena) reserving more for a larger
+        batch shape than seen before, which plateaus; it is shown, not failed."""
+        if not self.slope > max_slope:
+            return "ok"
+        return "GROWING" if self.rising > 0.5 else "steps"
+
+
+RISE_MB = 0.1
+
+
+def trend(points: list[tuple[float, float]]) -> Trend:
+    half = points[len(points) // 2:]
+    if len(half) < 3:
+        return Trend(float("nan"), 0.0)
+    seconds, rss = np.array(half).T
+    return Trend(float(np.polyfit(seconds / 60.0, rss, 1)[0]), float(np.mean(np.diff(rss) > RISE_MB)))
+
+
+def report(sampler: MemorySampler, load: Load, minutes: float, max_slope: float) -> bool:
+    by_process: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for now, name, pid, rss in sampler.rows:
+        by_process[(name, pid)].append((now, rss))
+    print(f"\nmemory (RSS MB; second half: least-squares slope, share of {RISE_MB:g} MB rises; "
+          f"threshold {max_slope:g} MB/min)")
+    print(f"{'process':<36} {'pid':>7} {'start':>8} {'end':>8} {'peak':>8} {'MB/min':>8} {'rising':>7}  verdict")
+    memory_ok = True
+    for (name, pid), points in sorted(by_process.items()):
+        found = trend(points)
+        verdict = found.verdict(max_slope)
+        memory_ok &= verdict != "GROWING"
+        rss = [r for _, r in points]
+        print(f"{name:<36} {pid:>7} {rss[0]:>8.1f} {rss[-1]:>8.1f} {max(rss):>8.1f} {found.slope:>8.2f} "
+              f"{found.rising:>7.0%}  {verdict}")
+    print("\nrequests (status: count; latency ms p50/p99)")
+    errors = 0
+    for kind, statuses in sorted(load.statuses.items()):
+        latencies = np.array(load.latencies[kind]) * 1000
+        total = sum(statuses.values())
+        errors += sum(n for s, n in statuses.items() if not isinstance(s, int) or s >= 500)
+        counts = ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items(), key=str))
+        print(f"{kind:<11} {total:>7} requests ({total / (minutes * 60):.1f}/s)  {counts}  "
+              f"p50 {np.percentile(latencies, 50):.0f}  p99 {np.percentile(latencies, 99):.0f}")
+    verdict = memory_ok and errors == 0
+    print(f"\nverdict: {'PASS' if verdict else 'FAIL'} (memory {'without' if memory_ok else 'with'} steady growth, "
+          f"{errors} server errors or failed connections)")
+    return verdict
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    return False
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM prensa (it drains Triton), SIGKILL by PID whatever is left of its tree."""
+    children = psutil.Process(process.pid).children(recursive=True) if process.poll() is None else []
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
+    parser.add_argument("--work", type=Path, default=Path("soak-run"), help="exports, repository, logs and CSV")
+    parser.add_argument("--model", action="append", help="NAME=SOURCE for `prensa up` (default: its offline set)")
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
+    parser.add_argument("--sample-every", type=float, default=3.0, help="seconds between RSS samples (default 3)")
+    parser.add_argument("--max-slope", type=float, default=2.0, help="MB/min per process that fails (default 2)")
+    args = parser.parse_args()
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    ports = [str(free_port()) for _ in range(4)]
+    command = [str(PRENSA), "up", "--models-dir", str(args.work / "models"), "--repo", str(args.work / "model_repo"),
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3]]
+    for model in args.model or ():
+        command += ["--model", model]
+    url = f"http://127.0.0.1:{ports[3]}"
+    log = args.work / "prensa.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        print(f"starting prensa (log: {log}) ...", flush=True)
+        if not wait_healthy(url, process, timeout_s=1800):
+            print(f"prensa did not become healthy; see {log}")
+            return 2
+        kinds = requests_for(httpx.get(f"{url}/info").json())
+        asyncio.run(warm_up(url, kinds, args.concurrency))
+        print(f"soaking {url} for {args.minutes:g} min with {args.concurrency} clients: "
+              f"{', '.join(kind for kind, _, _ in kinds)}", flush=True)
+        sampler = MemorySampler(process.pid, args.sample_every)
+        sampler.start()
+        load = Load()
+        asyncio.run(drive(url, kinds, args.minutes * 60, args.concurrency, load))
+        sampler.stop.set()
+        sampler.join()
+    finally:
+        stop(process)
+    csv_path = args.work / "soak-memory.csv"
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["seconds", "process", "pid", "rss_mb"])
+        writer.writerows((f"{now:.1f}", name, pid, f"{rss:.2f}") for now, name, pid, rss in sampler.rows)
+    print(f"samples: {csv_path}")
+    return 0 if report(sampler, load, args.minutes, args.max_slope) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
