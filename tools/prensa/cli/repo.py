@@ -39,7 +39,7 @@ def build(
     repo: Annotated[Path, typer.Option(help="Model repository to write (models already there are kept).")] = Path("model_repo"),
     name: Annotated[Optional[str], typer.Option(help="Model name when building a single export.")] = None,
     max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
-    queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds.")] = 1000,
+    queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy encoder).")] = 0,
     max_queue_size: Annotated[int, typer.Option(help="Requests queued per stage before Triton rejects.")] = 1024,
     instances: Annotated[int, typer.Option(help="Encoder instances (processes).")] = 1,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads per encoder instance; 0 = all cores.")] = 0,

@@ -191,15 +191,21 @@ class TritonProcess:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM (Triton drains in-flight requests), then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL if it lingers. Python-backend
+        stubs of a Triton that died abruptly outlive it; they share its process group and go too."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait()
+        except ProcessLookupError:  # the group is already empty
+            pass
+        return self.process.wait()
 
     def __enter__(self) -> "TritonProcess":
         self.start()

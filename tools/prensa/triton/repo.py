@@ -35,7 +35,7 @@ class Target(str, Enum):
 @dataclass(frozen=True)
 class ServingOptions:
     max_batch_size: int = 64
-    queue_delay_us: int = 1000
+    queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
     max_queue_size: int = 1024
     encode_instances: int = 1
     cpu_threads: int = 0  # 0: onnxruntime uses every core
