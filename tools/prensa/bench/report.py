@@ -53,6 +53,7 @@ def write_plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8, 5))
+    baseline_styles = iter([("black", "--"), ("gray", ":"), ("gray", "-.")])
     for system in report["systems"]:
         runs = system["runs"]
         if system["kind"] == "server":
@@ -61,11 +62,13 @@ def write_plot(report: dict, path: Path) -> None:
                 axis.annotate(str(run["concurrency"]), (run["p99_ms"], run["seq_per_s"]), fontsize=8,
                               textcoords="offset points", xytext=(4, 4))
         else:
-            axis.axhline(runs[0]["seq_per_s"], linestyle="--", linewidth=1, label=f"{system['name']} (batched)")
+            color, style = next(baseline_styles)
+            axis.axhline(runs[0]["seq_per_s"], color=color, linestyle=style, linewidth=1,
+                         label=f"{system['name']} (batched)")
     axis.set_xscale("log")
     axis.set_xlabel("p99 latency per request, ms (log); labels = concurrent clients")
     axis.set_ylabel("sequences / s")
-    axis.set_title(f"{report['task']}: {Path(report['model']).name} on {report['cpus']} CPUs")
+    axis.set_title(f"{report['task']}: {report['model']} ({report['dtype']}) on {report['cpus']} CPUs", fontsize=8)
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
