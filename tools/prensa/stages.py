@@ -14,7 +14,6 @@ from types import ModuleType
 
 ENSEMBLES_DIR = Path(__file__).resolve().parents[2] / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
-STAGES = ("tokenize", "encode", "pool")
 
 
 def stage_model_file(stage: str) -> Path:

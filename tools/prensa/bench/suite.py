@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
@@ -22,7 +23,6 @@ from prensa.bench.systems import (
     infinity_server,
     plain_fastapi_server,
     text_encoder,
-    wait,
 )
 from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
 from prensa.manifest import Manifest, Task
@@ -92,7 +92,7 @@ def _drive(client, workload: Workload, task: Task, options: BenchOptions, short)
         finally:
             await client.close()
 
-    return wait(go())
+    return asyncio.run(go())
 
 
 def run_bench(options: BenchOptions, step: Step) -> dict:

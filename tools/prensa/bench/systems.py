@@ -8,7 +8,6 @@ they never compete for the CPU.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -234,7 +233,3 @@ def infinity_server(binary: str, model_dir: Path, port: int, log: Path) -> Serve
                "--device", "cpu", "--engine", "torch", "--no-bettertransformer"]
     return ServerProcess(command, f"http://127.0.0.1:{port}/health", log,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
-
-
-def wait(coroutine):
-    return asyncio.run(coroutine)

@@ -7,6 +7,7 @@ they never share the CPU.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from prensa.bench.load import Workload, closed_loop
 from prensa.bench.suite import BenchOptions, build_workload, free_port
-from prensa.bench.systems import TritonClient, wait
+from prensa.bench.systems import TritonClient
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
@@ -64,7 +65,7 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrenc
                     await client.close()
 
             before = scrape(triton.metrics_url)
-            result = wait(go())
+            result = asyncio.run(go())
             encoder = difference(scrape(triton.metrics_url), before).get(f"{model.name}_encode")
         figures = result.figures()
         return {**asdict(point), "seq_per_s": figures["seq_per_s"], "p99_ms": figures["p99_ms"],
