@@ -69,21 +69,23 @@ async def embed_sparse(request: TokenLevelRequest, gw: GatewayDep, timings: Timi
 async def embed_all(request: TokenLevelRequest, gw: GatewayDep, timings: TimingsDep,
                     model: ModelParam = None) -> Response:
     """The encoder's last hidden state for every token (special tokens included), no pooling."""
-    served = await gw.registry.pick(Capability.HIDDEN, model)
-    check_prompt(served, request.prompt_name)
-    result = await gw.service.hidden(served, as_items(request.inputs),
-                                     gw.service.truncation(request.truncate, request.truncation_direction), timings)
-    return json_response(result.rows, timings)
+    return await _per_token(request, gw, timings, model, Capability.HIDDEN, gw.service.hidden)
 
 
 @router.post("/embed_colbert", response_model=list[list[list[float]]], summary="ColBERT multi-vectors (bge-m3)")
 async def embed_colbert(request: TokenLevelRequest, gw: GatewayDep, timings: TimingsDep,
                         model: ModelParam = None) -> Response:
     """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
-    served = await gw.registry.pick(Capability.COLBERT, model)
+    return await _per_token(request, gw, timings, model, Capability.COLBERT, gw.service.colbert)
+
+
+async def _per_token(request: TokenLevelRequest, gw, timings, model: str | None, capability: Capability,
+                     compute) -> Response:
+    """Shared body of the per-token routes: pick the model, run `compute`, return its rows."""
+    served = await gw.registry.pick(capability, model)
     check_prompt(served, request.prompt_name)
-    result = await gw.service.colbert(served, as_items(request.inputs),
-                                      gw.service.truncation(request.truncate, request.truncation_direction), timings)
+    result = await compute(served, as_items(request.inputs),
+                           gw.service.truncation(request.truncate, request.truncation_direction), timings)
     return json_response(result.rows, timings)
 
 
