@@ -14,6 +14,8 @@ that fails on its own gets an error response. Config parameters: `onnx_file`,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,35 +169,49 @@ class TokenBudgetEncoder:
                 out[member.row] = value
 
 
-class TritonPythonModel:
-    def initialize(self, args: dict[str, str]) -> None:
-        config = json.loads(args["model_config"])
-        params = contract.parameters(config)
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        session = create_session(
-            version_dir / params["onnx_file"],
-            int(params.get("intra_op_threads", "0")),
-            params.get("execution_provider", "cpu"),
-        )
-        self.encoder = TokenBudgetEncoder(
-            session,
-            pad_id=int(params["pad_id"]),
-            max_batch_tokens=int(params["max_batch_tokens"]),
-            length_ratio=float(params.get("length_ratio", "1.25")),
-            max_rows=int(params.get("max_rows", str(config.get("max_batch_size", 64)))),
-            per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
-        )
+def load_encoder(config: dict, version_dir: Path) -> TokenBudgetEncoder:
+    """The encoder a model config's parameters describe (see the module docstring)."""
+    params = contract.parameters(config)
+    session = create_session(version_dir / params["onnx_file"], int(params.get("intra_op_threads", "0")),
+                             params.get("execution_provider", "cpu"))
+    return TokenBudgetEncoder(
+        session,
+        pad_id=int(params["pad_id"]),
+        max_batch_tokens=int(params["max_batch_tokens"]),
+        length_ratio=float(params.get("length_ratio", "1.25")),
+        max_rows=int(params.get("max_rows", str(config.get("max_batch_size", 64)))),
+        per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
+    )
 
-        # Real vs computed tokens on Triton's metrics port: the padding overhead, per model. The
-        # families must outlive their metrics, so both are kept.
-        self.token_families = {
+
+class TokenCounters:
+    """Real vs computed tokens on Triton's metrics port (`prensa_encoder_{real,padded}_tokens`): the
+    padding overhead, per model. The families must outlive their metrics, so both are kept."""
+
+    def __init__(self, model_name: str) -> None:
+        self.families = {
             kind: pb_utils.MetricFamily(name=f"prensa_encoder_{kind}_tokens",
                                         description=f"{kind} tokens in the encoder's forward passes",
                                         kind=pb_utils.MetricFamily.COUNTER)
             for kind in ("real", "padded")
         }
-        self.token_metrics = {kind: family.Metric(labels={"model": args["model_name"]})
-                              for kind, family in self.token_families.items()}
+        self.metrics = {kind: family.Metric(labels={"model": model_name}) for kind, family in self.families.items()}
+
+    @contextmanager
+    def counting(self, encoder: TokenBudgetEncoder) -> Iterator[None]:
+        """Add what `encoder` computes inside the block to the counters."""
+        real, padded = encoder.real_tokens, encoder.padded_tokens
+        try:
+            yield
+        finally:
+            self.metrics["real"].increment(encoder.real_tokens - real)
+            self.metrics["padded"].increment(encoder.padded_tokens - padded)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        self.encoder = load_encoder(json.loads(args["model_config"]), Path(args["model_repository"]) / args["model_version"])
+        self.token_metrics = TokenCounters(args["model_name"])
 
     def execute(self, requests):
         names = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
@@ -208,10 +224,8 @@ class TritonPythonModel:
                     item[name] = tensor.as_numpy()
             item.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(item[contract.INPUT_IDS]))
             tensors.append(item)
-        real, padded = self.encoder.real_tokens, self.encoder.padded_tokens
-        results = self.encoder.encode_each(tensors)
-        self.token_metrics["real"].increment(self.encoder.real_tokens - real)
-        self.token_metrics["padded"].increment(self.encoder.padded_tokens - padded)
+        with self.token_metrics.counting(self.encoder):
+            results = self.encoder.encode_each(tensors)
         return [
             pb_utils.InferenceResponse(error=pb_utils.TritonError(f"encoder failed: {result}"))
             if isinstance(result, Exception) else

@@ -9,6 +9,8 @@ encoder outputs the ensemble wires in. Config parameters: `pooling` (cls|mean|la
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import prensa_stage as contract
 
@@ -106,13 +108,28 @@ ENCODER_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.
                    contract.LOGITS, contract.SPLADE_WEIGHTS)
 
 
+@dataclass(frozen=True)
+class Pooler:
+    """`pool_request` with the settings of one model config."""
+
+    pooling: str
+    normalize: bool
+    drop_ids: np.ndarray
+    activation: str
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> Pooler:
+        return cls(params.get("pooling", "cls"), params.get("normalize", "true") == "true",
+                   np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64),
+                   params.get("activation", "sigmoid"))
+
+    def __call__(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        params = contract.parameters(args["model_config"])
-        self.pooling = params.get("pooling", "cls")
-        self.normalize = params.get("normalize", "true") == "true"
-        self.drop_ids = np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64)
-        self.activation = params.get("activation", "sigmoid")
+        self.pool = Pooler.from_parameters(contract.parameters(args["model_config"]))
 
     def execute(self, requests):
         responses = []
@@ -123,7 +140,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     tensors[name] = tensor.as_numpy()
             try:
-                outputs = pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+                outputs = self.pool(tensors)
             except Exception as exc:  # noqa: BLE001 - e.g. inputs whose shapes disagree
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"pooling failed: {exc}")))
                 continue

@@ -45,6 +45,12 @@ class TextEncoder:
         self.single = load_tokenizer(path, max_length, side, "longest_first")
         self.pair = load_tokenizer(path, max_length, side, pair_strategy)
 
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], version_dir: Path) -> TextEncoder:
+        """The encoder a model config's parameters describe (see the module docstring)."""
+        return cls(version_dir / params["tokenizer_file"], int(params["max_length"]),
+                   params.get("truncation_side", "right"), params.get("pair_truncation", "only_second"))
+
     def _encode(self, requests: list[list[Item]]) -> list[list[Encoding]]:
         flat = [item for items in requests for item in items]
         encoded: list[Encoding | None] = [None] * len(flat)
@@ -96,35 +102,34 @@ def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | N
     return {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
 
 
+def read_items(request) -> list[Item]:
+    """A request's texts, or (text, text_pair) tuples; ValueError when it has no text or the counts differ."""
+    text_tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT)
+    if text_tensor is None:
+        raise ValueError(f"the request has no {contract.TEXT} input")
+    texts = decode_texts(text_tensor.as_numpy())
+    pair_tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_PAIR)
+    if pair_tensor is None:
+        return texts
+    pairs = decode_texts(pair_tensor.as_numpy())
+    if len(pairs) != len(texts):
+        raise ValueError(f"{contract.TEXT_PAIR} has {len(pairs)} rows, {contract.TEXT} has {len(texts)}")
+    return list(zip(texts, pairs))
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = contract.parameters(args["model_config"])
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.encoder = TextEncoder(
-            version_dir / params["tokenizer_file"],
-            int(params["max_length"]),
-            params.get("truncation_side", "right"),
-            params.get("pair_truncation", "only_second"),
-        )
+        self.encoder = TextEncoder.from_parameters(params, Path(args["model_repository"]) / args["model_version"])
         self.pad_id = int(params["pad_id"])
         self.buckets = contract.int_list(params.get("length_buckets", ""))
-
-    def _read(self, request) -> list[Item]:
-        texts = decode_texts(pb_utils.get_input_tensor_by_name(request, contract.TEXT).as_numpy())
-        pair_tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_PAIR)
-        if pair_tensor is None:
-            return texts
-        pairs = decode_texts(pair_tensor.as_numpy())
-        if len(pairs) != len(texts):
-            raise ValueError(f"{contract.TEXT_PAIR} has {len(pairs)} rows, {contract.TEXT} has {len(texts)}")
-        return list(zip(texts, pairs))
 
     def execute(self, requests):
         readable: list[list[Item]] = []
         outcome: list[list[Encoding] | Exception] = []
         for request in requests:
             try:
-                readable.append(self._read(request))
+                readable.append(read_items(request))
                 outcome.append([])
             except (UnicodeDecodeError, ValueError) as exc:
                 outcome.append(exc)
