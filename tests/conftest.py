@@ -11,8 +11,12 @@ from prensa.defaults import package_dir
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
-from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.tiny_models import tiny_bge_m3, tiny_classifier, tiny_reranker
+
+
+# Served a second time as one fused model each (`<name>-fused`): the same answers, fewer hops.
+FUSED = ("minilm", "bge-m3", "msmarco")
 
 
 def free_port() -> int:
@@ -75,9 +79,12 @@ def exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir, classifier_dir, 
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory, exports):
-    """One Triton serving every exported model; stopped by PID at the end of the session."""
+    """One Triton serving every exported model (and FUSED ones again as fused models); stopped by PID
+    at the end of the session."""
     repo = tmp_path_factory.mktemp("model_repo")
     build_repository([ModelSource(n, p, Manifest.read(p)) for n, p in exports.items()], repo, ServingOptions())
+    build_repository([ModelSource(f"{n}-fused", exports[n], Manifest.read(exports[n])) for n in FUSED],
+                     repo, ServingOptions(pipeline=Pipeline.FUSED))
     ports = TritonPorts(free_port(), free_port(), free_port())
     server = TritonProcess(TritonOptions(repo, ports=ports), log_path=repo.parent / "tritonserver.log")
     with server:

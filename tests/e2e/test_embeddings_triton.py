@@ -47,9 +47,10 @@ def flag_m3(m3_dir):
                         return_colbert_vecs=True)
 
 
+@pytest.mark.parametrize("model", ["bge-m3", "bge-m3-fused"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_bge_m3_matches_flagembedding(triton, flag_m3, protocol):
-    out = infer(protocol, triton, "bge-m3", TEXTS)
+def test_bge_m3_matches_flagembedding(triton, flag_m3, protocol, model):
+    out = infer(protocol, triton, model, TEXTS)
     assert cosine(out["dense"], flag_m3["dense_vecs"]).min() >= 0.9999
     for row, expected in enumerate(flag_m3["lexical_weights"]):
         ids, weights = out["sparse_ids"][row], out["sparse_weights"][row]
@@ -73,16 +74,17 @@ def metric(server, name: str, model: str) -> float:
     return float(match.group(1))
 
 
-def test_minilm_matches_sentence_transformers_under_concurrency(triton, minilm_dir):
+@pytest.mark.parametrize(("model", "encoder"), [("minilm", "minilm_encode"), ("minilm-fused", "minilm-fused")])
+def test_minilm_matches_sentence_transformers_under_concurrency(triton, minilm_dir, model, encoder):
     from sentence_transformers import SentenceTransformer
 
     texts = [("word " * n).strip() + f" number {n}" for n in (1, 3, 120, 7, 60, 2, 200, 15, 33, 90, 5, 150)] * 2
-    before = metric(triton, "nv_inference_exec_count", "minilm_encode")
-    requests_before = metric(triton, "nv_inference_request_success", "minilm_encode")
+    before = metric(triton, "nv_inference_exec_count", encoder)
+    requests_before = metric(triton, "nv_inference_request_success", encoder)
     with ThreadPoolExecutor(len(texts)) as pool:
-        rows = list(pool.map(lambda t: infer("http", triton, "minilm", [t])["dense"][0], texts))
-    executions = metric(triton, "nv_inference_exec_count", "minilm_encode") - before
-    requests = metric(triton, "nv_inference_request_success", "minilm_encode") - requests_before
+        rows = list(pool.map(lambda t: infer("http", triton, model, [t])["dense"][0], texts))
+    executions = metric(triton, "nv_inference_exec_count", encoder) - before
+    requests = metric(triton, "nv_inference_request_success", encoder) - requests_before
     expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)
     assert cosine(np.stack(rows), expected).min() >= 0.9999
     assert requests == len(texts)

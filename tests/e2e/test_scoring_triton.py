@@ -48,11 +48,12 @@ def infer(server, model: str, texts: list[str], pairs: list[str] | None = None, 
     return client.infer(model, inputs)
 
 
-def test_msmarco_int8_matches_onnxruntime_on_the_same_file(triton, msmarco_dir):
+@pytest.mark.parametrize("model", ["msmarco", "msmarco-fused"])
+def test_msmarco_int8_matches_onnxruntime_on_the_same_file(triton, msmarco_dir, model):
     import onnxruntime as ort
     from transformers import AutoTokenizer
 
-    result = infer(triton, "msmarco", [QUERY] * len(PASSAGES), PASSAGES)
+    result = infer(triton, model, [QUERY] * len(PASSAGES), PASSAGES)
     logits, scores = result.as_numpy("logits")[:, 0], result.as_numpy("scores")[:, 0]
     tokenizer = AutoTokenizer.from_pretrained(msmarco_dir)
     session = ort.InferenceSession(str(msmarco_dir / "model.onnx"), providers=["CPUExecutionProvider"])

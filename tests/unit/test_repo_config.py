@@ -6,7 +6,7 @@ import pytest
 
 from prensa.manifest import Manifest
 from prensa.triton.config import parse_pbtxt
-from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +78,29 @@ def test_repo_build_cli_reads_a_models_file(tmp_path, exports):
     assert result.exit_code == 0, result.output
     for name in ("embedder", "sparse", "rr"):
         assert parse_pbtxt((tmp_path / "repo" / name / "config.pbtxt").read_text()).max_batch_size == 8
+
+
+def test_fused_pipeline_renders_one_model_with_every_stage_and_replaces_the_ensemble(tmp_path, exports):
+    source = ModelSource("rr", exports["reranker"], Manifest.read(exports["reranker"]))
+    build_repository([source], tmp_path, ServingOptions())
+    written = build_repository([source], tmp_path, ServingOptions(pipeline=Pipeline.FUSED, encode_instances=3))
+    assert written == ["rr"] and sorted(p.name for p in tmp_path.iterdir()) == ["rr"]  # no stale stages
+    config = parse_pbtxt((tmp_path / "rr" / "config.pbtxt").read_text())
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params["pipeline"] == "fused" and params["task"] == "rerank" and params["activation"] == "sigmoid"
+    assert {"tokenizer_file", "onnx_file", "max_batch_tokens", "pad_id", "drop_ids"} <= set(params)
+    inputs = {i.name: i for i in config.input}
+    assert set(inputs) == {"text", "text_pair", "input_ids", "attention_mask", "token_type_ids"}
+    assert all(i.optional for i in inputs.values()) and inputs["input_ids"].allow_ragged_batch
+    assert {o.name for o in config.output} == {"logits", "scores", "num_tokens"}
+    assert config.instance_group[0].count == 3 and config.model_warmup[0].inputs["text_pair"].input_data_file
+    version = tmp_path / "rr" / "1"
+    for module in ("model.py", "prensa_stage.py", "prensa_stage_tokenize.py", "prensa_stage_encode.py",
+                   "prensa_stage_pool.py", params["tokenizer_file"], params["onnx_file"]):
+        assert (version / module).is_file(), module
+
+
+def test_fused_pipeline_needs_the_cpu_target(tmp_path, exports):
+    with pytest.raises(ValueError, match="fused"):
+        build_repository([ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
+                         ServingOptions(pipeline=Pipeline.FUSED, target=Target.CONTAINER))

@@ -14,6 +14,7 @@ from types import ModuleType
 
 ENSEMBLES_DIR = Path(__file__).resolve().parents[2] / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
+FUSED_STAGES = ("tokenize", "encode", "pool")  # what `ensembles/fused` runs in one model
 
 
 def stage_model_file(stage: str) -> Path:
@@ -31,10 +32,19 @@ def _import(name: str, path: Path) -> ModuleType:
     return module
 
 
+def stage_module_name(stage: str) -> str:
+    """The module name a stage's code has in prensa, and beside the fused model in a repository."""
+    return f"prensa_stage_{stage}"
+
+
 def load_stage(stage: str) -> ModuleType:
-    """A stage's model.py with its sibling `prensa_stage` importable, as inside Triton."""
+    """A stage's model.py with its siblings importable as inside Triton: `prensa_stage`, and for the
+    fused model the three stages it runs."""
     _import("prensa_stage", CONTRACT_FILE)
-    return _import(f"prensa_stage_{stage}", stage_model_file(stage))
+    if stage == "fused":
+        for part in FUSED_STAGES:
+            load_stage(part)
+    return _import(stage_module_name(stage), stage_model_file(stage))
 
 
 contract = _import("prensa_stage", CONTRACT_FILE)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from prensa.manifest import Manifest, Pooling
-from prensa.triton.repo import ModelSource, ServingOptions, Target, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository
 
 app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -51,13 +51,16 @@ def build(
     length_buckets: Annotated[Optional[str], typer.Option(help="container target: comma-separated pad lengths (the max length is always the last); default powers of two from 16.")] = None,
     onnx_tensorrt: Annotated[bool, typer.Option(help="container target, exports without model.plan: run the onnxruntime backend with TensorRT as its accelerator (fp16, engine cache).")] = False,
     trt_cache_dir: Annotated[str, typer.Option(help="container target with --onnx-tensorrt: engine cache directory inside the container.")] = "/cache/trt",
+    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two process hops fewer (lowest single-query latency on CPU, cpu target only).")] = Pipeline.ENSEMBLE,
 ) -> None:
-    """Render tokenize -> encode -> pool ensembles for each export into REPO."""
+    """Render tokenize -> encode -> pool ensembles (or fused models) for each export into REPO."""
     exports = exports or []
     if execution_provider not in ("cpu", "cuda"):
         raise typer.BadParameter("--execution-provider must be cpu or cuda")
     if target is Target.CONTAINER and execution_provider != "cpu":
         raise typer.BadParameter("--execution-provider applies to the cpu target; the container target's encoder runs on the GPU")
+    if target is Target.CONTAINER and pipeline is Pipeline.FUSED:
+        raise typer.BadParameter("--pipeline fused runs onnxruntime in the Python backend; use it with --target cpu")
     if target is Target.CPU and (length_buckets or onnx_tensorrt):
         raise typer.BadParameter("--length-buckets and --onnx-tensorrt apply to --target container")
     try:
@@ -77,7 +80,7 @@ def build(
     options = ServingOptions(max_batch_size, queue_delay_us, max_queue_size, instances, cpu_threads,
                              max_batch_tokens, length_ratio, execution_provider=execution_provider, pooling=pooling,
                              target=target, length_buckets=buckets, onnx_tensorrt=onnx_tensorrt,
-                             trt_cache_dir=trt_cache_dir)
+                             trt_cache_dir=trt_cache_dir, pipeline=pipeline)
     try:
         written = build_repository(models, repo, options)
     except ValueError as exc:

@@ -16,6 +16,7 @@ from rich.table import Table
 from prensa.cli.gateway import GatewayHost, GatewayPort, gateway_server, run_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
+from prensa.triton.repo import Pipeline
 from prensa.triton.supervisor import RestartPolicy, Supervisor
 
 console = Console(stderr=True)
@@ -131,13 +132,14 @@ def up(
     gateway: WithGateway = True,
     gateway_host: GatewayHost = "127.0.0.1",
     gateway_port: GatewayPort = 8080,
+    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one model each, lowest single-query latency on CPU.")] = Pipeline.ENSEMBLE,
 ) -> None:
     """Export (once), build the repository and serve: the whole path in one command."""
     from prensa.defaults import DefaultModel, default_models
     from prensa.export.pipeline import ExportOptions, export_model
     from prensa.manifest import MANIFEST_FILE
-    from prensa.triton.repo import ModelSource, ServingOptions, build_repository
     from prensa.manifest import Manifest
+    from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 
     chosen = [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model] if model else default_models()
     if not chosen:
@@ -150,7 +152,7 @@ def up(
             console.print(f"exporting {item.source} -> {out}")
             export_model(ExportOptions(item.source, out, task=item.task))
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
-    written = build_repository(sources, repo, ServingOptions())
+    written = build_repository(sources, repo, ServingOptions(pipeline=pipeline))
     console.print(f"repository {repo}: {', '.join(written)}")
     run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)),
                GatewayAddress(gateway_host, gateway_port) if gateway else None)

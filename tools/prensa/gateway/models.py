@@ -2,7 +2,8 @@
 
 A served model is a Triton ensemble whose `parameters` carry a prensa `task`; its stage models
 (`<name>_tokenize`, `<name>_encode`, `<name>_pool`) say how to call the encoder directly and
-where the tokenizer file is. The registry is rebuilt by `refresh()`: at startup, and lazily
+where the tokenizer file is. A fused model (`pipeline: fused`) is all of that in one model: it
+takes token ids and returns encoder outputs itself. The registry is rebuilt by `refresh()`: at startup, and lazily
 while it is empty (the gateway started before Triton) or when a request names a model it does
 not know (Triton loaded it later), at most once a second; unchanged tokenizer files are kept.
 """
@@ -61,14 +62,15 @@ class ServedModel:
     needs_pairs: bool  # ... and it is not optional (rerankers)
     tokenizer: Tokenizer | None
     tokenizer_path: Path
+    fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
 
     @property
     def encode_model(self) -> str:
-        return f"{self.name}_encode"
+        return self.name if self.fused else f"{self.name}_encode"
 
     @property
     def pool_model(self) -> str:
-        return f"{self.name}_pool"
+        return self.name if self.fused else f"{self.name}_pool"
 
     def can(self, capability: Capability) -> bool:
         return {
@@ -109,10 +111,22 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
+def is_fused(config: model_config_pb2.ModelConfig) -> bool:
+    return _parameters(config).get("pipeline") == "fused"
+
+
 async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
-    tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
+    fused = is_fused(ensemble)
+    if fused:  # one config holds every stage's parameters
+        tokenize = encode = ensemble
+        pool_inputs: tuple[str, ...] = ()
+        encode_outputs = tuple(o.name for o in ensemble.output if o.name == contract.LAST_HIDDEN_STATE)
+    else:
+        tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
+        pool_inputs = tuple(i.name for i in pool.input)
+        encode_outputs = tuple(o.name for o in encode.output)
     params, tokenize_params = _parameters(ensemble), _parameters(tokenize)
     dense = [o for o in ensemble.output if o.name == contract.DENSE]
     pair = [i for i in ensemble.input if i.name == contract.TEXT_PAIR]
@@ -136,14 +150,15 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         max_batch_tokens=int(max_batch_tokens) if max_batch_tokens else None,
         dense_dim=int(dense[0].dims[-1]) if dense else None,
         outputs=frozenset(o.name for o in ensemble.output),
-        encode_inputs=tuple(i.name for i in encode.input),
-        encode_outputs=tuple(o.name for o in encode.output),
-        pool_inputs=tuple(i.name for i in pool.input),
+        encode_inputs=tuple(i.name for i in encode.input if i.data_type == model_config_pb2.TYPE_INT64),
+        encode_outputs=encode_outputs,
+        pool_inputs=pool_inputs,
         pad_id=int(tokenize_params.get("pad_id", "0")),
         takes_pairs=bool(pair),
-        needs_pairs=bool(pair) and not pair[0].optional,
+        needs_pairs=params["task"] == "rerank",
         tokenizer=await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers),
         tokenizer_path=tokenizer_path,
+        fused=fused,
     )
 
 
@@ -158,12 +173,12 @@ class Registry:
         self._last_attempt = 0.0
 
     async def refresh(self) -> None:
-        """Re-read every ready ensemble that carries a prensa task."""
+        """Re-read every ready ensemble (or fused model) that carries a prensa task."""
         async with self._lock:
             self._last_attempt = time.monotonic()
             names = await self.client.ready_models()
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
-            ensembles = [c for c in configs if c.platform == "ensemble" and "task" in c.parameters]
+            ensembles = [c for c in configs if "task" in c.parameters and (c.platform == "ensemble" or is_fused(c))]
             models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
             self.models = {m.name: m for m in sorted(models, key=lambda m: m.name)}
         log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model")

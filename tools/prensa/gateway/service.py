@@ -3,10 +3,10 @@
 Two ways to Triton. The text path sends UTF-8 texts to the ensemble `<name>`: one call, Triton
 tokenizes (right truncation at the model's max length). The token path sends token ids the
 gateway produced (see `tokenization`) to `<name>_encode`, then the encoder outputs to
-`<name>_pool`, so left truncation, token-id inputs and truncated pairs are pooled by the same
-stage code as everything else. The token path is taken only when the text path would give a
-different answer; a request whose inputs all fit goes the text path even when the gateway had to
-count its tokens. Inputs are cut into chunks of at most the model's `max_batch_size` (and the
+`<name>_pool` (a fused model takes the token ids itself: one call), so left truncation, token-id
+inputs and truncated pairs are pooled by the same stage code as everything else. The token path
+is taken only when the text path would give a different answer; a request whose inputs all fit
+goes the text path even when the gateway had to count its tokens. Inputs are cut into chunks of at most the model's `max_batch_size` (and the
 client batch limit) and the chunks go to Triton concurrently, where the dynamic batcher merges
 them again.
 """
@@ -24,11 +24,14 @@ from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
-from prensa.gateway.pooling import l2_normalize, pool_tokens
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import Item, TokenRows, Truncation, tokenize_items
 from prensa.gateway.triton_client import TritonClient, texts_tensor
-from prensa.stages import contract
+from prensa.stages import contract, load_stage
+
+# The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
+# (`normalize: false` on a model that normalises) the gateway pools with the very same code.
+POOL_STAGE = load_stage("pool")
 
 
 @dataclass
@@ -112,7 +115,7 @@ class Service:
         ids, mask, types = rows.padded(model.pad_id)
         tokens = {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
         encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
-        if encoder_only:
+        if encoder_only or model.fused:  # a fused model pools too: one call
             return await self.client.infer(model.encode_model, encoder_inputs, outputs)
         encoded = await self.client.infer(model.encode_model, encoder_inputs, model.encode_outputs)
         available = {**tokens, **encoded}
@@ -174,14 +177,14 @@ class Service:
         with self.permits.hold(len(items)):
             if not normalize and model.normalize:  # Triton's pool stage normalises: pool the raw encoder output here
                 result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
-                vectors = pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
+                vectors = POOL_STAGE.pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
             else:
                 result = await self.infer(model, items, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings)
                 vectors = result.outputs[contract.DENSE]
         if dimensions is not None:
             vectors = vectors[:, :dimensions]
         if normalize and (dimensions is not None or not model.normalize):
-            vectors = l2_normalize(vectors)
+            vectors = POOL_STAGE.l2_normalize(vectors)
         return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), result.num_tokens)
 
     async def sparse(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:

@@ -1,9 +1,11 @@
 """`prensa repo build`: render exported models into a Triton model repository.
 
 Per model `<name>`: `<name>_tokenize`, `<name>_encode`, `<name>_pool` (Python backend, stage code
-copied from `ensembles/`) and the ensemble `<name>` wiring them. Serving knobs live in each
-`config.pbtxt` as parameters; stage code reads them at load time. The `container` target swaps
-the encoder for a native GPU backend (see `prensa.triton.native`) and pads tokens to buckets.
+copied from `ensembles/`) and the ensemble `<name>` wiring them; or, with the `fused` pipeline,
+one Python model `<name>` running the same stage code in one process hop (lower latency on CPU).
+Serving knobs live in each `config.pbtxt` as parameters; stage code reads them at load time. The
+`container` target swaps the encoder for a native GPU backend (see `prensa.triton.native`) and
+pads tokens to buckets.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ import numpy as np
 
 from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import Manifest, Pooling, Task
-from prensa.stages import CONTRACT_FILE, contract, stage_model_file
+from prensa.stages import CONTRACT_FILE, FUSED_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
 
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+
+
+class Pipeline(str, Enum):
+    ENSEMBLE = "ensemble"  # tokenize -> encode -> pool models: stages run in parallel, each inspectable
+    FUSED = "fused"  # one Python model: the same stages without two process hops (CPU target only)
 
 
 class Target(str, Enum):
@@ -48,6 +55,7 @@ class ServingOptions:
     length_buckets: tuple[int, ...] = ()  # container: pad lengths below max length; () = powers of two from 16
     onnx_tensorrt: bool = False  # container, onnxruntime backend: TensorRT as execution accelerator
     trt_cache_dir: str = "/cache/trt"  # container path of that accelerator's engine cache (a volume in compose.yaml)
+    pipeline: Pipeline = Pipeline.ENSEMBLE
 
 
 @dataclass(frozen=True)
@@ -159,21 +167,51 @@ class ModelRenderer:
         spec = {n: {"data_type": "TYPE_INT64", "dims": [length], "input_data_file": n} for n in names}
         return spec, {n: self.sample_tokens[n].tobytes() for n in names}
 
-    def tokenize(self) -> None:
-        pair = self.m.task in PAIR_TASKS
-        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1])]
-        if pair:
-            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1], optional=self.m.task is Task.CLASSIFY))
+    def text_inputs(self, optional: bool = False) -> list[Tensor]:
+        """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts)."""
+        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1], optional=optional)]
+        if self.m.task in PAIR_TASKS:
+            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1],
+                                 optional=optional or self.m.task is Task.CLASSIFY))
+        return inputs
+
+    def _text_warmup(self, inputs: list[Tensor]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
         warmup = {t.name: {"data_type": "TYPE_STRING", "dims": [1], "input_data_file": t.name} for t in inputs}
-        files = {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
+        return warmup, {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
+
+    def tokenize_parameters(self) -> dict[str, object]:
         parameters: dict[str, object] = {
             "tokenizer_file": self.m.tokenizer_file, "max_length": self.m.max_length, "truncation_side": "right",
             "pair_truncation": "only_second", "pad_id": self.m.pad_id}
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
+        return parameters
+
+    def encode_parameters(self) -> dict[str, object]:
+        if self.options.max_batch_tokens < self.m.max_length:
+            raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
+                             "a full-length text would never fit a sub-batch")
+        return {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
+                "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
+                "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
+                "execution_provider": self.options.execution_provider,
+                "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
+
+    def served_parameters(self) -> dict[str, object]:
+        """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call."""
+        m = self.m
+        return {"task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
+                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
+                "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
+                "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
+                "pipeline": self.options.pipeline.value}
+
+    def tokenize(self) -> None:
+        inputs = self.text_inputs()
+        warmup, files = self._text_warmup(inputs)
         config = _python_stage(
             self.stage_dir("tokenize").name, self.options, inputs,
-            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS], parameters, warmup,
+            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS], self.tokenize_parameters(), warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
@@ -182,20 +220,12 @@ class ModelRenderer:
         if self.native_encoder:
             self.native_encode()
             return
-        if self.options.max_batch_tokens < self.m.max_length:
-            raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
-                             "a full-length text would never fit a sub-batch")
         warmup, files = self._token_warmup(TOKEN_INPUTS)
         config = _python_stage(
             self.stage_dir("encode").name, self.options,
             [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
-            {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
-             "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
-             "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
-             "execution_provider": self.options.execution_provider,
-             "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)},
-            warmup, instances=self.options.encode_instances,
+            self.encode_parameters(), warmup, instances=self.options.encode_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
@@ -229,16 +259,12 @@ class ModelRenderer:
         self._write(self.stage_dir("pool"), config, "pool", files)
 
     def ensemble(self) -> None:
-        pair = self.m.task in PAIR_TASKS
         encoder_inputs = self.encoder_inputs()
         used = [n for n in TOKEN_INPUTS if n in encoder_inputs or n in (contract.INPUT_IDS, contract.ATTENTION_MASK)]
         tokens = {n: f"tokens_{n}" for n in used}
         encoded = {o.name: f"encoded_{o.name}" for o in self.m.outputs}
-        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1])]
-        if pair:
-            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1], optional=self.m.task is Task.CLASSIFY))
+        inputs = self.text_inputs()
         outputs = client_outputs(self.m)
-        m = self.m
         config = {
             "name": self.model.name,
             "platform": "ensemble",
@@ -255,17 +281,40 @@ class ModelRenderer:
                                contract.ATTENTION_MASK: tokens[contract.ATTENTION_MASK], **encoded},
                  "output_map": {t.name: t.name for t in outputs}},
             ]},
-            # Read by the gateway and by tritonclient users (`get_model_config`).
-            "parameters": string_parameters({
-                "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
-                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
-                "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
-                "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
-            }),
+            "parameters": string_parameters(self.served_parameters()),
         }
         self._write(self.repo / self.model.name, config, None)
 
+    def fused(self) -> None:
+        """`<name>` as one Python model: the ensemble's inputs and outputs, plus token-id inputs and the
+        encoder's `last_hidden_state` (the gateway's token path, which otherwise calls the stages)."""
+        text_inputs = self.text_inputs(optional=True)  # a request sends texts or token ids
+        per_token = [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs if o.name == contract.LAST_HIDDEN_STATE]
+        warmup, files = self._text_warmup(text_inputs)
+        parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
+                      **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
+        config = _python_stage(
+            self.model.name, self.options,
+            [*text_inputs, *(Tensor(n, "TYPE_INT64", [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
+            [*client_outputs(self.m), *per_token], parameters, warmup, instances=self.options.encode_instances,
+        )
+        directory = self.repo / self.model.name
+        self._write(directory, config, "fused", files)
+        for stage in FUSED_STAGES:
+            shutil.copy2(stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py")
+        link_or_copy(self.model.export_dir / self.m.tokenizer_file, directory / "1" / self.m.tokenizer_file)
+        link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
+
+    def model_dirs(self) -> list[Path]:
+        """What `render` writes, the model clients call first."""
+        if self.options.pipeline is Pipeline.FUSED:
+            return [self.repo / self.model.name]
+        return [self.repo / self.model.name, *(self.stage_dir(s) for s in ("tokenize", "encode", "pool"))]
+
     def render(self) -> None:
+        if self.options.pipeline is Pipeline.FUSED:
+            self.fused()
+            return
         self.tokenize()
         self.encode()
         self.pool()
@@ -279,10 +328,12 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
         raise ValueError(f"model names must be unique, got {names}")
     repo.mkdir(parents=True, exist_ok=True)
     written = []
+    if options.pipeline is Pipeline.FUSED and options.target is not Target.CPU:
+        raise ValueError("the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target")
     for model in models:
         renderer = ModelRenderer(model, repo, options)
         for directory in (repo / model.name, *(renderer.stage_dir(s) for s in ("tokenize", "encode", "pool"))):
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)  # a rebuild may switch pipelines: no stale stages
         renderer.render()
-        written += [model.name, *(renderer.stage_dir(s).name for s in ("tokenize", "encode", "pool"))]
+        written += [directory.name for directory in renderer.model_dirs()]
     return written

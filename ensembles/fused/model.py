@@ -1,0 +1,97 @@
+"""Fused model: tokenize -> encode -> pool in one Python-backend model, for the lowest latency on CPU.
+
+Each Python-backend stage costs an inter-process hop (Triton core -> stub -> back) and, on a
+busy machine, a context switch or two; a lone short query through the three-stage ensemble
+pays that three times. This model runs the same stage code (`prensa_stage_tokenize`,
+`prensa_stage_encode`, `prensa_stage_pool`, copied beside it) in one `execute`: all requests'
+texts are tokenized in one call, every row goes through the token-budget encoder, and each
+request is pooled on its own. It has the ensemble's inputs and outputs, so clients do not know
+which one they call, plus two ways in that the ensemble spreads over its stages: token ids
+(`input_ids`, `attention_mask`, optional `token_type_ids`) instead of `text`, and the encoder's
+`last_hidden_state` as an output. Config parameters: the union of the three stages'.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import prensa_stage as contract
+import prensa_stage_encode as encode_stage
+import prensa_stage_pool as pool_stage
+import prensa_stage_tokenize as tokenize_stage
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
+    pb_utils = None
+
+TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+Tensors = dict[str, np.ndarray]
+
+
+def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler) -> Tensors:
+    """The outputs a request asked for: pooled ones from the pool stage, encoder ones as they are."""
+    outputs = pooler({**tokens, **encoded})
+    outputs.update({name: value for name, value in encoded.items() if name in requested and name not in outputs})
+    return {name: value for name, value in outputs.items() if name in requested}
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        params = contract.parameters(config)
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.text_encoder = tokenize_stage.TextEncoder.from_parameters(params, version_dir)
+        self.pad_id = int(params["pad_id"])
+        self.encoder = encode_stage.load_encoder(config, version_dir)
+        self.pool = pool_stage.Pooler.from_parameters(params)
+        self.token_metrics = encode_stage.TokenCounters(args["model_name"])
+
+    def _tokens(self, requests) -> list[Tensors | Exception]:
+        """Token tensors per request: its own ids, or its texts tokenized with every other request's."""
+        readable: list[list] = []
+        tokens: list[Tensors | Exception | None] = []
+        for request in requests:
+            try:
+                ids = pb_utils.get_input_tensor_by_name(request, contract.INPUT_IDS)
+                if ids is None:
+                    readable.append(tokenize_stage.read_items(request))
+                    tokens.append(None)
+                    continue
+                given = {name: tensor.as_numpy() for name in TOKEN_INPUTS
+                         if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+                if contract.ATTENTION_MASK not in given:
+                    raise ValueError(f"{contract.INPUT_IDS} needs {contract.ATTENTION_MASK}")
+                given.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(given[contract.INPUT_IDS]))
+                tokens.append(given)
+            except (UnicodeDecodeError, ValueError) as exc:
+                tokens.append(exc)
+        encoded = iter(self.text_encoder.encode_requests(readable))
+        for i, item in enumerate(tokens):
+            if item is None:
+                result = next(encoded)
+                tokens[i] = result if isinstance(result, Exception) else tokenize_stage.pad_encodings(result, self.pad_id)
+        return tokens
+
+    def execute(self, requests):
+        tokens = self._tokens(requests)
+        valid = [t for t in tokens if not isinstance(t, Exception)]
+        with self.token_metrics.counting(self.encoder):
+            encoded = iter(self.encoder.encode_each(valid))
+        responses = []
+        for request, item in zip(requests, tokens):
+            if isinstance(item, Exception):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {item}")))
+                continue
+            outputs = next(encoded)
+            try:
+                if isinstance(outputs, Exception):
+                    raise RuntimeError(f"encoder failed: {outputs}")
+                values = client_outputs(item, outputs, set(request.requested_output_names()), self.pool)
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in values.items()]))
+        return responses
