@@ -15,7 +15,8 @@ from prensa.triton.config import parse_pbtxt
 pytestmark = pytest.mark.triton
 
 SYSTEMS = {"onnxruntime limit", "sentence-transformers (in-process)", "prensa (Triton gRPC)",
-           "prensa (gateway HTTP)", "FastAPI + sentence-transformers"}
+           "prensa (gateway HTTP)", "prensa fused (Triton gRPC)", "prensa fused (gateway HTTP)",
+           "FastAPI + sentence-transformers"}
 
 
 @pytest.mark.parametrize("export", ["minilm", "reranker"])
@@ -31,7 +32,8 @@ def test_quick_bench_reports_every_system(tmp_path, exports, export):
             assert run.get("errors", 0) == 0
             if system["kind"] == "server":
                 assert 0 < run["p50_ms"] <= run["p90_ms"] <= run["p99_ms"]
-    assert report["prensa_encoder"]["padded_per_real_token"] >= 1.0
+    assert {p: e["padded_per_real_token"] >= 1.0 for p, e in report["prensa_encoder"].items()} == \
+        {"ensemble": True, "fused": True}
     assert (tmp_path / "bench.png").stat().st_size > 10_000
 
 

@@ -35,10 +35,9 @@ def print_table(report: dict, console: Console) -> None:
                           str(run.get("errors", "-")),
                           f"{system['single_query_p50_ms']:.1f}" if index == 0 else "")
     console.print(table)
-    encoder = report.get("prensa_encoder")
-    if encoder:
-        console.print(f"prensa encoder: {encoder['padded_per_real_token']:.3f} tokens computed per real token, "
-                      f"{encoder['average_batch']:.1f} sequences per execute, "
+    for pipeline, encoder in report.get("prensa_encoder", {}).items():
+        console.print(f"prensa encoder ({pipeline}): {encoder['padded_per_real_token']:.3f} tokens computed per real "
+                      f"token, {encoder['average_batch']:.1f} sequences per execute, "
                       f"{encoder['queue_ms_per_request']:.1f} ms queued per request")
 
 

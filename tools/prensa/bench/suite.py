@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prensa.bench.load import Workload, closed_loop, sequential_latency
@@ -28,7 +28,7 @@ from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
-from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 
 SHORT_QUERY = "how are module attributes looked up?"
 Step = Callable[[str], AbstractContextManager]
@@ -47,6 +47,7 @@ class BenchOptions:
     infinity: str | None = None
     gateway: bool = True
     serving: ServingOptions = field(default_factory=ServingOptions)
+    pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
 
 
 def free_port() -> int:
@@ -95,6 +96,49 @@ def _drive(client, workload: Workload, task: Task, options: BenchOptions, short)
     return asyncio.run(go())
 
 
+def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, short_item, options: BenchOptions,
+                work: Path, step: Step, encoders: dict) -> list[dict]:
+    """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`;
+    the encoder's padding and batching go to `encoders[pipeline]`."""
+    name, label = "bench", "prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}"
+    build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
+                     replace(options.serving, pipeline=pipeline))
+    systems = []
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    with step(f"{label}: starting Triton"):
+        triton = TritonProcess(TritonOptions(work / "repo", ports=ports),
+                               log_path=options.out_dir / f"tritonserver-{pipeline.value}.log")
+        triton.start()
+        triton.wait_ready()
+    try:
+        before = scrape(triton.metrics_url)
+        with step(f"{label} via Triton gRPC"):
+            systems.append(_drive(TritonClient(f"{label} (Triton gRPC)", triton.grpc_url, name), workload,
+                                  manifest.task, options, short_item))
+        encoder = difference(scrape(triton.metrics_url), before).get(
+            name if pipeline is Pipeline.FUSED else f"{name}_encode")
+        if encoder:
+            encoders[pipeline.value] = {"padded_per_real_token": encoder.padding_ratio,
+                                        "average_batch": encoder.average_batch,
+                                        "queue_ms_per_request": encoder.queue_ms_per_request}
+        if options.gateway:
+            port = free_port()
+            gateway = ServerProcess(
+                [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
+                 "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000"],
+                f"http://127.0.0.1:{port}/health", options.out_dir / f"gateway-{pipeline.value}.log")
+            with step(f"{label} via the gateway (TEI /embed, /rerank)"):
+                gateway.start()
+                try:
+                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP)", f"http://127.0.0.1:{port}", name,
+                                                     "tei"), workload, manifest.task, options, short_item))
+                finally:
+                    gateway.stop()
+    finally:
+        triton.stop()
+    return systems
+
+
 def run_bench(options: BenchOptions, step: Step) -> dict:
     export_dir = options.export_dir
     manifest = Manifest.read(export_dir)
@@ -128,38 +172,10 @@ def run_bench(options: BenchOptions, step: Step) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="prensa-bench-"))
     try:
-        name = "bench"
-        build_repository([ModelSource(name, export_dir, manifest)], work / "repo", options.serving)
-        ports = TritonPorts(free_port(), free_port(), free_port())
-        with step("prensa: starting Triton"):
-            triton = TritonProcess(TritonOptions(work / "repo", ports=ports), log_path=options.out_dir / "tritonserver.log")
-            triton.start()
-            triton.wait_ready()
-        try:
-            before = scrape(triton.metrics_url)
-            with step("prensa via Triton gRPC"):
-                systems.append(_drive(TritonClient("prensa (Triton gRPC)", triton.grpc_url, name), workload, task,
-                                      options, short_item))
-            encoder = difference(scrape(triton.metrics_url), before).get(f"{name}_encode")
-            if encoder:
-                report["prensa_encoder"] = {"padded_per_real_token": encoder.padding_ratio,
-                                            "average_batch": encoder.average_batch,
-                                            "queue_ms_per_request": encoder.queue_ms_per_request}
-            if options.gateway:
-                port = free_port()
-                gateway = ServerProcess(
-                    [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
-                     "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000"],
-                    f"http://127.0.0.1:{port}/health", options.out_dir / "gateway.log")
-                with step("prensa via the gateway (TEI /embed, /rerank)"):
-                    gateway.start()
-                    try:
-                        systems.append(_drive(HttpClient("prensa (gateway HTTP)", f"http://127.0.0.1:{port}", name,
-                                                         "tei"), workload, task, options, short_item))
-                    finally:
-                        gateway.stop()
-        finally:
-            triton.stop()
+        report["prensa_encoder"] = {}
+        for pipeline in options.pipelines:
+            systems += _run_prensa(pipeline, manifest, workload, short_item, options, work / pipeline.value, step,
+                                   report["prensa_encoder"])
 
         if torch_dir:
             port = free_port()

@@ -13,7 +13,7 @@ from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, run_bench
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
-from prensa.triton.repo import ServingOptions
+from prensa.triton.repo import Pipeline, ServingOptions
 
 
 def bench(
@@ -31,6 +31,7 @@ def bench(
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,
+    pipeline: Annotated[Optional[list[Pipeline]], typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI get the whole table
@@ -42,6 +43,7 @@ def bench(
         4 if quick else queries, 4 if quick else passages, 5 if quick else 30, torch_dir, infinity, gateway,
         ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
                        max_batch_tokens=max_batch_tokens),
+        pipeline or list(Pipeline),
     )
     out.mkdir(parents=True, exist_ok=True)
     with step_progress(console) as step:
