@@ -35,6 +35,7 @@ from prensa.gateway.responses import CountedRoute, GatewayDep, TimingsDep, json_
 from prensa.gateway.service import check_prompt
 from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
 
+PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
 
@@ -190,7 +191,7 @@ async def info(gw: GatewayDep, model: ModelParam = None) -> Response:
         "max_client_batch_size": settings.max_client_batch_size,
         "auto_truncate": settings.auto_truncate,
         "tokenization_workers": None,
-        "version": version("prensa"),
+        "version": PRENSA_VERSION,
         "models": [model_info(m) for m in gw.registry.models.values()],
     })
 
