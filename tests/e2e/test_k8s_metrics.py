@@ -33,7 +33,7 @@ def test_adapter_rule_and_hpa_use_series_triton_exports(triton):
     series = set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", query)) | set(re.findall(r"^(\w+)\{", rule["seriesQuery"]))
     assert series == {QUEUE_SERIES, SUCCESS_SERIES}
     encoders = re.search(r'model=~"([^"]+)"', query).group(1).split("|")
-    assert sorted(encoders) == sorted(f"{m.name}_encode" for m in models)
+    assert sorted(encoders) == sorted(m.encoder.model for m in models)  # `<name>_encode`, or a fused `<name>`
 
     text = grpcclient.InferInput("text", [2, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"what is queue time?"], [b"time spent waiting for an encoder"]], dtype=object))

@@ -17,7 +17,7 @@ from prensa.deploy.k8s import (
     TRITON_IMAGE, TRITON_PORTS, K8sOptions, ServedModel, Stage, read_repository, render,
 )
 from prensa.manifest import Manifest
-from prensa.triton.repo import ModelSource, ServingOptions, Target, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "k8s"
@@ -138,6 +138,13 @@ def test_repository_reading(exports, tmp_path):
     assert models["splade-tiny"].task == "splade"
     stages = [s.model for s in models["splade-tiny"].stages]
     assert stages == [f"splade-tiny_{s}" for s in ("tokenize", "encode", "pool")]
+
+
+def test_a_fused_model_is_its_own_encoder(exports, tmp_path):
+    build_repository([ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
+                     ServingOptions(pipeline=Pipeline.FUSED, encode_instances=2, cpu_threads=1))
+    (model,) = read_repository(tmp_path)
+    assert model.task == "embed" and model.encoder == Stage("m", False, 2, True, 1) and model.stages == (model.encoder,)
 
 
 def cpu_model(name: str, instances: int, threads: int) -> ServedModel:

@@ -99,6 +99,11 @@ def read_repository(repo: Path) -> list[ServedModel]:
     configs = {path.parent.name: parse_pbtxt(path.read_text()) for path in sorted(repo.glob("*/config.pbtxt"))}
     models = []
     for name, config in configs.items():
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        if "task" in parameters and parameters.get("pipeline") == "fused":
+            stage = _stage(name, config)  # one model: it is its own encoder
+            models.append(ServedModel(name, parameters["task"], stage, (stage,), None))
+            continue
         if config.platform != "ensemble" or "task" not in config.parameters:
             continue
         steps = [step.model_name for step in config.ensemble_scheduling.step]

@@ -3,9 +3,10 @@
 A served model is a Triton ensemble whose `parameters` carry a prensa `task`; its stage models
 (`<name>_tokenize`, `<name>_encode`, `<name>_pool`) say how to call the encoder directly and
 where the tokenizer file is. A fused model (`pipeline: fused`) is all of that in one model: it
-takes token ids and returns encoder outputs itself. The registry is rebuilt by `refresh()`: at startup, and lazily
-while it is empty (the gateway started before Triton) or when a request names a model it does
-not know (Triton loaded it later), at most once a second; unchanged tokenizer files are kept.
+takes token ids and returns encoder outputs itself. The registry is rebuilt by `refresh()`: at
+startup, and lazily while it is empty (the gateway started before Triton) or when a request names
+a model it does not know (Triton loaded it later), at most once a second; unchanged tokenizer
+files are kept.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class ServedModel:
     pool_inputs: tuple[str, ...]  # what `<name>_pool` reads
     pad_id: int
     takes_pairs: bool  # the ensemble has a `text_pair` input
-    needs_pairs: bool  # ... and it is not optional (rerankers)
+    needs_pairs: bool  # ... and single texts are refused (rerankers)
     tokenizer: Tokenizer | None
     tokenizer_path: Path
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
