@@ -14,6 +14,7 @@ which one they call, plus two ways in that the ensemble spreads over its stages:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE
 Tensors = dict[str, np.ndarray]
 
 
-def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler) -> Tensors:
+def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]) -> Tensors:
     """The outputs a request asked for: pooled ones from the pool stage, encoder ones as they are."""
     outputs = pooler({**tokens, **encoded})
     outputs.update({name: value for name, value in encoded.items() if name in requested and name not in outputs})
