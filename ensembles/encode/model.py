@@ -8,7 +8,7 @@ budget runs alone. Outputs are scattered back to each request, per-token outputs
 request's own width. A sub-batch that raises is run again request by request, so only a request
 that fails on its own gets an error response. Config parameters: `onnx_file`,
 `max_batch_tokens`, `length_ratio`, `max_rows`, `pad_id`, `intra_op_threads`,
-`execution_provider` (cpu|cuda), `per_token_outputs`.
+`execution_provider` (cpu|cuda), `per_token_outputs`, `allow_spinning` (true|false).
 """
 
 from __future__ import annotations
@@ -60,12 +60,15 @@ class Row:
     length: int
 
 
-def create_session(onnx_path: Path, threads: int, provider: str) -> ort.InferenceSession:
+def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool = True) -> ort.InferenceSession:
+    """`spinning`: onnxruntime's idle threads spin for more work (fastest for one busy session);
+    off where several sessions share the cores, so an idle one does not slow the busy one."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     providers = ["CPUExecutionProvider"]
     if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, "CUDAExecutionProvider")
@@ -173,7 +176,7 @@ def load_encoder(config: dict, version_dir: Path) -> TokenBudgetEncoder:
     """The encoder a model config's parameters describe (see the module docstring)."""
     params = contract.parameters(config)
     session = create_session(version_dir / params["onnx_file"], int(params.get("intra_op_threads", "0")),
-                             params.get("execution_provider", "cpu"))
+                             params.get("execution_provider", "cpu"), params.get("allow_spinning", "true") == "true")
     return TokenBudgetEncoder(
         session,
         pad_id=int(params["pad_id"]),

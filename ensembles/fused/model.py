@@ -8,7 +8,10 @@ texts are tokenized in one call, every row goes through the token-budget encoder
 request is pooled on its own. It has the ensemble's inputs and outputs, so clients do not know
 which one they call, plus two ways in that the ensemble spreads over its stages: token ids
 (`input_ids`, `attention_mask`, optional `token_type_ids`) instead of `text`, and the encoder's
-`last_hidden_state` as an output. Config parameters: the union of the three stages'.
+`last_hidden_state` as an output. That one is returned only to a request that names its outputs
+and leaves some out: a request naming none (Triton then asks for all) gets what the ensemble
+gives, not a [rows, tokens, hidden] tensor it did not ask for. Config parameters: the union of the
+three stages'.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class TritonPythonModel:
         self.encoder = encode_stage.load_encoder(config, version_dir)
         self.pool = pool_stage.Pooler.from_parameters(params)
         self.token_metrics = encode_stage.TokenCounters(args["model_name"])
+        self.all_outputs = {output["name"] for output in config["output"]}
 
     def _tokens(self, requests) -> list[Tensors | Exception]:
         """Token tensors per request: its own ids, or its texts tokenized with every other request's."""
@@ -76,6 +80,11 @@ class TritonPythonModel:
                 tokens[i] = result if isinstance(result, Exception) else tokenize_stage.pad_encodings(result, self.pad_id)
         return tokens
 
+    def _wanted(self, request) -> set[str]:
+        """The outputs to return: per-token ones only when asked for among fewer than all outputs."""
+        requested = set(request.requested_output_names())
+        return requested if requested < self.all_outputs else requested - {contract.LAST_HIDDEN_STATE}
+
     def execute(self, requests):
         tokens = self._tokens(requests)
         valid = [t for t in tokens if not isinstance(t, Exception)]
@@ -90,7 +99,7 @@ class TritonPythonModel:
             try:
                 if isinstance(outputs, Exception):
                     raise RuntimeError(f"encoder failed: {outputs}")
-                values = client_outputs(item, outputs, set(request.requested_output_names()), self.pool)
+                values = client_outputs(item, outputs, self._wanted(request), self.pool)
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
                 continue

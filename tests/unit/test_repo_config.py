@@ -94,6 +94,9 @@ def test_fused_pipeline_renders_one_model_with_every_stage_and_replaces_the_ense
     assert all(i.optional for i in inputs.values()) and inputs["input_ids"].allow_ragged_batch
     assert {o.name for o in config.output} == {"logits", "scores", "num_tokens"}
     assert config.instance_group[0].count == 3 and config.model_warmup[0].inputs["text_pair"].input_data_file
+    assert params["allow_spinning"] == "false"
+    build_repository([source], tmp_path, ServingOptions(pipeline=Pipeline.FUSED))
+    assert parse_pbtxt((tmp_path / "rr" / "config.pbtxt").read_text()).instance_group[0].count == 2
     version = tmp_path / "rr" / "1"
     for module in ("model.py", "prensa_stage.py", "prensa_stage_tokenize.py", "prensa_stage_encode.py",
                    "prensa_stage_pool.py", params["tokenizer_file"], params["onnx_file"]):
