@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,8 +164,16 @@ class TritonProcess:
         """Triton's error lines, or the end of its log when it logged none."""
         return self.error_lines() or self.log_tail()
 
+    def _metrics_listening(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=5.0) as response:  # noqa: S310 - Triton's own port
+                return response.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        """Poll server readiness; with strict readiness that means every model loaded and warm."""
+        """Poll server readiness; with strict readiness that means every model loaded and warm. The
+        metrics port must answer too: Triton may report ready a moment before it listens there."""
         assert self.process is not None, "start() first"
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=5.0)
         deadline = time.monotonic() + timeout_s
@@ -175,7 +184,7 @@ class TritonProcess:
                         f"tritonserver exited with code {self.process.returncode}:\n{self.errors()}"
                     )
                 try:
-                    if client.is_server_ready():
+                    if client.is_server_ready() and self._metrics_listening():
                         return
                 except Exception:  # noqa: BLE001 - not listening yet
                     pass
