@@ -210,11 +210,18 @@ class TritonProcess:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 pass
+        self.reap_group()
+        return self.process.wait()
+
+    def reap_group(self) -> None:
+        """SIGKILL what is left of Triton's process group: the Python-backend stubs of a Triton that
+        died abruptly outlive it."""
+        if self.process is None:
+            return
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:  # the group is already empty
             pass
-        return self.process.wait()
 
     def __enter__(self) -> "TritonProcess":
         self.start()

@@ -61,6 +61,7 @@ class Supervisor:
         started = time.monotonic()
         while True:
             code = self.triton.process.wait()
+            self.triton.reap_group()  # stubs of a killed Triton would live on beside the next one
             if self._stopping.is_set():
                 return 0 if code in CLEAN_EXITS else code
             ran_s = time.monotonic() - started
