@@ -42,9 +42,12 @@ def test_tune_picks_the_fastest_clean_point_and_writes_it(tmp_path, exports):
     result = CliRunner().invoke(app, ["tune", str(exports["minilm"]), "--name", "minilm", "--repo", str(repo),
                                       "--quick", "--requests", "16", "--concurrency", "8"])
     assert result.exit_code == 0, result.output
-    config = parse_pbtxt((repo / "minilm_encode" / "config.pbtxt").read_text())
-    delays = {p.queue_delay_us for p in default_grid(2, 256, quick=True)}
-    assert config.dynamic_batching.max_queue_delay_microseconds in delays
+    grid = default_grid(2, 256, quick=True)
+    assert {p.pipeline for p in grid} == {"ensemble", "fused"}
+    fused = parse_pbtxt((repo / "minilm" / "config.pbtxt").read_text()).parameters["pipeline"].string_value == "fused"
+    assert fused != (repo / "minilm_encode").exists()  # the winner's layout, nothing of the other
+    config = parse_pbtxt((repo / ("minilm" if fused else "minilm_encode") / "config.pbtxt").read_text())
+    assert config.dynamic_batching.max_queue_delay_microseconds in {p.queue_delay_us for p in grid}
 
 
 def test_best_point_prefers_throughput_then_p99_and_skips_errors():

@@ -1,4 +1,5 @@
-"""`prensa tune`: sweep the serving knobs on this machine, keep the fastest, write it to the repo.
+"""`prensa tune`: sweep the serving knobs (pipeline included) on this machine, keep the fastest,
+write it to the repo.
 
 Each point builds a repository with one setting, starts Triton, drives the bench workload at a
 fixed concurrency through gRPC and records throughput and p99. Points run one after another so
@@ -12,7 +13,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from prensa.bench.load import Workload, closed_loop
@@ -21,7 +22,7 @@ from prensa.bench.systems import TritonClient
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
-from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,28 @@ class TunePoint:
     threads: int  # onnxruntime intra-op threads per instance; 0 = all cores
     queue_delay_us: int
     max_batch_tokens: int
+    pipeline: str = Pipeline.ENSEMBLE.value
 
     def serving(self, base: ServingOptions) -> ServingOptions:
         return replace(base, encode_instances=self.instances, cpu_threads=self.threads,
-                       queue_delay_us=self.queue_delay_us, max_batch_tokens=self.max_batch_tokens)
+                       queue_delay_us=self.queue_delay_us, max_batch_tokens=self.max_batch_tokens,
+                       pipeline=Pipeline(self.pipeline))
+
+    @classmethod
+    def of(cls, result: dict) -> TunePoint:
+        """The point a result row of `measure` was measured at."""
+        return cls(**{f.name: result[f.name] for f in fields(cls) if f.name in result})
 
 
 def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
-    """Instances x threads that use every core once, a few queue delays and token budgets."""
+    """Instances x threads that use every core once, a few queue delays and token budgets, for the
+    ensemble; the fused pipeline at its two instances. Quick: one point of each pipeline."""
     layouts = [(1, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
     delays = [0, 2000] if quick else [0, 1000, 5000]
     budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
     points = [TunePoint(i, t, d, b) for (i, t), d, b in itertools.product(layouts, delays, budgets)]
-    return points[:2] if quick else points
+    fused = [TunePoint(2, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
+    return [points[0], fused[0]] if quick else points + fused
 
 
 def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrency: int, base: ServingOptions,
@@ -66,7 +76,8 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrenc
 
             before = scrape(triton.metrics_url)
             result = asyncio.run(go())
-            encoder = difference(scrape(triton.metrics_url), before).get(f"{model.name}_encode")
+            encoder = difference(scrape(triton.metrics_url), before).get(
+                model.name if point.pipeline == Pipeline.FUSED.value else f"{model.name}_encode")
         figures = result.figures()
         return {**asdict(point), "seq_per_s": figures["seq_per_s"], "p99_ms": figures["p99_ms"],
                 "errors": figures["errors"], "average_batch": encoder.average_batch if encoder else None}
@@ -79,8 +90,7 @@ def best_point(results: list[dict]) -> TunePoint:
     clean = [r for r in results if r["errors"] == 0] or results
     top = max(r["seq_per_s"] for r in clean)
     near = [r for r in clean if r["seq_per_s"] >= 0.97 * top]
-    chosen = min(near, key=lambda r: r["p99_ms"])
-    return TunePoint(chosen["instances"], chosen["threads"], chosen["queue_delay_us"], chosen["max_batch_tokens"])
+    return TunePoint.of(min(near, key=lambda r: r["p99_ms"]))
 
 
 def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bool, log_dir: Path,

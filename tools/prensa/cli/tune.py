@@ -1,4 +1,4 @@
-"""`prensa tune`: find this machine's best encoder layout, queue delay and token budget."""
+"""`prensa tune`: find this machine's best pipeline, encoder layout, queue delay and token budget."""
 
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ def tune(
     quick: Annotated[bool, typer.Option(help="Two points only (CI).")] = False,
     write: Annotated[bool, typer.Option(help="Write the best settings into REPO.")] = True,
 ) -> None:
-    """Sweep encoder instances x threads, queue delay and max batch tokens; keep the fastest."""
+    """Sweep the pipeline, encoder instances x threads, queue delay and max batch tokens; keep the fastest."""
     console = Console()
-    table = Table("instances", "threads", "queue delay us", "max batch tokens", "seq/s", "p99 ms", "avg batch",
+    table = Table("pipeline", "instances", "threads", "queue delay us", "max batch tokens", "seq/s", "p99 ms", "avg batch",
                   "errors", title=f"tuning {name} at {concurrency} concurrent clients")
 
     def show(result: dict) -> None:
-        console.print(f"  {result['instances']} x {result['threads'] or 'all'} threads, delay "
+        console.print(f"  {result['pipeline']}, {result['instances']} x {result['threads'] or 'all'} threads, delay "
                       f"{result['queue_delay_us']} us, budget {result['max_batch_tokens']}: "
                       f"{result['seq_per_s']:.1f} seq/s, p99 {result['p99_ms']:.0f} ms")
 
     best, results = run_tune(export_dir, name, requests, concurrency, quick, repo.parent / ".prensa", show)
     for r in results:
-        mark = "[green]" if TunePoint(r["instances"], r["threads"], r["queue_delay_us"], r["max_batch_tokens"]) == best else ""
-        table.add_row(*(f"{mark}{v}" for v in (r["instances"], r["threads"] or "all", r["queue_delay_us"],
+        mark = "[green]" if TunePoint.of(r) == best else ""
+        table.add_row(*(f"{mark}{v}" for v in (r["pipeline"], r["instances"], r["threads"] or "all", r["queue_delay_us"],
                                                 r["max_batch_tokens"], f"{r['seq_per_s']:.1f}", f"{r['p99_ms']:.0f}",
                                                 f"{r['average_batch'] or 0:.1f}", r["errors"])))
     console.print(table)
