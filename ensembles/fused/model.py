@@ -1,4 +1,4 @@
-"""Fused model: tokenize -> encode -> pool in one Python-backend model, for the lowest latency on CPU.
+"""Fused model: tokenize -> encode -> pool in one Python-backend model: two process hops fewer.
 
 Each Python-backend stage costs an inter-process hop (Triton core -> stub -> back) and, on a
 busy machine, a context switch or two; a lone short query through the three-stage ensemble

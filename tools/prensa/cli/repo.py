@@ -51,7 +51,7 @@ def build(
     length_buckets: Annotated[Optional[str], typer.Option(help="container target: comma-separated pad lengths (the max length is always the last); default powers of two from 16.")] = None,
     onnx_tensorrt: Annotated[bool, typer.Option(help="container target, exports without model.plan: run the onnxruntime backend with TensorRT as its accelerator (fp16, engine cache).")] = False,
     trt_cache_dir: Annotated[str, typer.Option(help="container target with --onnx-tensorrt: engine cache directory inside the container.")] = "/cache/trt",
-    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two process hops fewer (lowest single-query latency on CPU, cpu target only).")] = Pipeline.ENSEMBLE,
+    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two process hops fewer per request (cpu target only; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
 ) -> None:
     """Render tokenize -> encode -> pool ensembles (or fused models) for each export into REPO."""
     exports = exports or []

@@ -132,7 +132,7 @@ def up(
     gateway: WithGateway = True,
     gateway_host: GatewayHost = "127.0.0.1",
     gateway_port: GatewayPort = 8080,
-    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one model each, lowest single-query latency on CPU.")] = Pipeline.ENSEMBLE,
+    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
 ) -> None:
     """Export (once), build the repository and serve: the whole path in one command."""
     from prensa.defaults import DefaultModel, default_models
