@@ -22,7 +22,6 @@ import csv
 import itertools
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,15 +35,11 @@ import httpx
 import numpy as np
 import psutil
 
+from prensa.bench.suite import free_port
+
 PRENSA = Path(sys.executable).parent / "prensa"
 WORDS = ("river bridge city museum night train harbour market winter garden library question answer "
          "embedding vector search ranking passage query model server memory latency batch token").split()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def label(process: psutil.Process, root: int) -> str:
@@ -64,6 +59,7 @@ class MemorySampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.every_s = root, every_s
         self.rows: list[tuple[float, str, int, float]] = []  # seconds since start, label, pid, RSS MB
+        self.labels: dict[int, str] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -77,7 +73,8 @@ class MemorySampler(threading.Thread):
             now = time.monotonic() - started
             for process in processes:
                 try:
-                    self.rows.append((now, label(process, self.root), process.pid, process.memory_info().rss / 2**20))
+                    name = self.labels.setdefault(process.pid, label(process, self.root))  # a pid's label is fixed
+                    self.rows.append((now, name, process.pid, process.memory_info().rss / 2**20))
                 except psutil.NoSuchProcess:
                     continue
             self.stop.wait(self.every_s)

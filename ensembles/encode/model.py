@@ -187,6 +187,16 @@ def load_encoder(config: dict, version_dir: Path) -> TokenBudgetEncoder:
     )
 
 
+def read_token_inputs(request) -> dict[str, np.ndarray]:
+    """A request's token tensors, zero `token_type_ids` where it sent none; ValueError without a mask."""
+    given = {name: tensor.as_numpy() for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+             if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+    if contract.ATTENTION_MASK not in given:
+        raise ValueError(f"{contract.INPUT_IDS} needs {contract.ATTENTION_MASK}")
+    given.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(given[contract.INPUT_IDS]))
+    return given
+
+
 class TokenCounters:
     """Real vs computed tokens on Triton's metrics port (`prensa_encoder_{real,padded}_tokens`): the
     padding overhead, per model. The families must outlive their metrics, so both are kept."""
@@ -217,16 +227,7 @@ class TritonPythonModel:
         self.token_metrics = TokenCounters(args["model_name"])
 
     def execute(self, requests):
-        names = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-        tensors = []
-        for request in requests:
-            item = {}
-            for name in names:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    item[name] = tensor.as_numpy()
-            item.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(item[contract.INPUT_IDS]))
-            tensors.append(item)
+        tensors = [read_token_inputs(request) for request in requests]  # the config requires ids and mask
         with self.token_metrics.counting(self.encoder):
             results = self.encoder.encode_each(tensors)
         return [

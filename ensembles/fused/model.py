@@ -31,7 +31,6 @@ try:
 except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
     pb_utils = None
 
-TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 Tensors = dict[str, np.ndarray]
 
 
@@ -42,13 +41,19 @@ def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], poole
     return {name: value for name, value in outputs.items() if name in requested}
 
 
+def _given_tokens(request) -> Tensors | Exception:
+    try:
+        return encode_stage.read_token_inputs(request)
+    except ValueError as exc:
+        return exc
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         params = contract.parameters(config)
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.text_encoder = tokenize_stage.TextEncoder.from_parameters(params, version_dir)
-        self.pad_id = int(params["pad_id"])
         self.encoder = encode_stage.load_encoder(config, version_dir)
         self.pool = pool_stage.Pooler.from_parameters(params)
         self.token_metrics = encode_stage.TokenCounters(args["model_name"])
@@ -56,29 +61,10 @@ class TritonPythonModel:
 
     def _tokens(self, requests) -> list[Tensors | Exception]:
         """Token tensors per request: its own ids, or its texts tokenized with every other request's."""
-        readable: list[list] = []
-        tokens: list[Tensors | Exception | None] = []
-        for request in requests:
-            try:
-                ids = pb_utils.get_input_tensor_by_name(request, contract.INPUT_IDS)
-                if ids is None:
-                    readable.append(tokenize_stage.read_items(request))
-                    tokens.append(None)
-                    continue
-                given = {name: tensor.as_numpy() for name in TOKEN_INPUTS
-                         if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
-                if contract.ATTENTION_MASK not in given:
-                    raise ValueError(f"{contract.INPUT_IDS} needs {contract.ATTENTION_MASK}")
-                given.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(given[contract.INPUT_IDS]))
-                tokens.append(given)
-            except (UnicodeDecodeError, ValueError) as exc:
-                tokens.append(exc)
-        encoded = iter(self.text_encoder.encode_requests(readable))
-        for i, item in enumerate(tokens):
-            if item is None:
-                result = next(encoded)
-                tokens[i] = result if isinstance(result, Exception) else tokenize_stage.pad_encodings(result, self.pad_id)
-        return tokens
+        has_ids = [pb_utils.get_input_tensor_by_name(r, contract.INPUT_IDS) is not None for r in requests]
+        texts = iter(tokenize_stage.tokenize_requests(
+            self.text_encoder, [r for r, ids in zip(requests, has_ids) if not ids], self.encoder.pad_id))
+        return [_given_tokens(r) if ids else next(texts) for r, ids in zip(requests, has_ids)]
 
     def _wanted(self, request) -> set[str]:
         """The outputs to return: per-token ones only when asked for among fewer than all outputs."""

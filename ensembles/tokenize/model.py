@@ -117,6 +117,26 @@ def read_items(request) -> list[Item]:
     return list(zip(texts, pairs))
 
 
+def tokenize_requests(encoder: TextEncoder, requests, pad_id: int,
+                      buckets: list[int] | None = None) -> list[dict[str, np.ndarray] | Exception]:
+    """Padded token tensors per request, every text in one `encode_batch`; a request that cannot be
+    read or tokenized gets its own exception, the others their tensors."""
+    readable: list[list[Item]] = []
+    outcome: list[Exception | None] = []
+    for request in requests:
+        try:
+            readable.append(read_items(request))
+            outcome.append(None)
+        except (UnicodeDecodeError, ValueError) as exc:
+            outcome.append(exc)
+    encoded = iter(encoder.encode_requests(readable))
+    results: list[dict[str, np.ndarray] | Exception] = []
+    for failed in outcome:
+        result = failed or next(encoded)
+        results.append(result if isinstance(result, Exception) else pad_encodings(result, pad_id, buckets))
+    return results
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = contract.parameters(args["model_config"])
@@ -125,21 +145,9 @@ class TritonPythonModel:
         self.buckets = contract.int_list(params.get("length_buckets", ""))
 
     def execute(self, requests):
-        readable: list[list[Item]] = []
-        outcome: list[list[Encoding] | Exception] = []
-        for request in requests:
-            try:
-                readable.append(read_items(request))
-                outcome.append([])
-            except (UnicodeDecodeError, ValueError) as exc:
-                outcome.append(exc)
-        encoded = iter(self.encoder.encode_requests(readable))
-        responses = []
-        for result in outcome:
-            result = result if isinstance(result, Exception) else next(encoded)
-            if isinstance(result, Exception):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {result}")))
-            else:
-                padded = pad_encodings(result, self.pad_id, self.buckets)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in padded.items()]))
-        return responses
+        return [
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {result}"))
+            if isinstance(result, Exception) else
+            pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()])
+            for result in tokenize_requests(self.encoder, requests, self.pad_id, self.buckets)
+        ]

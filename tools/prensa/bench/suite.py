@@ -28,7 +28,7 @@ from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
-from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
 
 SHORT_QUERY = "how are module attributes looked up?"
 Step = Callable[[str], AbstractContextManager]
@@ -97,13 +97,13 @@ def _drive(client, workload: Workload, task: Task, options: BenchOptions, short)
 
 
 def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, short_item, options: BenchOptions,
-                work: Path, step: Step, encoders: dict) -> list[dict]:
+                work: Path, step: Step) -> tuple[list[dict], dict | None]:
     """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`;
-    the encoder's padding and batching go to `encoders[pipeline]`."""
+    also the encoder's padding, batching and queueing during the gRPC runs."""
     name, label = "bench", "prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}"
     build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
                      replace(options.serving, pipeline=pipeline))
-    systems = []
+    systems, summary = [], None
     ports = TritonPorts(free_port(), free_port(), free_port())
     with step(f"{label}: starting Triton"):
         triton = TritonProcess(TritonOptions(work / "repo", ports=ports),
@@ -115,12 +115,10 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, shor
         with step(f"{label} via Triton gRPC"):
             systems.append(_drive(TritonClient(f"{label} (Triton gRPC)", triton.grpc_url, name), workload,
                                   manifest.task, options, short_item))
-        encoder = difference(scrape(triton.metrics_url), before).get(
-            name if pipeline is Pipeline.FUSED else f"{name}_encode")
+        encoder = difference(scrape(triton.metrics_url), before).get(encoder_model(name, pipeline))
         if encoder:
-            encoders[pipeline.value] = {"padded_per_real_token": encoder.padding_ratio,
-                                        "average_batch": encoder.average_batch,
-                                        "queue_ms_per_request": encoder.queue_ms_per_request}
+            summary = {"padded_per_real_token": encoder.padding_ratio, "average_batch": encoder.average_batch,
+                       "queue_ms_per_request": encoder.queue_ms_per_request}
         if options.gateway:
             port = free_port()
             gateway = ServerProcess(
@@ -136,7 +134,7 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, shor
                     gateway.stop()
     finally:
         triton.stop()
-    return systems
+    return systems, summary
 
 
 def run_bench(options: BenchOptions, step: Step) -> dict:
@@ -174,8 +172,11 @@ def run_bench(options: BenchOptions, step: Step) -> dict:
     try:
         report["prensa_encoder"] = {}
         for pipeline in options.pipelines:
-            systems += _run_prensa(pipeline, manifest, workload, short_item, options, work / pipeline.value, step,
-                                   report["prensa_encoder"])
+            measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / pipeline.value,
+                                            step)
+            systems += measured
+            if encoder:
+                report["prensa_encoder"][pipeline.value] = encoder
 
         if torch_dir:
             port = free_port()

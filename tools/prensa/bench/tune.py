@@ -22,7 +22,14 @@ from prensa.bench.systems import TritonClient
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
-from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
+from prensa.triton.repo import (
+    FUSED_MIN_INSTANCES,
+    ModelSource,
+    Pipeline,
+    ServingOptions,
+    build_repository,
+    encoder_model,
+)
 
 
 @dataclass(frozen=True)
@@ -31,12 +38,16 @@ class TunePoint:
     threads: int  # onnxruntime intra-op threads per instance; 0 = all cores
     queue_delay_us: int
     max_batch_tokens: int
-    pipeline: str = Pipeline.ENSEMBLE.value
+    pipeline: str = Pipeline.ENSEMBLE.value  # a plain string: rows stay JSON and print as the value
+
+    @property
+    def layout(self) -> Pipeline:
+        return Pipeline(self.pipeline)
 
     def serving(self, base: ServingOptions) -> ServingOptions:
         return replace(base, encode_instances=self.instances, cpu_threads=self.threads,
                        queue_delay_us=self.queue_delay_us, max_batch_tokens=self.max_batch_tokens,
-                       pipeline=Pipeline(self.pipeline))
+                       pipeline=self.layout)
 
     @classmethod
     def of(cls, result: dict) -> TunePoint:
@@ -51,7 +62,7 @@ def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
     delays = [0, 2000] if quick else [0, 1000, 5000]
     budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
     points = [TunePoint(i, t, d, b) for (i, t), d, b in itertools.product(layouts, delays, budgets)]
-    fused = [TunePoint(2, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
+    fused = [TunePoint(FUSED_MIN_INSTANCES, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
     return [points[0], fused[0]] if quick else points + fused
 
 
@@ -77,7 +88,7 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrenc
             before = scrape(triton.metrics_url)
             result = asyncio.run(go())
             encoder = difference(scrape(triton.metrics_url), before).get(
-                model.name if point.pipeline == Pipeline.FUSED.value else f"{model.name}_encode")
+                encoder_model(model.name, point.layout))
         figures = result.figures()
         return {**asdict(point), "seq_per_s": figures["seq_per_s"], "p99_ms": figures["p99_ms"],
                 "errors": figures["errors"], "average_batch": encoder.average_batch if encoder else None}

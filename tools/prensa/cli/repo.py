@@ -59,8 +59,6 @@ def build(
         raise typer.BadParameter("--execution-provider must be cpu or cuda")
     if target is Target.CONTAINER and execution_provider != "cpu":
         raise typer.BadParameter("--execution-provider applies to the cpu target; the container target's encoder runs on the GPU")
-    if target is Target.CONTAINER and pipeline is Pipeline.FUSED:
-        raise typer.BadParameter("--pipeline fused runs onnxruntime in the Python backend; use it with --target cpu")
     if target is Target.CPU and (length_buckets or onnx_tensorrt):
         raise typer.BadParameter("--length-buckets and --onnx-tensorrt apply to --target container")
     try:

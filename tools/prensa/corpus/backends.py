@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from prensa.manifest import Manifest, Task
-from prensa.stages import contract, load_stage
+from prensa.stages import FUSED_STAGES, contract, load_stage
 from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters
 
 # Output kinds a corpus run can ask for, and the ensemble outputs each needs.
@@ -142,7 +142,7 @@ class OnnxBackend:
         manifest = Manifest.read(export_dir)
         self.info = export_info(export_dir, manifest, batch_size)
         options = ServingOptions()
-        tokenize, encode, pool = (load_stage(stage) for stage in ("tokenize", "encode", "pool"))
+        tokenize, encode, pool = (load_stage(stage) for stage in FUSED_STAGES)
         # The tokenize stage's config: right truncation; pairs `only_second` (unused for single texts).
         self.tokenizer = tokenize.TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
                                               "only_second")
@@ -151,10 +151,7 @@ class OnnxBackend:
         self.encoder = encode.TokenBudgetEncoder(
             session, manifest.pad_id, options.max_batch_tokens, options.length_ratio, encoder_rows(manifest, options),
             {output.name for output in manifest.outputs if output.per_token})
-        params = pool_parameters(manifest, options)
-        self.pool_request = pool.pool_request
-        self.pooling = (params["pooling"], params["normalize"] == "true",
-                        np.asarray(contract.int_list(params["drop_ids"]), dtype=np.int64), params["activation"])
+        self.pool = pool.Pooler.from_parameters(pool_parameters(manifest, options))
 
     def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
         encoded = self.tokenizer.encode_requests(_chunks(texts, self.info.max_rows))
@@ -167,7 +164,7 @@ class OnnxBackend:
         for request, outputs in zip(tokens, self.encoder.encode(tokens)):
             stage_inputs = {contract.INPUT_IDS: request[contract.INPUT_IDS],
                             contract.ATTENTION_MASK: request[contract.ATTENTION_MASK], **outputs}
-            pooled = self.pool_request(stage_inputs, *self.pooling)
+            pooled = self.pool(stage_inputs)
             responses.append({name: pooled[name] for name in names})
         return responses
 

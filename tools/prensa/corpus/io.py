@@ -36,7 +36,6 @@ JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 RECORD_FILE = "_embed_corpus.json"
 PART_PATTERN = re.compile(r"^part-(\d+)\.parquet$")
-NUM_TOKENS = "num_tokens"
 
 
 class CorpusError(ValueError):
@@ -102,13 +101,18 @@ def require_texts(rows: pa.Table | pa.RecordBatch, columns: Columns) -> None:
         raise CorpusError(f"row {first.as_py()!r} has no {columns.text!r}")
 
 
+def drop_done(batch, done: pa.Array, column: str):
+    """`batch` (a record batch or table) without the rows whose `column` value is in `done`."""
+    return batch.filter(pc.invert(pc.is_in(batch.column(column), value_set=done)))
+
+
 def iter_chunks(corpus: CorpusInput, columns: Columns, done: pa.Array, rows: int) -> Iterator[pa.Table]:
     """Tables of `rows` rows (the last may be shorter) of id and text, in input order, without `done` ids."""
     pending: list[pa.RecordBatch] = []
     held = 0
     for batch in corpus.dataset().to_batches(columns=[columns.id, columns.text]):
         if len(done):
-            batch = batch.filter(pc.invert(pc.is_in(batch.column(columns.id), value_set=done)))
+            batch = drop_done(batch, done, columns.id)
         require_texts(batch, columns)
         pending.append(batch)
         held += batch.num_rows
@@ -158,7 +162,7 @@ def response_columns(response: dict[str, np.ndarray], kinds: tuple[str, ...]) ->
         out["sparse"] = sparse_column(response[contract.SPARSE_IDS], response[contract.SPARSE_WEIGHTS])
     if "colbert" in kinds:
         out["colbert"] = colbert_column(response[contract.COLBERT], response[contract.NUM_TOKENS])
-    out[NUM_TOKENS] = pa.array(response[contract.NUM_TOKENS].reshape(-1).astype(np.int32))
+    out[contract.NUM_TOKENS] = pa.array(response[contract.NUM_TOKENS].reshape(-1).astype(np.int32))
     return out
 
 

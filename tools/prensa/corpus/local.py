@@ -35,6 +35,11 @@ class Plan:
     kinds: tuple[str, ...]
     resume: Resume
 
+    def summary(self, started: float) -> Summary:
+        """What a run of this plan did, `started` being its `time.monotonic()` start."""
+        return Summary(self.total, self.total - self.pending, self.pending, time.monotonic() - started, self.kinds,
+                       self.resume.removed)
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -84,5 +89,4 @@ def run_local(job: Job, spec: BackendSpec, console: Console) -> Summary:
                 progress.advance(task, chunk.num_rows)
     finally:
         backend.close()
-    return Summary(work.total, work.total - work.pending, work.pending, time.monotonic() - started, work.kinds,
-                   work.resume.removed)
+    return work.summary(started)

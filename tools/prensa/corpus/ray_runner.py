@@ -16,11 +16,10 @@ import time
 from dataclasses import replace
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from rich.console import Console
 
 from prensa.corpus.backends import BackendSpec
-from prensa.corpus.io import Columns, require_texts, to_table
+from prensa.corpus.io import Columns, drop_done, require_texts, to_table
 from prensa.corpus.local import Job, Summary, plan
 
 
@@ -35,10 +34,6 @@ class EmbedBatches:
         require_texts(batch, self.columns)
         responses = self.backend.embed(batch.column(self.columns.text).to_pylist(), self.kinds)
         return to_table(batch.column(self.columns.id).combine_chunks(), self.columns.id, responses, self.kinds)
-
-
-def drop_done(batch: pa.Table, done: pa.Array, column: str) -> pa.Table:
-    return batch.filter(pc.invert(pc.is_in(batch.column(column), value_set=done)))
 
 
 def run_on_ray(job: Job, spec: BackendSpec, address: str, workers: int, cpus_per_worker: float,
@@ -68,5 +63,4 @@ def run_on_ray(job: Job, spec: BackendSpec, address: str, workers: int, cpus_per
         EmbedBatches, fn_constructor_kwargs={"spec": worker_spec, "kinds": work.kinds, "columns": job.columns},
         batch_size=job.rows_per_part, batch_format="pyarrow", concurrency=workers, num_cpus=cpus_per_worker,
     ).write_parquet(str(job.output.resolve()), ray_remote_args={"num_cpus": 0})
-    return Summary(work.total, work.total - work.pending, work.pending, time.monotonic() - started, work.kinds,
-                   work.resume.removed)
+    return work.summary(started)

@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2
 from prensa.export.tensorrt import SERVING_TRITON
 from prensa.triton.config import parse_pbtxt
 from prensa.triton.launcher import TritonPorts
+from prensa.triton.repo import Pipeline, encoder_model
 
 Manifest = dict[str, Any]
 
@@ -100,23 +101,21 @@ def read_repository(repo: Path) -> list[ServedModel]:
     models = []
     for name, config in configs.items():
         parameters = {key: value.string_value for key, value in config.parameters.items()}
-        if "task" in parameters and parameters.get("pipeline") == "fused":
-            stage = _stage(name, config)  # one model: it is its own encoder
-            models.append(ServedModel(name, parameters["task"], stage, (stage,), None))
+        pipeline = Pipeline(parameters.get("pipeline", Pipeline.ENSEMBLE.value))
+        if "task" not in parameters or (config.platform != "ensemble" and pipeline is not Pipeline.FUSED):
             continue
-        if config.platform != "ensemble" or "task" not in config.parameters:
-            continue
-        steps = [step.model_name for step in config.ensemble_scheduling.step]
+        # A fused model is its own single step, and its own encoder.
+        steps = [name] if pipeline is Pipeline.FUSED else [step.model_name for step in config.ensemble_scheduling.step]
         missing = [step for step in steps if step not in configs]
         if missing:
             raise ValueError(f"{repo}: ensemble {name} runs {', '.join(missing)}, which the repository lacks")
         stages = tuple(_stage(step, configs[step]) for step in steps)
-        encoder_name = f"{name}_encode"
+        encoder_name = encoder_model(name, pipeline)
         encoder = next((stage for stage in stages if stage.model == encoder_name), None)
         if encoder is None:
             raise ValueError(f"{repo}: ensemble {name} has no {encoder_name} step; "
                              "re-render it with `prensa repo build`")
-        models.append(ServedModel(name, config.parameters["task"].string_value, encoder, stages,
+        models.append(ServedModel(name, parameters["task"], encoder, stages,
                                   _accelerator_cache(configs[encoder_name])))
     if not models:
         raise ValueError(f"{repo} holds no prensa ensembles; render one with `prensa repo build`")

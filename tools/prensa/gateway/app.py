@@ -64,7 +64,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await client.close()
             raise RuntimeError(f"--default-model {settings.default_model} is not served; "
                                f"Triton serves {', '.join(registry.models)}")
-        client.start_probing(sorted(registry.models))
+        client.start_probing(lambda: sorted(registry.models))
         permits = Permits(settings.max_concurrent_requests, metrics.queue_size.set)
         app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
         yield

@@ -60,7 +60,6 @@ class ServedModel:
     pool_inputs: tuple[str, ...]  # what `<name>_pool` reads
     pad_id: int
     takes_pairs: bool  # the ensemble has a `text_pair` input
-    needs_pairs: bool  # ... and single texts are refused (rerankers)
     tokenizer: Tokenizer | None
     tokenizer_path: Path
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
@@ -71,7 +70,12 @@ class ServedModel:
 
     @property
     def pool_model(self) -> str:
-        return self.name if self.fused else f"{self.name}_pool"
+        return f"{self.name}_pool"
+
+    @property
+    def needs_pairs(self) -> bool:
+        """Single texts are refused: rerankers score (query, passage) pairs."""
+        return self.task == "rerank"
 
     def can(self, capability: Capability) -> bool:
         return {
@@ -156,7 +160,6 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         pool_inputs=pool_inputs,
         pad_id=int(tokenize_params.get("pad_id", "0")),
         takes_pairs=bool(pair),
-        needs_pairs=params["task"] == "rerank",
         tokenizer=await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers),
         tokenizer_path=tokenizer_path,
         fused=fused,

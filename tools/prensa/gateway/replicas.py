@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,27 +36,24 @@ class ReplicaPool:
             raise ValueError("a replica pool needs at least one Triton URL")
         self.replicas = [Replica(client) for client in clients]
         self.probe_interval_s = probe_interval_s
-        self._models: Sequence[str] = ()
+        self._models: Callable[[], Sequence[str]] = tuple
         self._probe_task: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
         return ",".join(r.client.url for r in self.replicas)
 
-    def start_probing(self, models: Sequence[str] = ()) -> None:
-        """Health-check every replica in the background; `models` must be ready for 'healthy'."""
+    def start_probing(self, models: Callable[[], Sequence[str]]) -> None:
+        """Health-check every replica in the background; `models()` (read at each probe) must be ready
+        for 'healthy'. One replica is never probed: it is tried whatever its health."""
         self._models = models
-        if self._probe_task is None:
+        if self._probe_task is None and len(self.replicas) > 1:
             self._probe_task = asyncio.get_running_loop().create_task(self._probe_forever())
 
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            states = await asyncio.gather(*(r.client.is_ready(self._models) for r in self.replicas))
-            for replica, ready in zip(self.replicas, states):
-                if ready != replica.healthy:
-                    log.warning("Triton replica %s is %s", replica.client.url, "back" if ready else "down")
-                replica.healthy = ready
+            await self.is_ready(self._models())
 
     def _pick(self, tried: set[int]) -> int | None:
         candidates = [i for i, r in enumerate(self.replicas) if i not in tried and r.healthy]
@@ -102,6 +99,8 @@ class ReplicaPool:
         """Ready when at least one replica serves every model: the gateway can answer."""
         states = await asyncio.gather(*(r.client.is_ready(models) for r in self.replicas))
         for replica, ready in zip(self.replicas, states):
+            if ready != replica.healthy:
+                log.warning("Triton replica %s is %s", replica.client.url, "back" if ready else "down")
             replica.healthy = ready
         return any(states)
 

@@ -64,10 +64,15 @@ class TokenRows:
 INT64_LIMIT = 2**63
 
 
-def check_token_ids(ids: list[int], tokenizer: Tokenizer | None) -> None:
-    """Ids inside the vocabulary; without a tokenizer, at least non-negative int64 (a negative id
-    would index the embedding matrix from its end and answer with a wrong vector)."""
-    limit = tokenizer.get_vocab_size(True) if tokenizer is not None else INT64_LIMIT
+def token_id_limit(tokenizer: Tokenizer | None) -> int:
+    """One past the largest valid id: the vocabulary size (computed by walking the whole vocabulary:
+    once per request, not per input), or int64's limit without a tokenizer."""
+    return tokenizer.get_vocab_size(True) if tokenizer is not None else INT64_LIMIT
+
+
+def check_token_ids(ids: list[int], limit: int) -> None:
+    """Ids in [0, limit): a negative id would index the embedding matrix from its end and answer
+    with a wrong vector."""
     if not all(0 <= t < limit for t in ids):
         raise validation(f"token ids must lie in [0, {limit})")
 
@@ -87,9 +92,10 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
     ids: list[list[int]] = [[] for _ in items]
     type_ids: list[list[int]] = [[] for _ in items]
     cut = False
+    limit = token_id_limit(tokenizer)
     for i, item in enumerate(items):
         if isinstance(item, list):
-            check_token_ids(item, tokenizer)
+            check_token_ids(item, limit)
             if len(item) > max_length and not truncation.enabled:
                 raise too_long(max_length, len(item))
             kept = item[-max_length:] if truncation.direction == "left" else item[:max_length]

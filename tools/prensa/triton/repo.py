@@ -41,6 +41,11 @@ class Pipeline(str, Enum):
     FUSED = "fused"  # one Python model: the same stages without two process hops (CPU target only)
 
 
+def encoder_model(name: str, pipeline: Pipeline) -> str:
+    """The Triton model that runs `name`'s encoder (its token counters, batch sizes, queue time)."""
+    return name if pipeline is Pipeline.FUSED else f"{name}_encode"
+
+
 class Target(str, Enum):
     CPU = "cpu"  # Python-backend encoder: onnxruntime over ragged, token-budget sub-batches
     CONTAINER = "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
@@ -314,11 +319,13 @@ class ModelRenderer:
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, directory / "1" / self.m.tokenizer_file)
         link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
+    def all_dirs(self) -> list[Path]:
+        """Every directory either pipeline writes for this model, the model clients call first."""
+        return [self.repo / self.model.name, *(self.stage_dir(s) for s in FUSED_STAGES)]
+
     def model_dirs(self) -> list[Path]:
         """What `render` writes, the model clients call first."""
-        if self.options.pipeline is Pipeline.FUSED:
-            return [self.repo / self.model.name]
-        return [self.repo / self.model.name, *(self.stage_dir(s) for s in ("tokenize", "encode", "pool"))]
+        return self.all_dirs()[:1] if self.options.pipeline is Pipeline.FUSED else self.all_dirs()
 
     def render(self) -> None:
         if self.options.pipeline is Pipeline.FUSED:
@@ -335,13 +342,13 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ValueError(f"model names must be unique, got {names}")
-    repo.mkdir(parents=True, exist_ok=True)
-    written = []
     if options.pipeline is Pipeline.FUSED and options.target is not Target.CPU:
         raise ValueError("the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target")
+    repo.mkdir(parents=True, exist_ok=True)
+    written = []
     for model in models:
         renderer = ModelRenderer(model, repo, options)
-        for directory in (repo / model.name, *(renderer.stage_dir(s) for s in ("tokenize", "encode", "pool"))):
+        for directory in renderer.all_dirs():
             shutil.rmtree(directory, ignore_errors=True)  # a rebuild may switch pipelines: no stale stages
         renderer.render()
         written += [directory.name for directory in renderer.model_dirs()]
