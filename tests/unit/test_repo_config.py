@@ -32,6 +32,21 @@ def test_stage_configs_batch_bound_queue_and_warm_up(repo):
     assert {o.name for o in encode.output} == {"last_hidden_state", "token_weights", "colbert_vecs"}
 
 
+@pytest.mark.parametrize("pipeline", list(Pipeline))
+def test_python_encoders_default_to_two_instances_that_do_not_spin(tmp_path, exports, pipeline):
+    """One instance sometimes stalls a lone request ~0.5 s in Triton's queue; two share the cores, so
+    only a single one lets onnxruntime spin. The native container encoder keeps one instance."""
+    source = ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))
+    encoder = tmp_path / ("m" if pipeline is Pipeline.FUSED else "m_encode") / "config.pbtxt"
+    for instances, count, spinning in ((None, 2, "false"), (1, 1, "true"), (3, 3, "false")):
+        build_repository([source], tmp_path, ServingOptions(encode_instances=instances, pipeline=pipeline))
+        config = parse_pbtxt(encoder.read_text())
+        assert config.instance_group[0].count == count
+        assert config.parameters["allow_spinning"].string_value == spinning
+    build_repository([source], tmp_path / "container", ServingOptions(target=Target.CONTAINER))
+    assert parse_pbtxt((tmp_path / "container" / "m_encode" / "config.pbtxt").read_text()).instance_group[0].count == 1
+
+
 def test_ensemble_outputs_and_parameters(repo):
     m3 = parse_pbtxt((repo / "bge-m3" / "config.pbtxt").read_text())
     assert m3.platform == "ensemble"

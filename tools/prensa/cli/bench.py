@@ -27,7 +27,7 @@ def bench(
     infinity: Annotated[Optional[str], typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
     gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
     quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
-    instances: Annotated[int, typer.Option(help="Encoder instances for the prensa runs.")] = 1,
+    instances: Annotated[Optional[int], typer.Option(min=1, help="Encoder instances for the prensa runs (default: as `prensa repo build`).")] = None,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,
@@ -40,7 +40,7 @@ def bench(
     torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
     options = BenchOptions(
         export_dir, out, concurrency or ([1, 4] if quick else [1, 8, 32]), 24 if quick else texts,
-        4 if quick else queries, 4 if quick else passages, 5 if quick else 30, torch_dir, infinity, gateway,
+        4 if quick else queries, 4 if quick else passages, 5 if quick else 100, torch_dir, infinity, gateway,
         ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
                        max_batch_tokens=max_batch_tokens),
         pipeline or list(Pipeline),

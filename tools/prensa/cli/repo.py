@@ -41,7 +41,7 @@ def build(
     max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy encoder).")] = 0,
     max_queue_size: Annotated[int, typer.Option(help="Requests queued per stage before Triton rejects.")] = 1024,
-    instances: Annotated[int, typer.Option(help="Encoder instances (processes).")] = 1,
+    instances: Annotated[Optional[int], typer.Option(min=1, help="Encoder instances (processes); default 2 for the cpu target's Python encoder (one alone sometimes leaves a lone request ~0.5 s in Triton's queue), 1 for the container's native encoder.")] = None,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads per encoder instance; 0 = all cores.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Token budget of one encoder forward pass (rows x padded length).")] = 16384,
     length_ratio: Annotated[float, typer.Option(help="Start a new sub-batch when a row is this many times longer than the shortest.")] = 1.25,

@@ -29,11 +29,13 @@ PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 
 
-# With one instance, a request that reaches Triton (2.51) while the fused model is still finishing
-# the previous one sometimes waits ~0.5 s in the queue (measured: 0-3 of 257 sequential requests);
-# a second instance takes it at once. The ensemble never meets this: by the time a client's next
-# request reaches a stage, that stage finished long ago.
-FUSED_MIN_INSTANCES = 2
+# A Python-backend encoder (ensemble encode stage or fused model) runs two instances unless told
+# otherwise. With one, a request that reaches Triton (2.51) while the encoder is still finishing the
+# previous one now and then waits ~0.5 s in the encoder's queue: one client sending 512 requests
+# back to back met it 0-5 times through the ensemble and 9-33 times through a one-instance fused
+# model; with two instances, never, at the same throughput here. Two sessions share the cores, so
+# their onnxruntime threads wait for work without spinning (`allow_spinning`) unless there is one.
+PYTHON_ENCODER_INSTANCES = 2
 
 
 class Pipeline(str, Enum):
@@ -56,7 +58,7 @@ class ServingOptions:
     max_batch_size: int = 64
     queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
     max_queue_size: int = 1024
-    encode_instances: int = 1
+    encode_instances: int | None = None  # None: PYTHON_ENCODER_INSTANCES, or 1 for a native encoder
     cpu_threads: int = 0  # 0: onnxruntime uses every core
     max_batch_tokens: int = 16384
     length_ratio: float = 1.25
@@ -145,6 +147,7 @@ class ModelRenderer:
             contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
         }
         self.native_encoder = options.target is Target.CONTAINER
+        self.encoder_instances = options.encode_instances or (1 if self.native_encoder else PYTHON_ENCODER_INSTANCES)
         self.buckets: list[int] = []
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size)
@@ -207,6 +210,7 @@ class ModelRenderer:
                 "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
                 "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
                 "execution_provider": self.options.execution_provider,
+                "allow_spinning": str(self.encoder_instances == 1).lower(),
                 "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
 
     def served_parameters(self) -> dict[str, object]:
@@ -237,7 +241,7 @@ class ModelRenderer:
             self.stage_dir("encode").name, self.options,
             [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
-            self.encode_parameters(), warmup, instances=self.options.encode_instances,
+            self.encode_parameters(), warmup, instances=self.encoder_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
@@ -248,7 +252,7 @@ class ModelRenderer:
         options = self.options
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
         config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
-                                       options.max_queue_size, options.encode_instances, warmup, cache)
+                                       options.max_queue_size, self.encoder_instances, warmup, cache)
         self._write(directory, config, None, files)
         if self.m.tensorrt:
             link_or_copy(self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file)
@@ -304,13 +308,12 @@ class ModelRenderer:
         per_token = [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs if o.name == contract.LAST_HIDDEN_STATE]
         warmup, files = self._text_warmup(text_inputs)
         parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
-                      **pool_parameters(self.m, self.options),  # the pool stage's `pooling` is what runs
-                      "allow_spinning": "false"}  # two sessions share the cores
+                      **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
         config = _python_stage(
             self.model.name, self.options,
             [*text_inputs, *(Tensor(n, "TYPE_INT64", [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
             [*client_outputs(self.m), *per_token], parameters, warmup,
-            instances=max(self.options.encode_instances, FUSED_MIN_INSTANCES),
+            instances=self.encoder_instances,
         )
         directory = self.repo / self.model.name
         self._write(directory, config, "fused", files)
