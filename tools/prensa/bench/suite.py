@@ -42,7 +42,7 @@ class BenchOptions:
     texts: int = 512
     rerank_queries: int = 32
     passages_per_query: int = 10
-    single_repeats: int = 30
+    single_repeats: int = 100
     torch_model_dir: Path | None = None
     infinity: str | None = None
     gateway: bool = True

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prensa.bench.load import WARMUP_CALLS
 from prensa.bench.workload import RerankCase
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
@@ -70,8 +71,9 @@ class ServerProcess:
 
 
 def median_ms(call, repeats: int) -> float:
-    """Median wall time of `call` over `repeats` runs, after one warm-up run."""
-    call()
+    """Median wall time of `call` over `repeats` runs, after `WARMUP_CALLS` untimed ones."""
+    for _ in range(WARMUP_CALLS):
+        call()
     samples = []
     for _ in range(repeats):
         started = time.perf_counter()
