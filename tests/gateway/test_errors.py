@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
-from prensa.gateway.tokenization import Truncation, as_items, tokenize_items
+from prensa.gateway.tokenization import Truncation, as_items, token_id_limit, tokenize_items
 from prensa.gateway.triton_client import translate_error
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
@@ -38,6 +38,9 @@ def test_inputs_as_a_batch():
     assert as_items([]) == []
 
 
+MINILM_VOCAB = 30522  # bert-base-uncased's vocabulary, which all-MiniLM-L6-v2 uses
+
+
 @pytest.fixture(scope="module")
 def minilm_tokenizer(minilm_dir) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
@@ -56,20 +59,25 @@ def reference(path: str, max_length: int, direction: str, strategy: str = "longe
 @pytest.mark.parametrize("direction", ["right", "left"])
 def test_truncation_matches_tokenizers(minilm_tokenizer, minilm_dir, direction):
     texts = ["short text", "a much longer text about Berlin and its many museums " * 5]
-    rows = tokenize_items(minilm_tokenizer, texts, None, 16, Truncation(True, direction))
+    rows = tokenize_items(minilm_tokenizer, texts, None, 16, Truncation(True, direction), MINILM_VOCAB)
     expected = reference(str(minilm_dir / "tokenizer.json"), 16, direction).encode_batch(texts)
     assert rows.ids == [e.ids for e in expected] and rows.cut
     queries, passages = ["what is in Berlin?"] * 2, ["museums", "Berlin has many museums and galleries " * 5]
-    pairs = tokenize_items(minilm_tokenizer, queries, passages, 20, Truncation(True, direction))
+    pairs = tokenize_items(minilm_tokenizer, queries, passages, 20, Truncation(True, direction), MINILM_VOCAB)
     expected = reference(str(minilm_dir / "tokenizer.json"), 20, direction, "only_second").encode_batch(
         list(zip(queries, passages)))
     assert pairs.ids == [e.ids for e in expected] and pairs.type_ids == [e.type_ids for e in expected]
 
 
 def test_token_ids_are_used_as_given(minilm_tokenizer):
-    rows = tokenize_items(minilm_tokenizer, [[101, 7592, 2088, 102], "hi"], None, 3, Truncation(True, "left"))
+    rows = tokenize_items(minilm_tokenizer, [[101, 7592, 2088, 102], "hi"], None, 3, Truncation(True, "left"),
+                          MINILM_VOCAB)
     assert rows.ids[0] == [7592, 2088, 102] and rows.type_ids[0] == [0, 0, 0] and rows.cut
     with pytest.raises(GatewayError, match="Given: 4"):
-        tokenize_items(minilm_tokenizer, [[101, 7592, 2088, 102]], None, 3, Truncation(False, "right"))
+        tokenize_items(minilm_tokenizer, [[101, 7592, 2088, 102]], None, 3, Truncation(False, "right"), MINILM_VOCAB)
     with pytest.raises(GatewayError, match="token ids must lie in"):
-        tokenize_items(minilm_tokenizer, [[-1]], None, 3, Truncation(True, "right"))
+        tokenize_items(minilm_tokenizer, [[-1]], None, 3, Truncation(True, "right"), MINILM_VOCAB)
+    assert token_id_limit(minilm_tokenizer) == MINILM_VOCAB
+    tokenize_items(minilm_tokenizer, [[MINILM_VOCAB - 1]], None, 3, Truncation(True, "right"), MINILM_VOCAB)
+    with pytest.raises(GatewayError, match="token ids must lie in"):
+        tokenize_items(minilm_tokenizer, [[MINILM_VOCAB]], None, 3, Truncation(True, "right"), MINILM_VOCAB)

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.gateway.tokenization import token_id_limit
 from prensa.gateway.triton_client import TritonClient
 from prensa.stages import contract
 
@@ -62,6 +63,7 @@ class ServedModel:
     takes_pairs: bool  # the ensemble has a `text_pair` input
     tokenizer: Tokenizer | None
     tokenizer_path: Path
+    token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
 
     @property
@@ -141,6 +143,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         labels = tuple(f"LABEL_{i}" for i in range(logits[0].dims[-1]))
     tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
     max_batch_tokens = _parameters(encode).get("max_batch_tokens")
+    tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
     return ServedModel(
         name=name,
         task=params["task"],
@@ -160,8 +163,9 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         pool_inputs=pool_inputs,
         pad_id=int(tokenize_params.get("pad_id", "0")),
         takes_pairs=bool(pair),
-        tokenizer=await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers),
+        tokenizer=tokenizer,
         tokenizer_path=tokenizer_path,
+        token_id_limit=token_id_limit(tokenizer),
         fused=fused,
     )
 

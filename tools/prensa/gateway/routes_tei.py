@@ -33,7 +33,7 @@ from prensa.gateway.protocol_tei import (
 )
 from prensa.gateway.responses import CountedRoute, GatewayDep, TimingsDep, json_response
 from prensa.gateway.service import check_prompt
-from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens, token_id_limit
+from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
@@ -164,9 +164,8 @@ async def decode(request: DecodeRequest, gw: GatewayDep, model: ModelParam = Non
     served = await gw.registry.pick(None, model)
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
     tokenizer = served.require_tokenizer()
-    limit = token_id_limit(tokenizer)
     for ids in batch:
-        check_token_ids(ids, limit)
+        check_token_ids(ids, served.token_id_limit)
     return json_response(tokenizer.decode_batch(batch, skip_special_tokens=request.skip_special_tokens))
 
 

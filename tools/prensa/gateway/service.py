@@ -130,7 +130,8 @@ class Service:
         if encoder_only or not texts_only or not truncation.enabled or truncation.direction == "left" or pairs:
             tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
             started = time.perf_counter()
-            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation)
+            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
+                                           model.token_id_limit)
             elapsed = time.perf_counter() - started
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)
