@@ -115,24 +115,25 @@ def encoder_counts(client: grpcclient.InferenceServerClient, model: str) -> tupl
 
 
 def test_poisoned_request_shares_an_execute_and_fails_alone(triton):
-    """A long request keeps `minilm_encode`'s one instance busy while a poisoned request and good ones
+    """Long requests keep every `minilm_encode` instance busy while a poisoned request and good ones
     queue; the dynamic batcher then hands them over in the same `execute`."""
     model = "minilm_encode"
     rng = np.random.default_rng(0)
     blocker = rng.integers(1000, 20000, size=(64, 256)).tolist()
     goods = [rng.integers(1000, 20000, size=n).tolist() for n in (7, 12, 30, 9)]
     sync = grpcclient.InferenceServerClient(triton.grpc_url)
+    instances = sum(group.count for group in sync.get_model_config(model).config.instance_group)
     expected = [sync.infer(model, encoder_inputs([g])).as_numpy("last_hidden_state") for g in goods]
     before = encoder_counts(sync, model)
 
     async def mixed() -> list[np.ndarray | Exception]:
         client = grpcaio.InferenceServerClient(triton.grpc_url)
         try:
-            busy = asyncio.ensure_future(client.infer(model, encoder_inputs(blocker)))
-            await asyncio.sleep(0.2)  # the blocker is executing; what follows queues behind it
+            busy = [asyncio.ensure_future(client.infer(model, encoder_inputs(blocker))) for _ in range(instances)]
+            await asyncio.sleep(0.2)  # the blockers are executing; what follows queues behind them
             calls = [client.infer(model, encoder_inputs([rows])) for rows in (goods[0], [101, POISON, 102], *goods[1:])]
             results = await asyncio.gather(*calls, return_exceptions=True)
-            await busy
+            await asyncio.gather(*busy)
         finally:
             await client.close()
         return [r if isinstance(r, Exception) else r.as_numpy("last_hidden_state") for r in results]
