@@ -14,7 +14,7 @@ from types import ModuleType
 
 ENSEMBLES_DIR = Path(__file__).resolve().parents[2] / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
-FUSED_STAGES = ("tokenize", "encode", "pool")  # what `ensembles/fused` runs in one model
+PIPELINE_STAGES = ("tokenize", "encode", "pool")  # the ensemble's steps in order; `ensembles/fused` runs all three
 
 
 def stage_model_file(stage: str) -> Path:
@@ -42,7 +42,7 @@ def load_stage(stage: str) -> ModuleType:
     fused model the three stages it runs."""
     _import("prensa_stage", CONTRACT_FILE)
     if stage == "fused":
-        for part in FUSED_STAGES:
+        for part in PIPELINE_STAGES:
             load_stage(part)
     return _import(stage_module_name(stage), stage_model_file(stage))
 

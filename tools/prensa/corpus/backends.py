@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from prensa.manifest import Manifest, Task
-from prensa.stages import FUSED_STAGES, contract, load_stage
+from prensa.stages import PIPELINE_STAGES, contract, load_stage
 from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters
 
 # Output kinds a corpus run can ask for, and the ensemble outputs each needs.
@@ -142,7 +142,7 @@ class OnnxBackend:
         manifest = Manifest.read(export_dir)
         self.info = export_info(export_dir, manifest, batch_size)
         options = ServingOptions()
-        tokenize, encode, pool = (load_stage(stage) for stage in FUSED_STAGES)
+        tokenize, encode, pool = (load_stage(stage) for stage in PIPELINE_STAGES)
         # The tokenize stage's config: right truncation; pairs `only_second` (unused for single texts).
         self.tokenizer = tokenize.TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
                                               "only_second")

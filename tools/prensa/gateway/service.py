@@ -6,9 +6,9 @@ gateway produced (see `tokenization`) to `<name>_encode`, then the encoder outpu
 `<name>_pool` (a fused model takes the token ids itself: one call), so left truncation, token-id
 inputs and truncated pairs are pooled by the same stage code as everything else. The token path
 is taken only when the text path would give a different answer; a request whose inputs all fit
-goes the text path even when the gateway had to count its tokens. Inputs are cut into chunks of at most the model's `max_batch_size` (and the
-client batch limit) and the chunks go to Triton concurrently, where the dynamic batcher merges
-them again.
+goes the text path even when the gateway had to count its tokens. Inputs are cut into chunks of
+at most the model's `max_batch_size` (and the client batch limit) and the chunks go to Triton
+concurrently, where the dynamic batcher merges them again.
 """
 
 from __future__ import annotations

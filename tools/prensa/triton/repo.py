@@ -20,7 +20,7 @@ import numpy as np
 
 from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import Manifest, Pooling, Task
-from prensa.stages import CONTRACT_FILE, FUSED_STAGES, contract, stage_model_file, stage_module_name
+from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
 
@@ -147,7 +147,9 @@ class ModelRenderer:
             contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
         }
         self.native_encoder = options.target is Target.CONTAINER
-        self.encoder_instances = options.encode_instances or (1 if self.native_encoder else PYTHON_ENCODER_INSTANCES)
+        self.encoder_instances = options.encode_instances
+        if self.encoder_instances is None:
+            self.encoder_instances = 1 if self.native_encoder else PYTHON_ENCODER_INSTANCES
         self.buckets: list[int] = []
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size)
@@ -317,14 +319,14 @@ class ModelRenderer:
         )
         directory = self.repo / self.model.name
         self._write(directory, config, "fused", files)
-        for stage in FUSED_STAGES:
+        for stage in PIPELINE_STAGES:
             shutil.copy2(stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py")
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, directory / "1" / self.m.tokenizer_file)
         link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
     def all_dirs(self) -> list[Path]:
         """Every directory either pipeline writes for this model, the model clients call first."""
-        return [self.repo / self.model.name, *(self.stage_dir(s) for s in FUSED_STAGES)]
+        return [self.repo / self.model.name, *(self.stage_dir(s) for s in PIPELINE_STAGES)]
 
     def model_dirs(self) -> list[Path]:
         """What `render` writes, the model clients call first."""
