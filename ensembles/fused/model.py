@@ -91,3 +91,6 @@ class TritonPythonModel:
                 continue
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in values.items()]))
         return responses
+
+    def finalize(self) -> None:
+        self.token_metrics.close()

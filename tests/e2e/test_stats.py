@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -20,7 +22,10 @@ def test_stats_reports_requests_batches_and_padding(triton):
     tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
     client.infer("minilm", [tensor])
-    delta = difference(scrape(triton.metrics_url), before)["minilm_encode"]
+    deadline = time.monotonic() + 5  # the token counters are sent a moment after the request
+    while not (delta := difference(scrape(triton.metrics_url), before)["minilm_encode"]).padded_tokens:
+        assert time.monotonic() < deadline, "token counters never arrived"
+        time.sleep(0.05)
     assert delta.success == 1 and delta.inferences == len(texts)
     # 3 rows of lengths 3, 12 and 4 tokens (with [CLS]/[SEP]): real tokens are exact.
     assert delta.real_tokens == 19

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from prensa.bench.systems import (
 from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
-from prensa.triton.metrics import difference, scrape
+from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
 
 SHORT_QUERY = "how are module attributes looked up?"
@@ -115,6 +116,7 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, shor
         with step(f"{label} via Triton gRPC"):
             systems.append(_drive(TritonClient(f"{label} (Triton gRPC)", triton.grpc_url, name), workload,
                                   manifest.task, options, short_item))
+        time.sleep(TOKEN_COUNTERS_LAG_S)
         encoder = difference(scrape(triton.metrics_url), before).get(encoder_model(name, pipeline))
         if encoder:
             summary = {"padded_per_real_token": encoder.padding_ratio, "average_batch": encoder.average_batch,

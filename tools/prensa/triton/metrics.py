@@ -3,7 +3,7 @@
 Used by `prensa stats`, the benchmarks and the load tests: average batch size is
 `nv_inference_count / nv_inference_exec_count`; queue and compute times are cumulative
 microseconds divided by successful requests; the encoder stage adds its real and padded token
-counters (`prensa_encoder_*_tokens`).
+counters (`prensa_encoder_*_tokens`), which it sends up to `TOKEN_COUNTERS_LAG_S` after an execute.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ COUNTERS = {
     "prensa_encoder_real_tokens": "real_tokens",
     "prensa_encoder_padded_tokens": "padded_tokens",
 }
+# The encoder stage sends its token counters from a thread, 50 ms after the executes they count
+# (`TokenCounters` in ensembles/encode/model.py); a reader wanting all of them waits this long.
+TOKEN_COUNTERS_LAG_S = 0.2
 
 
 @dataclass(frozen=True)
