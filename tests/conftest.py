@@ -78,6 +78,18 @@ def exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir, classifier_dir, 
 
 
 @pytest.fixture(scope="session")
+def unfused_exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir) -> dict[str, Path]:
+    """Exports as traced (`--no-fuse-ops`): what TensorRT through onnxruntime needs."""
+    root = tmp_path_factory.mktemp("unfused-exports")
+    plan = {"bge-m3": ExportOptions(str(m3_dir), root / "bge-m3", fuse_ops=False),
+            "minilm": ExportOptions(str(minilm_dir), root / "minilm", task=Task.EMBED, fuse_ops=False),
+            "reranker": ExportOptions(str(reranker_dir), root / "reranker", fuse_ops=False)}
+    for options in plan.values():
+        export_model(options)
+    return {name: options.out for name, options in plan.items()}
+
+
+@pytest.fixture(scope="session")
 def triton(tmp_path_factory, exports):
     """One Triton serving every exported model (and FUSED ones again as fused models); stopped by PID
     at the end of the session."""

@@ -65,8 +65,8 @@ def with_engine(export: Path, target: Path, max_batch: int = 64) -> Path:
 
 
 @pytest.fixture(scope="module")
-def container_repo(tmp_path_factory, exports):
-    return render(exports, ["minilm", "reranker", "bge-m3"], tmp_path_factory.mktemp("container"),
+def container_repo(tmp_path_factory, unfused_exports):
+    return render(unfused_exports, ["minilm", "reranker", "bge-m3"], tmp_path_factory.mktemp("container"),
                   replace(CONTAINER, onnx_tensorrt=True))
 
 
@@ -142,6 +142,12 @@ def test_int8_graphs_are_refused_on_the_container_target(tmp_path, exports):
     result = CliRunner().invoke(app, ["repo", "build", f"msmarco={exports['msmarco']}", "--target", "container",
                                       "--repo", str(tmp_path / "repo")])
     assert result.exit_code == 2 and "int8" in result.output and "--target cpu" in " ".join(result.output.split())
+
+
+def test_fused_graphs_are_refused_for_tensorrt_through_onnxruntime(tmp_path, exports):
+    result = CliRunner().invoke(app, ["repo", "build", f"m={exports['minilm']}", "--target", "container",
+                                      "--onnx-tensorrt", "--repo", str(tmp_path / "repo")])
+    assert result.exit_code == 2 and "--no-fuse-ops" in " ".join(result.output.split())
 
 
 def test_repo_build_cli_targets_and_providers(tmp_path, exports):

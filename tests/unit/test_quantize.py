@@ -16,4 +16,5 @@ def test_int8_export_reports_and_keeps_the_closer_variant(tmp_path, reranker_dir
     taus = {k: float(v.split("kendall_tau_mean ")[1].split(",")[0]) for k, v in rows.items()}
     kept = next(k for k in taus if "(kept)" in k)
     assert taus[kept] == max(taus.values()) and -1.0 <= taus[kept] <= 1.0
-    assert sorted(p.name for p in (tmp_path / "int8").glob("model*")) == ["model.onnx"]
+    assert sorted(p.name for p in (tmp_path / "int8").glob("*model*")) == ["model.onnx"]
+    assert manifest.fused_ops.get("Attention")  # quantised from the fused fp32 graph

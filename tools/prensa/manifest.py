@@ -70,6 +70,7 @@ class Manifest:
     dim: int | None = None  # dense dimension
     id2label: dict[int, str] = field(default_factory=dict)
     tensorrt: TensorRTEngine | None = None  # set by `prensa export --format tensorrt`
+    fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels in the graph
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:

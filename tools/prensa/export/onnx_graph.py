@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prensa.export.source import SourceError
@@ -26,6 +26,7 @@ class GraphInfo:
     inputs: list[str]
     outputs: list[GraphOutput]
     dtype: str
+    fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels (export/fusion.py)
 
     def require(self, task: Task) -> None:
         names = {o.name for o in self.outputs}

@@ -61,6 +61,7 @@ class ExportOptions:
     trt_max_batch: int = 64  # TensorRT profile; its max length is the export's max length
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
+    fuse_ops: bool = True  # onnxruntime's transformer fusions, for fp32 graphs onnxruntime serves
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,35 @@ def check_adopted(actual: dict[str, np.ndarray], outputs: list[GraphOutput], row
     return VerifyReport("adopted graph run on a sample batch", figures, ok)
 
 
+def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], expected: list[np.ndarray],
+                  plain: VerifyReport) -> tuple[dict[str, int], VerifyReport]:
+    """Swap in the fused graph when it agrees with torch within the plain graph's tolerance; the
+    report says which graph was kept and why."""
+    import onnx
+
+    from prensa.export.fusion import fuse_transformer_ops
+
+    def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
+        return {}, VerifyReport(plain.heading, {**plain.figures, "fused ops": reason}, plain.ok)
+
+    graph = onnx.load(str(path), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+        return kept_plain("none: the graph's weights are external (over 2 GB); kept as traced")
+    staging = path.with_name(f".fused-{path.name}")
+    fused = fuse_transformer_ops(path, staging)
+    if not fused:
+        return kept_plain("none matched; kept as traced")
+    checked = compare_with_torch(run_onnx(staging, inputs, sample), expected, sample[contract.ATTENTION_MASK], "fp32")
+    if not checked.ok:
+        staging.unlink()
+        return kept_plain(f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})")
+    staging.replace(path)
+    counts = ", ".join(f"{op} x{count}" for op, count in fused.items())
+    return fused, VerifyReport(checked.heading, {**checked.figures, "fused ops": counts}, True)
+
+
 def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions, dtype: str,
-                  step: Step) -> tuple[GraphInfo, VerifyReport]:
+                  fuse: bool, step: Step) -> tuple[GraphInfo, VerifyReport]:
     from prensa.export.graphs import build_graph
 
     with step(f"Loading {plan.task.value} model"):
@@ -226,7 +254,11 @@ def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: Expo
         with step("Verifying onnxruntime against torch"):
             report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
                                         sample[contract.ATTENTION_MASK], dtype)
-    return GraphInfo(inputs, outputs, dtype), report
+    fused: dict[str, int] = {}
+    if fuse and report.ok:
+        with step("Fusing transformer ops for onnxruntime, checking against torch"):
+            fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report)
+    return GraphInfo(inputs, outputs, dtype, fused), report
 
 
 def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
@@ -262,7 +294,7 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan
     for label, values in result.figures.items():
         kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
         figures[f"int8 {label}{kept}"] = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-    return GraphInfo(graph.inputs, graph.outputs, "int8"), VerifyReport(report.heading, figures, report.ok)
+    return GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops), VerifyReport(report.heading, figures, report.ok)
 
 
 def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan, options: ExportOptions,
@@ -318,7 +350,8 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
         onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
-        graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, step)
+        fuse = options.fuse_ops and options.format is ExportFormat.ONNX and onnx_dtype == "fp32"
+        graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, fuse, step)
     if options.quantize_int8:
         graph, report = _quantize(graph, report, tokenizer, plan, options, step)
     engine = None
@@ -348,6 +381,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
             dim=hidden if plan.task in (Task.EMBED, Task.M3) else None,
             id2label=labels if plan.task is Task.CLASSIFY else {},
             tensorrt=engine,
+            fused_ops=graph.fused_ops,
         )
         manifest.write(options.out)
     return manifest, report

@@ -28,9 +28,13 @@ class QuantizeReport:
 
 
 def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool) -> None:
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=per_channel)
+    # ONNX shape inference cannot see through onnxruntime's fused ops (export/fusion.py); the
+    # tensors it leaves untyped there are fp32.
+    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=per_channel,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
 class _Runner:

@@ -252,6 +252,9 @@ class ModelRenderer:
         warmup, files = self._token_warmup(tuple(self.encoder_inputs()))
         directory = self.stage_dir("encode")
         options = self.options
+        if options.onnx_tensorrt and self.m.fused_ops:
+            raise ValueError(f"{self.model.name}: its graph holds onnxruntime's fused ops ({', '.join(self.m.fused_ops)}), "
+                             "which TensorRT cannot take; re-export it with --no-fuse-ops for --onnx-tensorrt")
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
         config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
                                        options.max_queue_size, self.encoder_instances, warmup, cache)

@@ -1,0 +1,32 @@
+"""onnxruntime's transformer fusions, applied to a traced fp32 graph.
+
+torch's exporter writes attention, residual LayerNorm and the embedding sum as dozens of small ops,
+and an onnxruntime session fuses only some of them when it loads the graph. onnxruntime's
+transformer optimizer rewrites whole blocks into its fused kernels (Attention,
+SkipLayerNormalization, EmbedLayerNormalization, BiasGelu): on the 2-core CPU a lone short
+all-MiniLM-L6-v2 query ran 12% faster in fp32 and 15% in int8 (quantised from the fused graph),
+length-sorted batches of 32 as fast as before. Those are
+onnxruntime's own (com.microsoft) ops: TensorRT cannot parse them, so only graphs that onnxruntime
+serves are fused, and the caller keeps a fused graph only if it still agrees with torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Graphs past protobuf's 2 GB keep their weights in external files; those are left as traced.
+MAX_FUSED_GRAPH_BYTES = 2_000_000_000
+
+
+def fuse_transformer_ops(source: Path, target: Path) -> dict[str, int]:
+    """Write `source` with BERT-family fusions (BERT, RoBERTa and XLM-R share the patterns) to
+    `target`; returns the fused ops and their counts, empty (and nothing written) when none matched."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
+    model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    fused = {op: count for op, count in model.get_fused_operator_statistics().items()
+             if count and op != "LayerNormalization"}  # plain LayerNorm is what torch exports already
+    if fused:
+        model.save_model_to_file(str(target))
+    return fused
