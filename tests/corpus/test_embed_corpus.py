@@ -114,11 +114,12 @@ def test_vectors_equal_the_servers(triton, local):
 
 
 @pytest.mark.triton
-def test_through_triton_grpc_from_parquet_with_other_column_names(triton, local, tmp_path):
+@pytest.mark.parametrize("model", ["bge-m3", "bge-m3-fused"])
+def test_through_triton_grpc_from_parquet_with_other_column_names(model, triton, local, tmp_path):
     rows = corpus_rows()[:600]
     table = pa.table({"doc": [r["id"] for r in rows], "body": [r["text"] for r in rows]})
     pq.write_table(table, tmp_path / "in.parquet")
-    embed(tmp_path / "in.parquet", tmp_path / "out", "--triton-url", triton.grpc_url, "--model", "bge-m3",
+    embed(tmp_path / "in.parquet", tmp_path / "out", "--triton-url", triton.grpc_url, "--model", model,
           "--id-column", "doc", "--text-column", "body", "--rows-per-part", 256, "--batch-size", 32)
     table = read(tmp_path / "out", "doc").rename_columns(["id", "dense", "sparse", "num_tokens"])
     assert_same_vectors(table, read(local).slice(0, 600).select(["id", "dense", "sparse", "num_tokens"]))

@@ -24,7 +24,7 @@ def embed_corpus(
     id_column: Annotated[str, typer.Option(help="Input column with unique ids.")] = "id",
     text_column: Annotated[str, typer.Option(help="Input column with the texts.")] = "text",
     rows_per_part: Annotated[int, typer.Option(help="Rows per Parquet part: the unit of progress and of work redone after a crash.")] = 2048,
-    batch_size: Annotated[int, typer.Option(help="Texts per request; 0 = the ensemble's max_batch_size.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Texts per request; 0 = the served model's max_batch_size.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Triton requests in flight (per Ray worker).")] = 4,
     threads: Annotated[int, typer.Option(help="--export: onnxruntime threads; 0 = every core (on Ray: the worker's CPUs).")] = 0,
     ray_address: Annotated[Optional[str], typer.Option(help="Run on this Ray cluster (`auto`, `ray://host:10001`), or `local` to start Ray here.")] = None,

@@ -19,7 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from prensa.manifest import Manifest, Task
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
-from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters
+from prensa.triton.config import config_parameters
+from prensa.triton.repo import Pipeline, ServingOptions, client_outputs, encoder_rows, pool_parameters
 
 # Output kinds a corpus run can ask for, and the ensemble outputs each needs.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -86,23 +87,22 @@ class Backend(Protocol):
 
 
 class TritonBackend:
-    """A prensa ensemble over gRPC, several requests in flight so Triton's batcher has work to merge."""
+    """A prensa ensemble or fused model over gRPC, several requests in flight so Triton's batcher has work to merge."""
 
     def __init__(self, url: str, model: str, batch_size: int, concurrency: int) -> None:
         self.client = grpcclient.InferenceServerClient(url)
         try:
-            config = self.client.get_model_config(model, as_json=True)["config"]
+            config = self.client.get_model_config(model).config
         except InferenceServerException as exc:
             raise BackendError(f"cannot read {model!r} from Triton at {url}: {exc}") from exc
-        # Proto3 JSON leaves out empty strings (e.g. an embedder's `id2label`).
-        params = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
-        if config.get("platform") != "ensemble" or params.get("task") not in EMBEDDING_TASKS:
+        params = config_parameters(config)
+        served = config.platform == "ensemble" or params.get("pipeline") == Pipeline.FUSED.value
+        if not served or params.get("task") not in EMBEDDING_TASKS:
             raise BackendError(f"{model!r} is not a prensa embedding model (task {params.get('task')!r}); "
                                f"embed-corpus takes {', '.join(EMBEDDING_TASKS)} models")
-        outputs = {output["name"] for output in config.get("output", [])}
         self.info = ModelInfo(model, params.get("source", ""), params.get("revision", ""), params.get("dtype", ""),
-                              int(params.get("max_length", "0")), kinds_of(outputs),
-                              _rows(batch_size, int(config.get("max_batch_size", 1)), model))
+                              int(params.get("max_length", "0")), kinds_of({output.name for output in config.output}),
+                              _rows(batch_size, config.max_batch_size or 1, model))
         self.pool = ThreadPoolExecutor(max(concurrency, 1))
 
     def _infer(self, texts: list[str], names: list[str]) -> dict[str, np.ndarray]:
@@ -189,7 +189,7 @@ class BackendSpec:
             raise BackendError("embed with exactly one of a Triton endpoint (--triton-url, --model) "
                                "or an export (--export)")
         if self.triton_url is not None and not self.model:
-            raise BackendError("--triton-url needs --model, the ensemble to call")
+            raise BackendError("--triton-url needs --model, the ensemble or fused model to call")
 
     def describe(self) -> ModelInfo:
         """The model's identity and limits without loading it (Ray's driver needs no session)."""

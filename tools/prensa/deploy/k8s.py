@@ -22,7 +22,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2
 
 from prensa.export.tensorrt import SERVING_TRITON
-from prensa.triton.config import parse_pbtxt
+from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.launcher import TritonPorts
 from prensa.triton.repo import Pipeline, encoder_model
 
@@ -77,7 +77,7 @@ class ServedModel:
 
 
 def _stage(name: str, config: model_config_pb2.ModelConfig) -> Stage:
-    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    parameters = config_parameters(config)
     kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group]
     return Stage(
         model=name,
@@ -100,7 +100,7 @@ def read_repository(repo: Path) -> list[ServedModel]:
     configs = {path.parent.name: parse_pbtxt(path.read_text()) for path in sorted(repo.glob("*/config.pbtxt"))}
     models = []
     for name, config in configs.items():
-        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        parameters = config_parameters(config)
         pipeline = Pipeline(parameters.get("pipeline", Pipeline.ENSEMBLE.value))
         if "task" not in parameters or (config.platform != "ensemble" and pipeline is not Pipeline.FUSED):
             continue

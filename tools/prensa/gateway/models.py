@@ -25,6 +25,7 @@ from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
 from prensa.gateway.triton_client import TritonClient
 from prensa.stages import contract
+from prensa.triton.config import config_parameters
 
 log = logging.getLogger("prensa.gateway")
 REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
@@ -96,10 +97,6 @@ class ServedModel:
         return self.tokenizer
 
 
-def _parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
-    return {key: value.string_value for key, value in config.parameters.items()}
-
-
 TokenizerCache = dict[tuple[Path, int], Tokenizer]  # (file, mtime_ns): a refresh reloads changed files only
 
 
@@ -119,7 +116,7 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
 
 
 def is_fused(config: model_config_pb2.ModelConfig) -> bool:
-    return _parameters(config).get("pipeline") == "fused"
+    return config_parameters(config).get("pipeline") == "fused"
 
 
 async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
@@ -134,7 +131,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
         pool_inputs = tuple(i.name for i in pool.input)
         encode_outputs = tuple(o.name for o in encode.output)
-    params, tokenize_params = _parameters(ensemble), _parameters(tokenize)
+    params, tokenize_params = config_parameters(ensemble), config_parameters(tokenize)
     dense = [o for o in ensemble.output if o.name == contract.DENSE]
     pair = [i for i in ensemble.input if i.name == contract.TEXT_PAIR]
     logits = [o for o in ensemble.output if o.name == contract.LOGITS]
@@ -142,7 +139,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
     if logits and len(labels) != logits[0].dims[-1]:
         labels = tuple(f"LABEL_{i}" for i in range(logits[0].dims[-1]))
     tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
-    max_batch_tokens = _parameters(encode).get("max_batch_tokens")
+    max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
     return ServedModel(
         name=name,

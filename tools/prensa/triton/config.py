@@ -56,3 +56,8 @@ def to_pbtxt(config: ConfigDict) -> str:
 
 def parse_pbtxt(text: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def config_parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    """A config's parameters as plain strings: every one prensa writes is a `string_value`."""
+    return {key: value.string_value for key, value in config.parameters.items()}
