@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 
-def fuse_transformer_ops(source: Path, target: Path) -> dict[str, int]:
-    """Write `source` with BERT-family fusions (BERT, RoBERTa and XLM-R share the patterns) to
+
+def fuse_transformer_ops(model: onnx.ModelProto, target: Path) -> dict[str, int]:
+    """Write `model` with BERT-family fusions (BERT, RoBERTa and XLM-R share the patterns) to
     `target`; returns the fused ops and their counts, empty (and nothing written) when none matched."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
-    model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
-    fused = {op: count for op, count in model.get_fused_operator_statistics().items()
+    fusing = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    fused = {op: count for op, count in fusing.get_fused_operator_statistics().items()
              if count and op != "LayerNormalization"}  # plain LayerNorm is what torch exports already
     if fused:
-        model.save_model_to_file(str(target))
+        fusing.save_model_to_file(str(target))
     return fused

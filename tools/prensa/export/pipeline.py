@@ -217,11 +217,11 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], 
     def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
         return {}, VerifyReport(plain.heading, {**plain.figures, "fused ops": reason}, plain.ok)
 
-    graph = onnx.load(str(path), load_external_data=False)
+    graph = onnx.load(str(path), load_external_data=False)  # read once: fusion rewrites this copy
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
         return kept_plain("none: the graph's weights are external (over 2 GB); kept as traced")
     staging = path.with_name(f".fused-{path.name}")
-    fused = fuse_transformer_ops(path, staging)
+    fused = fuse_transformer_ops(graph, staging)
     if not fused:
         return kept_plain("none matched; kept as traced")
     checked = compare_with_torch(run_onnx(staging, inputs, sample), expected, sample[contract.ATTENTION_MASK], "fp32")

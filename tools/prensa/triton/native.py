@@ -22,8 +22,11 @@ def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int
     return sorted({b for b in base if 0 < b < max_length}) + [max_length]
 
 
-def check_servable(manifest: Manifest, max_batch_size: int) -> None:
+def check_servable(manifest: Manifest, max_batch_size: int, onnx_tensorrt: bool) -> None:
     """Refuse, at build time, exports a native GPU encoder would serve wrongly or not load."""
+    if onnx_tensorrt and not manifest.tensorrt and manifest.fused_ops:
+        raise ValueError(f"the graph holds onnxruntime's fused ops ({', '.join(manifest.fused_ops)}), which TensorRT "
+                         "cannot take; re-export it with --no-fuse-ops for --onnx-tensorrt")
     if manifest.dtype == "int8":
         raise ValueError("int8 (dynamically quantised) graphs are a CPU format: their results depend on batch "
                          "neighbours and their kernels run on the CPU; build them with --target cpu, or export fp32/fp16")

@@ -152,7 +152,7 @@ class ModelRenderer:
             self.encoder_instances = 1 if self.native_encoder else PYTHON_ENCODER_INSTANCES
         self.buckets: list[int] = []
         if self.native_encoder:  # warm up on a shape real requests will have
-            native.check_servable(self.m, options.max_batch_size)
+            native.check_servable(self.m, options.max_batch_size, options.onnx_tensorrt)
             self.buckets = native.length_buckets(self.m.max_length, options.length_buckets)
             width = next(b for b in self.buckets if b >= len(encoding.ids))
             pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
@@ -252,9 +252,6 @@ class ModelRenderer:
         warmup, files = self._token_warmup(tuple(self.encoder_inputs()))
         directory = self.stage_dir("encode")
         options = self.options
-        if options.onnx_tensorrt and self.m.fused_ops:
-            raise ValueError(f"{self.model.name}: its graph holds onnxruntime's fused ops ({', '.join(self.m.fused_ops)}), "
-                             "which TensorRT cannot take; re-export it with --no-fuse-ops for --onnx-tensorrt")
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
         config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
                                        options.max_queue_size, self.encoder_instances, warmup, cache)
