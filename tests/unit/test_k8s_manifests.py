@@ -134,7 +134,7 @@ def test_repository_reading(exports, tmp_path):
     models = {m.name: m for m in read_repository(example_repo(exports, tmp_path))}
     assert sorted(models) == ["all-MiniLM-L6-v2", "ms-marco-MiniLM-L-12-v2", "splade-tiny"]
     assert models["all-MiniLM-L6-v2"].encoder == Stage("all-MiniLM-L6-v2_encode", True, 1, False, 0)
-    assert models["ms-marco-MiniLM-L-12-v2"].encoder == Stage("ms-marco-MiniLM-L-12-v2_encode", False, 2, True, 0)
+    assert models["ms-marco-MiniLM-L-12-v2"].encoder == Stage("ms-marco-MiniLM-L-12-v2_encode", False, 1, True, 0)
     assert models["splade-tiny"].task == "splade"
     stages = [s.model for s in models["splade-tiny"].stages]
     assert stages == [f"splade-tiny_{s}" for s in ("tokenize", "encode", "pool")]

@@ -33,18 +33,31 @@ def test_stage_configs_batch_bound_queue_and_warm_up(repo):
 
 
 @pytest.mark.parametrize("pipeline", list(Pipeline))
-def test_python_encoders_default_to_two_instances_that_do_not_spin(tmp_path, exports, pipeline):
-    """One instance sometimes stalls a lone request ~0.5 s in Triton's queue; two share the cores, so
-    only a single one lets onnxruntime spin. The native container encoder keeps one instance."""
+def test_encoders_default_to_one_spinning_instance(tmp_path, exports, pipeline):
+    """One instance owns the cores, so only a single one lets onnxruntime spin; the native container
+    encoder also runs one."""
     source = ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))
     encoder = tmp_path / ("m" if pipeline is Pipeline.FUSED else "m_encode") / "config.pbtxt"
-    for instances, count, spinning in ((None, 2, "false"), (1, 1, "true"), (3, 3, "false")):
+    for instances, count, spinning in ((None, 1, "true"), (2, 2, "false"), (3, 3, "false")):
         build_repository([source], tmp_path, ServingOptions(encode_instances=instances, pipeline=pipeline))
         config = parse_pbtxt(encoder.read_text())
         assert config.instance_group[0].count == count
         assert config.parameters["allow_spinning"].string_value == spinning
     build_repository([source], tmp_path / "container", ServingOptions(target=Target.CONTAINER))
     assert parse_pbtxt((tmp_path / "container" / "m_encode" / "config.pbtxt").read_text()).instance_group[0].count == 1
+
+
+@pytest.mark.parametrize("target", list(Target))
+def test_queues_have_no_policy_unless_bounded(tmp_path, exports, target):
+    """Any default_queue_policy switches off the batcher's prefetching, which exposes Triton's 0.5 s
+    lost wake-up (tests/e2e/test_queue_stall.py): by default no stage gets one."""
+    source = ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))
+    build_repository([source], tmp_path, ServingOptions(target=target))
+    stages = [d for d in tmp_path.iterdir() if (d / "config.pbtxt").exists()]
+    batching = [parse_pbtxt((d / "config.pbtxt").read_text()) for d in stages]
+    batching = [c for c in batching if c.HasField("dynamic_batching")]
+    assert len(batching) >= 2
+    assert not any(c.dynamic_batching.HasField("default_queue_policy") for c in batching)
 
 
 def test_ensemble_outputs_and_parameters(repo):
@@ -111,7 +124,7 @@ def test_fused_pipeline_renders_one_model_with_every_stage_and_replaces_the_ense
     assert config.instance_group[0].count == 3 and config.model_warmup[0].inputs["text_pair"].input_data_file
     assert params["allow_spinning"] == "false"
     build_repository([source], tmp_path, ServingOptions(pipeline=Pipeline.FUSED))
-    assert parse_pbtxt((tmp_path / "rr" / "config.pbtxt").read_text()).instance_group[0].count == 2
+    assert parse_pbtxt((tmp_path / "rr" / "config.pbtxt").read_text()).instance_group[0].count == 1
     version = tmp_path / "rr" / "1"
     for module in ("model.py", "prensa_stage.py", "prensa_stage_tokenize.py", "prensa_stage_encode.py",
                    "prensa_stage_pool.py", params["tokenizer_file"], params["onnx_file"]):

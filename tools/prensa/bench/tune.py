@@ -23,7 +23,7 @@ from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
 from prensa.triton.repo import (
-    PYTHON_ENCODER_INSTANCES,
+    DEFAULT_ENCODER_INSTANCES,
     ModelSource,
     Pipeline,
     ServingOptions,
@@ -56,15 +56,14 @@ class TunePoint:
 
 
 def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
-    """Instances x threads (each instance on every core, or the cores split between instances), a few
+    """Instances x threads (one instance on every core, or the cores split between instances), a few
     queue delays and token budgets, for the ensemble; the fused pipeline at the default instances.
-    Never one instance: it stalls a lone request now and then (see PYTHON_ENCODER_INSTANCES), which
-    a throughput sweep would not see. Quick: one point of each pipeline."""
-    layouts = [(PYTHON_ENCODER_INSTANCES, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
+    Quick: one point of each pipeline."""
+    layouts = [(DEFAULT_ENCODER_INSTANCES, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
     delays = [0, 2000] if quick else [0, 1000, 5000]
     budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
     points = [TunePoint(i, t, d, b) for (i, t), d, b in itertools.product(layouts, delays, budgets)]
-    fused = [TunePoint(PYTHON_ENCODER_INSTANCES, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
+    fused = [TunePoint(DEFAULT_ENCODER_INSTANCES, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
     return [points[0], fused[0]] if quick else points + fused
 
 

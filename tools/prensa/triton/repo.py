@@ -29,13 +29,13 @@ PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 
 
-# A Python-backend encoder (ensemble encode stage or fused model) runs two instances unless told
-# otherwise. With one, a request that reaches Triton (2.51) while the encoder is still finishing the
-# previous one now and then waits ~0.5 s in the encoder's queue: one client sending 512 requests
-# back to back met it 0-5 times through the ensemble and 9-33 times through a one-instance fused
-# model; with two instances, never, at the same throughput here. Two sessions share the cores, so
-# their onnxruntime threads wait for work without spinning (`allow_spinning`) unless there is one.
-PYTHON_ENCODER_INSTANCES = 2
+# The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
+# CPU, its onnxruntime session uses every core and spins between operators (`allow_spinning`),
+# and nothing else competes for them. Two instances took turns with a lone client's requests, each
+# finding its caches cold (about 1 ms more per short query), and sharing the cores they must not
+# spin. One instance used to stall now and then for 0.5 s in Triton's queue; that was the queue
+# policy (see `dynamic_batching`), not the instance count.
+DEFAULT_ENCODER_INSTANCES = 1
 
 
 class Pipeline(str, Enum):
@@ -57,8 +57,8 @@ class Target(str, Enum):
 class ServingOptions:
     max_batch_size: int = 64
     queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
-    max_queue_size: int = 1024
-    encode_instances: int | None = None  # None: PYTHON_ENCODER_INSTANCES, or 1 for a native encoder
+    max_queue_size: int = 0  # 0: unbounded (see `dynamic_batching`); the gateway's permits answer 429
+    encode_instances: int | None = None  # None: DEFAULT_ENCODER_INSTANCES
     cpu_threads: int = 0  # 0: onnxruntime uses every core
     max_batch_tokens: int = 16384
     length_ratio: float = 1.25
@@ -147,9 +147,7 @@ class ModelRenderer:
             contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
         }
         self.native_encoder = options.target is Target.CONTAINER
-        self.encoder_instances = options.encode_instances
-        if self.encoder_instances is None:
-            self.encoder_instances = 1 if self.native_encoder else PYTHON_ENCODER_INSTANCES
+        self.encoder_instances = options.encode_instances or DEFAULT_ENCODER_INSTANCES
         self.buckets: list[int] = []
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size, options.onnx_tensorrt)

@@ -1,0 +1,39 @@
+"""A lone client must never wait in Triton's queue: each request finds the encoder idle.
+
+Triton 2.51's dynamic batcher can miss the wake-up that says an instance is free again, and then
+sleeps 500 ms with the request queued. It takes that path only when a stage has a queue policy,
+which prensa therefore leaves out by default (`dynamic_batching` in prensa/triton/config.py). With
+the policy back and one encoder instance, 200 back-to-back requests here met the stall twice
+through each layout; one stall is enough to fail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from prensa.triton.metrics import difference, scrape
+
+pytestmark = pytest.mark.triton
+REQUESTS = 400
+STALL_MS = 500  # the batcher's default wait, and what one missed wake-up costs
+TEXTS = ["short query", "what does the encoder do with a somewhat longer question like this one?",
+         "the river runs under seven bridges before it reaches the old town and the sea " * 4]
+
+
+@pytest.mark.parametrize(("model", "stages"), [
+    ("minilm", ("minilm_tokenize", "minilm_encode", "minilm_pool")),
+    ("minilm-fused", ("minilm-fused",)),
+])
+def test_back_to_back_requests_do_not_wait_in_the_queue(triton, model, stages):
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    before = scrape(triton.metrics_url)
+    for i in range(REQUESTS):
+        tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[TEXTS[i % len(TEXTS)].encode()]], dtype=object))
+        client.infer(model, [tensor])
+    delta = difference(scrape(triton.metrics_url), before)
+    assert all(delta[stage].success == REQUESTS for stage in stages)
+    queued_ms = sum(delta[stage].queue_us for stage in stages) / 1000
+    assert queued_ms < STALL_MS, f"{REQUESTS} requests, one at a time, spent {queued_ms:.0f} ms in Triton's queues"
