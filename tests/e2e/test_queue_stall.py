@@ -4,7 +4,7 @@ Triton 2.51's dynamic batcher can miss the wake-up that says an instance is free
 sleeps 500 ms with the request queued. It takes that path only when a stage has a queue policy,
 which prensa therefore leaves out by default (`dynamic_batching` in prensa/triton/config.py). With
 the policy back and one encoder instance, 200 back-to-back requests here met the stall twice
-through each layout; one stall is enough to fail.
+through each layout (this test sends 400); one stall is enough to fail.
 """
 
 from __future__ import annotations
