@@ -31,8 +31,8 @@ TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
 # CPU, its onnxruntime session uses every core and spins between operators (`allow_spinning`),
-# and nothing else competes for them. Two instances took turns with a lone client's requests, each
-# finding its caches cold (about 1 ms more per short query), and sharing the cores they must not
+# and nothing else competes for them. Two instances took turns with a lone client's requests (about
+# 1 ms more per short query), gave less throughput under load, and sharing the cores they must not
 # spin. One instance used to stall now and then for 0.5 s in Triton's queue; that was the queue
 # policy (see `dynamic_batching`), not the instance count.
 DEFAULT_ENCODER_INSTANCES = 1
