@@ -53,9 +53,8 @@ def test_queues_have_no_policy_unless_bounded(tmp_path, exports, target):
     lost wake-up (tests/e2e/test_queue_stall.py): by default no stage gets one."""
     source = ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))
     build_repository([source], tmp_path, ServingOptions(target=target))
-    stages = [d for d in tmp_path.iterdir() if (d / "config.pbtxt").exists()]
-    batching = [parse_pbtxt((d / "config.pbtxt").read_text()) for d in stages]
-    batching = [c for c in batching if c.HasField("dynamic_batching")]
+    configs = [parse_pbtxt(path.read_text()) for path in tmp_path.glob("*/config.pbtxt")]
+    batching = [c for c in configs if c.HasField("dynamic_batching")]
     assert len(batching) >= 2
     assert not any(c.dynamic_batching.HasField("default_queue_policy") for c in batching)
 

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from prensa.manifest import Manifest, Task
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
 from prensa.triton.config import config_parameters
-from prensa.triton.repo import Pipeline, ServingOptions, client_outputs, encoder_rows, pool_parameters
+from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters, served_pipeline
 
 # Output kinds a corpus run can ask for, and the ensemble outputs each needs.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -96,8 +96,7 @@ class TritonBackend:
         except InferenceServerException as exc:
             raise BackendError(f"cannot read {model!r} from Triton at {url}: {exc}") from exc
         params = config_parameters(config)
-        served = config.platform == "ensemble" or params.get("pipeline") == Pipeline.FUSED.value
-        if not served or params.get("task") not in EMBEDDING_TASKS:
+        if served_pipeline(config) is None or params.get("task") not in EMBEDDING_TASKS:
             raise BackendError(f"{model!r} is not a prensa embedding model (task {params.get('task')!r}); "
                                f"embed-corpus takes {', '.join(EMBEDDING_TASKS)} models")
         self.info = ModelInfo(model, params.get("source", ""), params.get("revision", ""), params.get("dtype", ""),

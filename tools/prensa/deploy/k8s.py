@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2
 from prensa.export.tensorrt import SERVING_TRITON
 from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.launcher import TritonPorts
-from prensa.triton.repo import Pipeline, encoder_model
+from prensa.triton.repo import Pipeline, encoder_model, served_pipeline
 
 Manifest = dict[str, Any]
 
@@ -100,9 +100,8 @@ def read_repository(repo: Path) -> list[ServedModel]:
     configs = {path.parent.name: parse_pbtxt(path.read_text()) for path in sorted(repo.glob("*/config.pbtxt"))}
     models = []
     for name, config in configs.items():
-        parameters = config_parameters(config)
-        pipeline = Pipeline(parameters.get("pipeline", Pipeline.ENSEMBLE.value))
-        if "task" not in parameters or (config.platform != "ensemble" and pipeline is not Pipeline.FUSED):
+        pipeline = served_pipeline(config)
+        if pipeline is None:
             continue
         # A fused model is its own single step, and its own encoder.
         steps = [name] if pipeline is Pipeline.FUSED else [step.model_name for step in config.ensemble_scheduling.step]
@@ -115,7 +114,7 @@ def read_repository(repo: Path) -> list[ServedModel]:
         if encoder is None:
             raise ValueError(f"{repo}: ensemble {name} has no {encoder_name} step; "
                              "re-render it with `prensa repo build`")
-        models.append(ServedModel(name, parameters["task"], encoder, stages,
+        models.append(ServedModel(name, config_parameters(config)["task"], encoder, stages,
                                   _accelerator_cache(configs[encoder_name])))
     if not models:
         raise ValueError(f"{repo} holds no prensa ensembles; render one with `prensa repo build`")

@@ -26,6 +26,7 @@ from prensa.gateway.tokenization import token_id_limit
 from prensa.gateway.triton_client import TritonClient
 from prensa.stages import contract
 from prensa.triton.config import config_parameters
+from prensa.triton.repo import Pipeline, served_pipeline
 
 log = logging.getLogger("prensa.gateway")
 REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
@@ -115,14 +116,10 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
-def is_fused(config: model_config_pb2.ModelConfig) -> bool:
-    return config_parameters(config).get("pipeline") == "fused"
-
-
 async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
-    fused = is_fused(ensemble)
+    fused = served_pipeline(ensemble) is Pipeline.FUSED
     if fused:  # one config holds every stage's parameters
         tokenize = encode = ensemble
         pool_inputs: tuple[str, ...] = ()
@@ -183,7 +180,7 @@ class Registry:
             self._last_attempt = time.monotonic()
             names = await self.client.ready_models()
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
-            ensembles = [c for c in configs if "task" in c.parameters and (c.platform == "ensemble" or is_fused(c))]
+            ensembles = [c for c in configs if served_pipeline(c) is not None]
             models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
             self.models = {m.name: m for m in sorted(models, key=lambda m: m.name)}
         log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model")

@@ -17,12 +17,13 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2
 
 from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
-from prensa.triton.config import ConfigDict, Tensor, dynamic_batching, string_parameters, to_pbtxt
+from prensa.triton.config import ConfigDict, Tensor, config_parameters, dynamic_batching, string_parameters, to_pbtxt
 
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
@@ -46,6 +47,17 @@ class Pipeline(str, Enum):
 def encoder_model(name: str, pipeline: Pipeline) -> str:
     """The Triton model that runs `name`'s encoder (its token counters, batch sizes, queue time)."""
     return name if pipeline is Pipeline.FUSED else f"{name}_encode"
+
+
+def served_pipeline(config: model_config_pb2.ModelConfig) -> Pipeline | None:
+    """The layout of a prensa model clients call (an ensemble or a fused model, both carrying `task`);
+    None for its stages and for models prensa did not render."""
+    parameters = config_parameters(config)
+    if "task" not in parameters:
+        return None
+    if config.platform == "ensemble":
+        return Pipeline.ENSEMBLE
+    return Pipeline.FUSED if parameters.get("pipeline") == Pipeline.FUSED.value else None
 
 
 class Target(str, Enum):
