@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from prensa.defaults import package_dir
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.metrics import ModelStats, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.tiny_models import tiny_bge_m3, tiny_classifier, tiny_reranker
 
@@ -23,6 +25,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def counted_since(metrics_url: str, before: dict[str, ModelStats], models: tuple[str, ...], requests: int,
+                  wait_s: float = 5.0) -> dict[str, ModelStats]:
+    """Triton's per-model figures since `before`, once each of `models` has counted `requests`
+    successes (or `wait_s` has passed). A model counts a request when it releases it, just after
+    sending the reply, so the last one can trail the client's answer on a busy machine."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        delta = difference(scrape(metrics_url), before)
+        if all(delta[m].success >= requests for m in models) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.05)
 
 
 def installed_package_dir(package: str, *relative: str) -> Path:

@@ -3,14 +3,15 @@ with FlagEmbedding and sentence-transformers on the same weights."""
 
 from __future__ import annotations
 
-import re
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from prensa.triton.metrics import scrape
+from tests.conftest import counted_since
 
 pytestmark = pytest.mark.triton
 
@@ -67,24 +68,16 @@ def test_bge_m3_matches_flagembedding(triton, flag_m3, protocol, model):
         assert not out["colbert"][row, n:].any()
 
 
-def metric(server, name: str, model: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    match = re.search(rf'^{name}{{model="{re.escape(model)}",version="1"}} ([0-9.e+]+)$', text, re.M)
-    assert match, f"{name} for {model} not in Triton's metrics"
-    return float(match.group(1))
-
-
 @pytest.mark.parametrize(("model", "encoder"), [("minilm", "minilm_encode"), ("minilm-fused", "minilm-fused")])
 def test_minilm_matches_sentence_transformers_under_concurrency(triton, minilm_dir, model, encoder):
     from sentence_transformers import SentenceTransformer
 
     texts = [("word " * n).strip() + f" number {n}" for n in (1, 3, 120, 7, 60, 2, 200, 15, 33, 90, 5, 150)] * 2
-    before = metric(triton, "nv_inference_exec_count", encoder)
-    requests_before = metric(triton, "nv_inference_request_success", encoder)
+    before = scrape(triton.metrics_url)
     with ThreadPoolExecutor(len(texts)) as pool:
         rows = list(pool.map(lambda t: infer("http", triton, model, [t])["dense"][0], texts))
-    executions = metric(triton, "nv_inference_exec_count", encoder) - before
-    requests = metric(triton, "nv_inference_request_success", encoder) - requests_before
+    counted = counted_since(triton.metrics_url, before, (encoder,), len(texts))[encoder]
+    requests, executions = counted.success, counted.executions
     expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)
     assert cosine(np.stack(rows), expected).min() >= 0.9999
     assert requests == len(texts)

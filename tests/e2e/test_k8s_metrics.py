@@ -10,6 +10,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from prensa.deploy.k8s import ADAPTER_VALUES, QUEUE_SERIES, SUCCESS_SERIES, K8sOptions, read_repository, render
+from prensa.triton.metrics import scrape
+from tests.conftest import counted_since
 
 pytestmark = pytest.mark.triton
 
@@ -37,8 +39,9 @@ def test_adapter_rule_and_hpa_use_series_triton_exports(triton):
 
     text = grpcclient.InferInput("text", [2, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"what is queue time?"], [b"time spent waiting for an encoder"]], dtype=object))
-    before = samples(triton.metrics_url)
+    before, scraped = samples(triton.metrics_url), scrape(triton.metrics_url)
     grpcclient.InferenceServerClient(triton.grpc_url).infer("bge-m3", [text])
+    counted_since(triton.metrics_url, scraped, ("bge-m3_encode",), 1)
     after = samples(triton.metrics_url)
     for name in series:
         missing = [e for e in encoders if (name, e) not in after]
