@@ -96,10 +96,12 @@ class Guard:
         await self._serve_while_connected(scope, b"".join(chunks), receive, send)
 
     async def _serve_while_connected(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
-        """Run the app on the buffered body; a client that hangs up before its answer cancels it, so
-        its permits and Triton calls are released now rather than when Triton answers nobody."""
-        gone, answered = asyncio.Event(), asyncio.Event()
-        delivered = False
+        """Run the app on the buffered body, in this task; a client that hangs up before its answer
+        cancels it, so its permits and Triton calls are released now rather than when Triton
+        answers nobody."""
+        serving = asyncio.current_task()
+        gone = asyncio.Event()
+        delivered = answered = cancelled = False
 
         async def replay() -> Message:
             nonlocal delivered
@@ -110,28 +112,31 @@ class Guard:
             return {"type": "http.disconnect"}
 
         async def watch() -> None:  # the server reports a disconnect (or the answer's end) here
+            nonlocal cancelled
             while (await receive())["type"] != "http.disconnect":
                 pass
             gone.set()
+            if not answered:
+                cancelled = True
+                serving.cancel()
 
         async def sending(message: Message) -> None:
-            await send(message)
+            nonlocal answered
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                answered.set()
+                answered = True  # before the send: its completion may wake the watcher first
+            await send(message)
 
-        app = asyncio.ensure_future(self.app(scope, replay, sending))
         watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait({app, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await self.app(scope, replay, sending)
+        except asyncio.CancelledError:
+            if not cancelled or serving.uncancel():
+                raise  # the server cancelled this request (too)
+        else:
+            if cancelled:
+                serving.uncancel()  # the app finished all the same
         finally:
             watcher.cancel()
-            if not app.done() and not answered.is_set():
-                app.cancel()  # the client left (or this request's own task is being cancelled)
-        try:
-            await app
-        except asyncio.CancelledError:
-            if not gone.is_set():
-                raise
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await self._reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,

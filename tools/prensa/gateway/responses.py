@@ -1,15 +1,16 @@
-"""HTTP plumbing both routers share: the gateway state, orjson responses with timing headers,
-and a route class that counts every request under TEI's metric names."""
+"""HTTP plumbing both routers share: the request type routes take (gateway state, timings, orjson
+bodies), orjson responses with timing headers, and a route class that counts every request under
+TEI's metric names."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
-from fastapi import Depends, Request, Response
+from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from prensa.gateway.metrics import GatewayMetrics
@@ -21,28 +22,13 @@ from prensa.gateway.triton_client import TritonClient
 
 @dataclass
 class Gateway:
-    """What the routes reach through `request.app.state.gateway`, built when the app starts."""
+    """What the routes reach through `GatewayRequest.gateway`, built when the app starts."""
 
     settings: GatewaySettings
     client: TritonClient
     registry: Registry
     service: Service
     metrics: GatewayMetrics
-
-
-async def gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-GatewayDep = Annotated[Gateway, Depends(gateway)]
-
-
-async def timings(request: Request) -> Timings:
-    """Timings of this request, starting when the Guard middleware saw it arrive."""
-    return Timings(received=request.state.received)
-
-
-TimingsDep = Annotated[Timings, Depends(timings)]
 
 
 def _ms(seconds: float) -> str:
@@ -68,10 +54,24 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
                     headers=headers)
 
 
-class OrjsonRequest(Request):
-    """Bodies parsed by orjson: strict UTF-8 (a lone surrogate escape such as "\\ud800" is malformed
-    JSON, not a text that fails later) and a nesting limit (1024) instead of a RecursionError. Its
-    errors are `json.JSONDecodeError`s, which FastAPI turns into our 400."""
+class GatewayRequest(Request):
+    """The request as the routes take it (a parameter of this type, which FastAPI fills with the
+    request itself: two dependencies fewer to solve per request, measured at a quarter of a
+    millisecond on a lone query). It reaches the gateway's state and this request's timings, and
+    parses bodies with orjson: strict UTF-8 (a lone surrogate escape such as "\\ud800" is
+    malformed JSON, not a text that fails later) and a nesting limit (1024) instead of a
+    RecursionError. Its errors are `json.JSONDecodeError`s, which FastAPI turns into our 400."""
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app.state.gateway
+
+    @property
+    def timings(self) -> Timings:
+        """This request's timings, from when the Guard middleware saw it arrive."""
+        if not hasattr(self, "_timings"):
+            self._timings = Timings(received=self.state.received)
+        return self._timings
 
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):
@@ -79,21 +79,30 @@ class OrjsonRequest(Request):
         return self._orjson
 
 
-class CountedRoute(APIRoute):
-    """Counts requests and successes per route (`method` label = the route's name) and times them;
-    parses bodies with `OrjsonRequest`."""
+class GatewayRoute(APIRoute):
+    """Hands the endpoint a `GatewayRequest`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        method = self.name
 
-        async def counted(request: Request) -> Response:
-            request = OrjsonRequest(request.scope, request.receive)
-            metrics: GatewayMetrics = request.app.state.metrics
-            metrics.started(method)
-            response = await handler(request)
-            if response.status_code < 400:
-                metrics.succeeded(method, time.perf_counter() - request.state.received)
-            return response
+        async def serve(request: Request) -> Response:
+            return await self.serve(handler, GatewayRequest(request.scope, request.receive))
 
-        return counted
+        return serve
+
+    async def serve(self, handler: Callable[[Request], Coroutine[Any, Any, Response]],
+                    request: GatewayRequest) -> Response:
+        return await handler(request)
+
+
+class CountedRoute(GatewayRoute):
+    """Counts requests and successes per route (`method` label = the route's name) and times them."""
+
+    async def serve(self, handler: Callable[[Request], Coroutine[Any, Any, Response]],
+                    request: GatewayRequest) -> Response:
+        metrics = request.gateway.metrics
+        metrics.started(self.name)
+        response = await handler(request)
+        if response.status_code < 400:
+            metrics.succeeded(self.name, time.perf_counter() - request.state.received)
+        return response

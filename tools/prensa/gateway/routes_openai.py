@@ -17,7 +17,7 @@ from prensa.gateway.protocol_openai import (
     RerankRequest,
     RerankResponse,
 )
-from prensa.gateway.responses import CountedRoute, GatewayDep, TimingsDep, json_response
+from prensa.gateway.responses import CountedRoute, GatewayRequest, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
 ERRORS = {status: {"model": OpenAIError} for status in (400, 404, 413, 422, 424, 429, 503)}
@@ -30,8 +30,9 @@ def encode_base64(vector: np.ndarray) -> str:
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
 @router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
-async def openai_embeddings(request: EmbeddingRequest, gw: GatewayDep, timings: TimingsDep) -> Response:
+async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest) -> Response:
     """Dense, L2-normalised vectors; right truncation when --auto-truncate is on (the default)."""
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.DENSE, request.model)
     result = await gw.service.dense(served, as_items(request.input), Truncation(gw.settings.auto_truncate, "right"),
                                     True, request.dimensions, timings)
@@ -46,8 +47,9 @@ async def openai_embeddings(request: EmbeddingRequest, gw: GatewayDep, timings: 
 
 
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True, summary="Rerank documents")
-async def openai_rerank(request: RerankRequest, gw: GatewayDep, timings: TimingsDep) -> Response:
+async def openai_rerank(request: RerankRequest, http: GatewayRequest) -> Response:
     """Cohere/Jina request shape; `relevance_score` is the sigmoid of the cross-encoder logit."""
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.RERANK, request.model)
     texts = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
     values, tokens = await gw.service.scores(served, [request.query] * len(texts), list(texts),

@@ -31,7 +31,7 @@ from prensa.gateway.protocol_tei import (
     TokenizeRequest,
     TokenLevelRequest,
 )
-from prensa.gateway.responses import CountedRoute, GatewayDep, TimingsDep, json_response
+from prensa.gateway.responses import CountedRoute, GatewayRequest, GatewayRoute, json_response
 from prensa.gateway.service import check_prompt
 from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
 
@@ -40,11 +40,12 @@ ModelParam = Annotated[str | None, Query(description="Served model; default: --d
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
-open_router = APIRouter(tags=["operations"])
+open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
 
 
 @router.post("/embed", response_model=list[list[float]], summary="Dense embeddings")
-async def embed(request: EmbedRequest, gw: GatewayDep, timings: TimingsDep, model: ModelParam = None) -> Response:
+async def embed(request: EmbedRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.DENSE, model)
     check_prompt(served, request.prompt_name)
     result = await gw.service.dense(served, as_items(request.inputs),
@@ -54,9 +55,9 @@ async def embed(request: EmbedRequest, gw: GatewayDep, timings: TimingsDep, mode
 
 
 @router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="Sparse (lexical) embeddings")
-async def embed_sparse(request: TokenLevelRequest, gw: GatewayDep, timings: TimingsDep,
-                       model: ModelParam = None) -> Response:
+async def embed_sparse(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """bge-m3's sparse head or a SPLADE model: non-zero vocabulary weights, ascending ids."""
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.SPARSE, model)
     check_prompt(served, request.prompt_name)
     result = await gw.service.sparse(served, as_items(request.inputs),
@@ -67,22 +68,21 @@ async def embed_sparse(request: TokenLevelRequest, gw: GatewayDep, timings: Timi
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states")
-async def embed_all(request: TokenLevelRequest, gw: GatewayDep, timings: TimingsDep,
-                    model: ModelParam = None) -> Response:
+async def embed_all(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """The encoder's last hidden state for every token (special tokens included), no pooling."""
-    return await _per_token(request, gw, timings, model, Capability.HIDDEN, gw.service.hidden)
+    return await _per_token(request, http, model, Capability.HIDDEN, http.gateway.service.hidden)
 
 
 @router.post("/embed_colbert", response_model=list[list[list[float]]], summary="ColBERT multi-vectors (bge-m3)")
-async def embed_colbert(request: TokenLevelRequest, gw: GatewayDep, timings: TimingsDep,
-                        model: ModelParam = None) -> Response:
+async def embed_colbert(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
-    return await _per_token(request, gw, timings, model, Capability.COLBERT, gw.service.colbert)
+    return await _per_token(request, http, model, Capability.COLBERT, http.gateway.service.colbert)
 
 
-async def _per_token(request: TokenLevelRequest, gw, timings, model: str | None, capability: Capability,
+async def _per_token(request: TokenLevelRequest, http: GatewayRequest, model: str | None, capability: Capability,
                      compute) -> Response:
     """Shared body of the per-token routes: pick the model, run `compute`, return its rows."""
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(capability, model)
     check_prompt(served, request.prompt_name)
     result = await compute(served, as_items(request.inputs),
@@ -100,7 +100,8 @@ def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[l
 
 
 @router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], summary="Classify texts or pairs")
-async def predict(request: PredictRequest, gw: GatewayDep, timings: TimingsDep, model: ModelParam = None) -> Response:
+async def predict(request: PredictRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw, timings = http.gateway, http.timings
     sequences, batched = predict_sequences(request.inputs)
     if any(len(s) not in (1, 2) for s in sequences):
         raise validation("each input is [text] or [text, text_pair]")
@@ -116,7 +117,8 @@ async def predict(request: PredictRequest, gw: GatewayDep, timings: TimingsDep, 
 
 
 @router.post("/rerank", response_model=list[Rank], response_model_exclude_none=True, summary="Rerank passages")
-async def rerank(request: RerankRequest, gw: GatewayDep, timings: TimingsDep, model: ModelParam = None) -> Response:
+async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.RERANK, model)
     values, _ = await gw.service.scores(served, [request.query] * len(request.texts), list(request.texts),
                                         gw.service.truncation(request.truncate, request.truncation_direction),
@@ -132,8 +134,8 @@ async def rerank(request: RerankRequest, gw: GatewayDep, timings: TimingsDep, mo
 
 
 @router.post("/similarity", response_model=list[float], summary="Cosine similarity to a source sentence")
-async def similarity(request: SimilarityRequest, gw: GatewayDep, timings: TimingsDep,
-                     model: ModelParam = None) -> Response:
+async def similarity(request: SimilarityRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.DENSE, model)
     parameters = request.parameters
     check_prompt(served, parameters.prompt_name if parameters else None)
@@ -149,7 +151,8 @@ async def similarity(request: SimilarityRequest, gw: GatewayDep, timings: Timing
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokenize with the model's tokenizer")
-async def tokenize(request: TokenizeRequest, gw: GatewayDep, model: ModelParam = None) -> Response:
+async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw = http.gateway
     served = await gw.registry.pick(None, model)
     check_prompt(served, request.prompt_name)
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
@@ -160,7 +163,8 @@ async def tokenize(request: TokenizeRequest, gw: GatewayDep, model: ModelParam =
 
 
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
-async def decode(request: DecodeRequest, gw: GatewayDep, model: ModelParam = None) -> Response:
+async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw = http.gateway
     served = await gw.registry.pick(None, model)
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
     tokenizer = served.require_tokenizer()
@@ -182,7 +186,8 @@ def model_info(model: ServedModel) -> dict[str, object]:
 
 
 @router.get("/info", response_model=Info, summary="Model and server limits")
-async def info(gw: GatewayDep, model: ModelParam = None) -> Response:
+async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
+    gw = http.gateway
     served = await gw.registry.pick(None, model)
     settings = gw.settings
     return json_response({
@@ -202,7 +207,8 @@ UNHEALTHY = b'{"error":"unhealthy","error_type":"Unhealthy"}'
 @open_router.get("/health", summary="200 when Triton and every served model are ready, else 503")
 @open_router.get("/", include_in_schema=False)
 @open_router.get("/ping", include_in_schema=False)
-async def health(gw: GatewayDep) -> Response:
+async def health(http: GatewayRequest) -> Response:
+    gw = http.gateway
     try:
         await gw.registry.ensure()
     except GatewayError:
@@ -213,5 +219,5 @@ async def health(gw: GatewayDep) -> Response:
 
 
 @open_router.get("/metrics", summary="Prometheus metrics (TEI names)")
-async def metrics(gw: GatewayDep) -> Response:
-    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(http: GatewayRequest) -> Response:
+    return Response(http.gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)

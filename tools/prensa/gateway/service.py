@@ -145,7 +145,7 @@ class Service:
             calls = [self._token_call(model, rows.select(c), outputs, encoder_only) for c in chunks]
         else:
             calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs) for c in chunks]
-        parts = await asyncio.gather(*calls)
+        parts = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)  # one chunk: no task
         elapsed = time.perf_counter() - started
         timings.inference_s += elapsed
         self.metrics.inference_duration.observe(elapsed)
