@@ -71,20 +71,3 @@ async def closed_loop(send: Callable[[Item], Awaitable[None]], workload: Workloa
     await asyncio.gather(*(client() for _ in range(concurrency)))
     result.seconds = time.perf_counter() - started
     return result
-
-
-# Calls before a single-query latency is timed, for every system alike: a server just started (and
-# onnxruntime on a new shape) answers its first requests slower than it will from then on.
-WARMUP_CALLS = 10
-
-
-async def sequential_latency(send: Callable[[Item], Awaitable[None]], item: Item, repeats: int) -> float:
-    """p50 latency of one request at a time, after `WARMUP_CALLS` untimed ones."""
-    for _ in range(WARMUP_CALLS):
-        await send(item)
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        await send(item)
-        samples.append((time.perf_counter() - started) * 1000)
-    return float(np.median(samples))

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from prensa.bench.load import Workload, closed_loop, sequential_latency
+from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import (
     HttpClient,
     OnnxLimit,
@@ -81,11 +81,11 @@ def _in_process_entry(name: str, result, single_ms: float) -> dict:
 
 def _drive(client, workload: Workload, task: Task, options: BenchOptions, short) -> dict:
     send = client.rerank if task is Task.RERANK else client.embed
+    single = client.single_latency_ms(short, options.single_repeats)
 
     async def go() -> dict:
         await client.open()
         try:
-            single = await sequential_latency(send, short, options.single_repeats)
             runs = []
             for concurrency in options.concurrencies:
                 result = await closed_loop(send, workload, concurrency)

@@ -3,11 +3,15 @@
 In-process systems (the onnxruntime limit, sentence-transformers) are timed on the whole
 workload at once; servers (prensa through Triton gRPC or the gateway, a plain FastAPI app,
 Infinity) are driven by the closed-loop client in `load.py`, one system running at a time so
-they never compete for the CPU.
+they never compete for the CPU. A single query's latency is timed for every system by one
+blocking caller: the limit has no client at all, and the servers get the lightest there is
+(stdlib `http.client` on a kept-alive connection, tritonclient's synchronous gRPC), so the
+figure is the server's rather than an asyncio client's (aiohttp added about 1.1 ms a request).
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -16,15 +20,19 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
+import orjson
 
-from prensa.bench.load import WARMUP_CALLS
 from prensa.bench.workload import RerankCase
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 
 LIMIT_BATCH = 32
+# Calls before a single-query latency is timed, for every system alike: a server just started (and
+# onnxruntime on a new shape) answers its first requests slower than it will from then on.
+WARMUP_CALLS = 10
 
 
 @dataclass(frozen=True)
@@ -173,18 +181,32 @@ class TritonClient:
     async def close(self) -> None:
         await self.client.close()
 
-    def _tensor(self, name: str, texts: list[str]):
-        tensor = self.module.InferInput(name, [len(texts), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
-        return tensor
+    @staticmethod
+    def _inputs(module, item: list[str] | RerankCase) -> list:
+        """The text tensors of an embed item (its texts) or a rerank case (query x passages)."""
+        columns = {contract.TEXT: item} if not isinstance(item, RerankCase) else \
+            {contract.TEXT: [item.query] * len(item.passages), contract.TEXT_PAIR: item.passages}
+        tensors = []
+        for name, texts in columns.items():
+            tensor = module.InferInput(name, [len(texts), 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+            tensors.append(tensor)
+        return tensors
 
     async def embed(self, texts: list[str]) -> None:
-        await self.client.infer(self.model, [self._tensor(contract.TEXT, texts)])
+        await self.client.infer(self.model, self._inputs(self.module, texts))
 
     async def rerank(self, case: RerankCase) -> None:
-        queries = [case.query] * len(case.passages)
-        await self.client.infer(self.model, [self._tensor(contract.TEXT, queries),
-                                             self._tensor(contract.TEXT_PAIR, case.passages)])
+        await self.client.infer(self.model, self._inputs(self.module, case))
+
+    def single_latency_ms(self, item: list[str] | RerankCase, repeats: int) -> float:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.url)
+        try:
+            return median_ms(lambda: client.infer(self.model, self._inputs(grpcclient, item)), repeats)
+        finally:
+            client.close()
 
 
 class HttpClient:
@@ -203,26 +225,49 @@ class HttpClient:
     async def close(self) -> None:
         await self.session.close()
 
-    async def _post(self, path: str, body: dict) -> None:
+    def _tei_path(self, route: str) -> str:
+        return f"{route}?model={self.model}" if self.model else route  # prensa serves several models
+
+    def _request(self, item: list[str] | RerankCase) -> tuple[str, dict]:
+        """Path and JSON body for an embed item (its texts) or a rerank case."""
+        if isinstance(item, RerankCase):
+            if self.style == "openai":
+                return "/rerank", {"model": self.model, "query": item.query, "documents": item.passages}
+            return self._tei_path("/rerank"), {"query": item.query, "texts": item.passages}
+        if self.style == "openai":
+            return "/embeddings", {"model": self.model, "input": item}
+        return self._tei_path("/embed"), {"inputs": item}
+
+    async def _post(self, item: list[str] | RerankCase) -> None:
+        path, body = self._request(item)
         async with self.session.post(self.base_url + path, json=body) as response:
             await response.read()
             if response.status != 200:
                 raise RuntimeError(f"{path}: HTTP {response.status}")
 
-    def _tei_path(self, route: str) -> str:
-        return f"{route}?model={self.model}" if self.model else route  # prensa serves several models
-
     async def embed(self, texts: list[str]) -> None:
-        if self.style == "openai":
-            await self._post("/embeddings", {"model": self.model, "input": texts})
-        else:
-            await self._post(self._tei_path("/embed"), {"inputs": texts})
+        await self._post(texts)
 
     async def rerank(self, case: RerankCase) -> None:
-        if self.style == "openai":
-            await self._post("/rerank", {"model": self.model, "query": case.query, "documents": case.passages})
-        else:
-            await self._post(self._tei_path("/rerank"), {"query": case.query, "texts": case.passages})
+        await self._post(case)
+
+    def single_latency_ms(self, item: list[str] | RerankCase, repeats: int) -> float:
+        path, body = self._request(item)
+        url = urlsplit(self.base_url)
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
+        payload, headers = orjson.dumps(body), {"content-type": "application/json"}
+
+        def call() -> None:
+            connection.request("POST", url.path + path, body=payload, headers=headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{path}: HTTP {response.status}")
+
+        try:
+            return median_ms(call, repeats)
+        finally:
+            connection.close()
 
 
 def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:
