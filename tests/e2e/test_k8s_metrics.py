@@ -10,7 +10,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from prensa.deploy.k8s import ADAPTER_VALUES, QUEUE_SERIES, SUCCESS_SERIES, K8sOptions, read_repository, render
-from prensa.triton.metrics import scrape
+from prensa.triton.metrics import parse_metrics
 from tests.conftest import counted_since
 
 pytestmark = pytest.mark.triton
@@ -19,10 +19,13 @@ pytestmark = pytest.mark.triton
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\} (\S+)$", re.M)
 
 
-def samples(metrics_url: str) -> dict[tuple[str, str], float]:
+def exposition(metrics_url: str) -> str:
+    return urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, str], float]:
     """(series, model label) -> value, under the names Prometheus stores: the exposition text as
     it is (prometheus_client's parser would add `_total` to counters, Prometheus does not)."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     return {(name, dict(re.findall(r'(\w+)="([^"]*)"', labels)).get("model", "")): float(value)
             for name, labels, value in SAMPLE.findall(text)}
 
@@ -39,10 +42,10 @@ def test_adapter_rule_and_hpa_use_series_triton_exports(triton):
 
     text = grpcclient.InferInput("text", [2, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"what is queue time?"], [b"time spent waiting for an encoder"]], dtype=object))
-    before, scraped = samples(triton.metrics_url), scrape(triton.metrics_url)
+    first = exposition(triton.metrics_url)
     grpcclient.InferenceServerClient(triton.grpc_url).infer("bge-m3", [text])
-    counted_since(triton.metrics_url, scraped, ("bge-m3_encode",), 1)
-    after = samples(triton.metrics_url)
+    counted_since(triton.metrics_url, parse_metrics(first), ("bge-m3_encode",), 1)
+    before, after = samples(first), samples(exposition(triton.metrics_url))
     for name in series:
         missing = [e for e in encoders if (name, e) not in after]
         assert not missing, f"Triton exports no {name} for {missing}"

@@ -39,7 +39,8 @@ def test_encoders_default_to_one_spinning_instance(tmp_path, exports, pipeline):
     source = ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))
     encoder = tmp_path / ("m" if pipeline is Pipeline.FUSED else "m_encode") / "config.pbtxt"
     for instances, count, spinning in ((None, 1, "true"), (2, 2, "false"), (3, 3, "false")):
-        build_repository([source], tmp_path, ServingOptions(encode_instances=instances, pipeline=pipeline))
+        chosen = {} if instances is None else {"encode_instances": instances}
+        build_repository([source], tmp_path, ServingOptions(pipeline=pipeline, **chosen))
         config = parse_pbtxt(encoder.read_text())
         assert config.instance_group[0].count == count
         assert config.parameters["allow_spinning"].string_value == spinning

@@ -13,7 +13,7 @@ from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, run_bench
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
-from prensa.triton.repo import Pipeline, ServingOptions
+from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, Pipeline, ServingOptions
 
 
 def bench(
@@ -27,7 +27,7 @@ def bench(
     infinity: Annotated[Optional[str], typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
     gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
     quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
-    instances: Annotated[Optional[int], typer.Option(min=1, help="Encoder instances for the prensa runs (default: as `prensa repo build`).")] = None,
+    instances: Annotated[int, typer.Option(min=1, help="Encoder instances for the prensa runs.")] = DEFAULT_ENCODER_INSTANCES,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,

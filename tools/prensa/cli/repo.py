@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from prensa.manifest import Manifest, Pooling
-from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository
+from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, ModelSource, Pipeline, ServingOptions, Target, build_repository
 
 app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -41,7 +41,7 @@ def build(
     max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy encoder).")] = 0,
     max_queue_size: Annotated[int, typer.Option(min=0, help="Requests queued per stage before Triton rejects; 0 (default): unbounded, the gateway's --max-concurrent-requests answers 429 instead. A bound costs latency: Triton 2.51 then now and then leaves a request ~0.5 s in the queue.")] = 0,
-    instances: Annotated[Optional[int], typer.Option(min=1, help="Encoder instances (processes); default 1, using every core (its onnxruntime threads spin only when it is alone).")] = None,
+    instances: Annotated[int, typer.Option(min=1, help="Encoder instances (processes); one uses every core (its onnxruntime threads spin only when it is alone).")] = DEFAULT_ENCODER_INSTANCES,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads per encoder instance; 0 = all cores.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Token budget of one encoder forward pass (rows x padded length).")] = 16384,
     length_ratio: Annotated[float, typer.Option(help="Start a new sub-batch when a row is this many times longer than the shortest.")] = 1.25,

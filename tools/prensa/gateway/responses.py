@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -66,12 +67,10 @@ class GatewayRequest(Request):
     def gateway(self) -> Gateway:
         return self.app.state.gateway
 
-    @property
+    @cached_property
     def timings(self) -> Timings:
         """This request's timings, from when the Guard middleware saw it arrive."""
-        if not hasattr(self, "_timings"):
-            self._timings = Timings(received=self.state.received)
-        return self._timings
+        return Timings(received=self.state.received)
 
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from prensa.stages import contract, load_stage
 # The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
 # (`normalize: false` on a model that normalises) the gateway pools with the very same code.
 POOL_STAGE = load_stage("pool")
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,6 +71,12 @@ def concat_rows(arrays: list[np.ndarray], pad: float) -> np.ndarray:
         arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=pad)
                   for a in arrays]
     return np.concatenate(arrays)
+
+
+async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """`asyncio.gather`, but a lone call (one chunk, one group: most requests) runs in this task
+    instead of a new one."""
+    return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
 
 
 def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
@@ -145,7 +153,7 @@ class Service:
             calls = [self._token_call(model, rows.select(c), outputs, encoder_only) for c in chunks]
         else:
             calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs) for c in chunks]
-        parts = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)  # one chunk: no task
+        parts = await gather(calls)
         elapsed = time.perf_counter() - started
         timings.inference_s += elapsed
         self.metrics.inference_duration.observe(elapsed)
@@ -231,9 +239,9 @@ class Service:
         groups = [(rows, group_pairs) for rows, group_pairs in ((singles, None), (doubles, [pairs[i] for i in doubles]))
                   if rows]
         with self.permits.hold(len(texts)):
-            results = await asyncio.gather(*(
+            results = await gather([
                 self.infer(model, [texts[i] for i in rows], group_pairs, truncation, (name, contract.NUM_TOKENS), timings)
-                for rows, group_pairs in groups))
+                for rows, group_pairs in groups])
         width = results[0].outputs[name].shape[1]
         values, tokens = np.zeros((len(texts), width), dtype=np.float32), np.zeros(len(texts), dtype=np.int64)
         for (rows, _), result in zip(groups, results):

@@ -70,7 +70,7 @@ class ServingOptions:
     max_batch_size: int = 64
     queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
     max_queue_size: int = 0  # 0: unbounded (see `dynamic_batching`); the gateway's permits answer 429
-    encode_instances: int | None = None  # None: DEFAULT_ENCODER_INSTANCES
+    encode_instances: int = DEFAULT_ENCODER_INSTANCES
     cpu_threads: int = 0  # 0: onnxruntime uses every core
     max_batch_tokens: int = 16384
     length_ratio: float = 1.25
@@ -159,7 +159,6 @@ class ModelRenderer:
             contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
         }
         self.native_encoder = options.target is Target.CONTAINER
-        self.encoder_instances = options.encode_instances or DEFAULT_ENCODER_INSTANCES
         self.buckets: list[int] = []
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size, options.onnx_tensorrt)
@@ -222,7 +221,7 @@ class ModelRenderer:
                 "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
                 "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
                 "execution_provider": self.options.execution_provider,
-                "allow_spinning": str(self.encoder_instances == 1).lower(),
+                "allow_spinning": str(self.options.encode_instances == 1).lower(),
                 "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
 
     def served_parameters(self) -> dict[str, object]:
@@ -253,7 +252,7 @@ class ModelRenderer:
             self.stage_dir("encode").name, self.options,
             [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
-            self.encode_parameters(), warmup, instances=self.encoder_instances,
+            self.encode_parameters(), warmup, instances=self.options.encode_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
@@ -264,7 +263,7 @@ class ModelRenderer:
         options = self.options
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
         config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
-                                       options.max_queue_size, self.encoder_instances, warmup, cache)
+                                       options.max_queue_size, self.options.encode_instances, warmup, cache)
         self._write(directory, config, None, files)
         if self.m.tensorrt:
             link_or_copy(self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file)
@@ -325,7 +324,7 @@ class ModelRenderer:
             self.model.name, self.options,
             [*text_inputs, *(Tensor(n, "TYPE_INT64", [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
             [*client_outputs(self.m), *per_token], parameters, warmup,
-            instances=self.encoder_instances,
+            instances=self.options.encode_instances,
         )
         directory = self.repo / self.model.name
         self._write(directory, config, "fused", files)
