@@ -1,11 +1,13 @@
 """The inference routes run by `JsonRoutes` answer exactly as FastAPI answers them: the same
-status and body for bodies that do not parse, do not validate or do, on every such route."""
+status and body for bodies that do not parse, do not validate or do, on every such route; an
+error nothing handles is a bare 500 that leaves the gateway serving."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 from prensa.gateway import json_routes, routes_openai, routes_tei
+from prensa.gateway.service import Service
 
 from tests.gateway.conftest import running_gateway
 
@@ -61,3 +63,15 @@ def test_same_answers_as_fastapi(settings, monkeypatch):
             fastapi = answers(url)
     assert {status for status, _ in ours.values()} >= {200, 400, 404, 422}
     assert ours == fastapi
+
+
+def test_an_unexpected_error_is_a_500_and_the_next_request_is_served(settings, monkeypatch):
+    async def fails(*args, **kwargs):
+        raise RuntimeError("an internal detail")
+
+    with running_gateway(settings) as url:
+        with monkeypatch.context() as patch:
+            patch.setattr(Service, "dense", fails)
+            response = httpx.post(f"{url}/embed", json={"inputs": "ok"})
+        assert (response.status_code, response.text) == (500, "Internal Server Error")
+        assert httpx.post(f"{url}/embed", json={"inputs": "ok"}).status_code == 200

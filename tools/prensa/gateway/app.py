@@ -53,10 +53,9 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
 class GatewayApp(FastAPI):
     """FastAPI behind the gateway's own layers, outermost first: CORS (when configured, so
     preflights never need the key), the Guard, `JsonRoutes`, then FastAPI's stack (its error,
-    telemetry and body-limit middleware, router and dependency solver) for every other route. An
-    inference request passes through none of FastAPI's layers: on a lone short query that was
-    0.45 ms of 10.4 through the gateway on the 2-core reference machine (issue 5). An exception
-    nothing handles still ends as a 500, from uvicorn instead of FastAPI's ServerErrorMiddleware."""
+    telemetry and body-limit middleware, router and dependency solver) for every other route, so
+    an inference request passes through none of FastAPI's layers. An exception nothing handles
+    still ends as a 500, from uvicorn instead of FastAPI's ServerErrorMiddleware."""
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, **kwargs: Any) -> None:
         super().__init__(**kwargs)
