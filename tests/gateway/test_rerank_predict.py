@@ -43,6 +43,29 @@ def test_rerank_errors_and_truncation(http, direct, need, tokenizer):
     assert cut.status_code == 200 and np.isfinite(cut.json()[0]["score"])
 
 
+def gateway_tokenizations(http) -> float:
+    """How many requests the gateway tokenized itself (its tokenization histogram's count)."""
+    return next(float(line.split()[-1]) for line in http.get("/metrics").text.splitlines()
+                if line.startswith("te_request_tokenization_duration_count"))
+
+
+def test_pairs_are_tokenized_in_the_gateway_only_when_the_query_fills_the_window(http, direct, need, tokenizer):
+    """A query that leaves room is sent as text (Triton's tokenize stage cuts the passage); one that
+    does not is cut here, measured even when it is short in characters."""
+    need("reranker")
+    long_passage = "Berlin is the capital and largest city of Germany. " * 80
+    before = gateway_tokenizations(http)
+    ranks = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage, *PASSAGES]}).json()
+    assert gateway_tokenizations(http) == before
+    expected = direct("reranker", [QUERY] * 4, [long_passage, *PASSAGES])["scores"][:, 0]
+    np.testing.assert_allclose(sorted(r["score"] for r in ranks), sorted(expected), atol=1e-5)
+    dense_query = "1 " * 510  # 1020 characters, more tokens than the 512-token window holds
+    assert len(tokenizer("reranker").encode(dense_query, add_special_tokens=False)) > 508
+    cut = http.post("/rerank?model=reranker", json={"query": dense_query, "texts": PASSAGES[:1]})
+    assert cut.status_code == 200 and np.isfinite(cut.json()[0]["score"])
+    assert gateway_tokenizations(http) == before + 1
+
+
 def test_v1_rerank(http, direct, need):
     need("reranker")
     expected = direct("reranker", [QUERY] * len(PASSAGES), PASSAGES)

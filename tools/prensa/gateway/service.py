@@ -26,7 +26,7 @@ from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tokenization import Item, TokenRows, Truncation, tokenize_items
+from prensa.gateway.tokenization import Item, TokenRows, Truncation, first_fills_pair, tokenize_items
 from prensa.gateway.triton_client import TritonClient, texts_tensor
 from prensa.stages import contract, load_stage
 
@@ -135,7 +135,8 @@ class Service:
         texts_only = all(isinstance(item, str) for item in items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
         rows = None
-        if encoder_only or not texts_only or not truncation.enabled or truncation.direction == "left" or pairs:
+        if encoder_only or not texts_only or not truncation.enabled or truncation.direction == "left" or (
+                pairs is not None and first_fills_pair(model.require_tokenizer(), items, model.max_length)):
             tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
             started = time.perf_counter()
             rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,

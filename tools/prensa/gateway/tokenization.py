@@ -3,13 +3,14 @@
 The ensemble's tokenize stage always truncates on the right at the model's max length. The
 gateway tokenizes itself (with the stage's own tokenizer file) when a request needs more:
 `truncate: false` (count, refuse too long inputs), `truncation_direction: left`, token-id inputs,
-text pairs (the stage's `only_second` strategy fails when the first text alone is too long) and
-`/embed_all`. Truncation keeps the special tokens: content is cut, then the post-processor adds
+text pairs whose first text alone leaves no room (the stage's `only_second` strategy fails there)
+and `/embed_all`. Truncation keeps the special tokens: content is cut, then the post-processor adds
 them back, exactly as `tokenizers` does when truncation is enabled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,19 @@ def check_token_ids(ids: list[int], limit: int) -> None:
     with a wrong vector."""
     if not all(0 <= t < limit for t in ids):
         raise validation(f"token ids must lie in [0, {limit})")
+
+
+INLINE_CHARS = 1024  # texts measured on the event loop up to this length (a short query: ~50 us)
+
+
+def first_fills_pair(tokenizer: Tokenizer, firsts: Iterable[str], max_length: int) -> bool:
+    """Whether a pair's first text (a rerank query) may leave no room for its second under
+    `max_length`, so that the gateway must truncate: the tokenize stage's `only_second` strategy
+    refuses such a pair. Each distinct first text up to `INLINE_CHARS` is measured; a longer one is
+    taken to fill, and the pairs are tokenized in a thread as before."""
+    room = max_length - tokenizer.num_special_tokens_to_add(True)
+    return any(len(text) > INLINE_CHARS or len(tokenizer.encode(text, add_special_tokens=False)) > room
+               for text in set(firsts))
 
 
 def too_long(max_length: int, given: int) -> Exception:
