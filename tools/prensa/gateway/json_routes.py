@@ -12,10 +12,9 @@ through the gateway on the 2-core reference machine (issue 5).
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_type_hints
 
 import orjson
 from fastapi import Request, Response
@@ -59,7 +58,7 @@ class JsonEndpoint:
         (FastAPI serves it)."""
         if not isinstance(route, GatewayRoute) or route.methods != {"POST"}:
             return None
-        hints = typing.get_type_hints(route.endpoint)
+        hints = get_type_hints(route.endpoint)
         if hints.pop("return", None) is not Response:  # a model to serialise is FastAPI's job
             return None
         bodies = [n for n, h in hints.items() if isinstance(h, type) and issubclass(h, BaseModel)]

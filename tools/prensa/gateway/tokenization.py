@@ -78,17 +78,20 @@ def check_token_ids(ids: list[int], limit: int) -> None:
         raise validation(f"token ids must lie in [0, {limit})")
 
 
-INLINE_CHARS = 1024  # texts measured on the event loop up to this length (a short query: ~50 us)
+INLINE_CHARS = 1024  # first texts measured on the event loop up to this many characters in all
 
 
 def first_fills_pair(tokenizer: Tokenizer, firsts: Iterable[str], max_length: int) -> bool:
     """Whether a pair's first text (a rerank query) may leave no room for its second under
     `max_length`, so that the gateway must truncate: the tokenize stage's `only_second` strategy
-    refuses such a pair. Each distinct first text up to `INLINE_CHARS` is measured; a longer one is
-    taken to fill, and the pairs are tokenized in a thread as before."""
+    refuses such a pair. The distinct first texts are measured here, on the event loop, when they
+    come to at most `INLINE_CHARS` characters (one short query: ~50 us); longer ones are taken to
+    fill, and the pairs are then tokenized in a thread."""
+    distinct = set(firsts)
+    if sum(map(len, distinct)) > INLINE_CHARS:
+        return True
     room = max_length - tokenizer.num_special_tokens_to_add(True)
-    return any(len(text) > INLINE_CHARS or len(tokenizer.encode(text, add_special_tokens=False)) > room
-               for text in set(firsts))
+    return any(len(tokenizer.encode(text, add_special_tokens=False)) > room for text in distinct)
 
 
 def too_long(max_length: int, given: int) -> Exception:
