@@ -1,9 +1,11 @@
 """Admission rules: client batch size (refused or split), body size, API key, CORS, and a burst over
---max-concurrent-requests (immediate 429s; admitted requests as fast as unloaded ones, right vectors)."""
+--max-concurrent-requests (immediate 429s; admitted requests as fast as unloaded ones, right vectors);
+idle connections outlive the clients' own keep-alive."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import time
 
 import httpx
@@ -34,6 +36,21 @@ def test_split_large_batches(start_gateway, direct):
     for row, terms in enumerate(sparse):  # chunks padded to different widths are merged row by row
         ids = reference["sparse_ids"][row]
         assert [t["index"] for t in terms] == ids[ids >= 0].tolist()
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(gateway):
+    """httpx and the OpenAI SDK reuse a connection for 5 s. A server closing idle ones as early races
+    with them: a request sent as it closes gets no response at all."""
+    connection = http.client.HTTPConnection(gateway.removeprefix("http://"), timeout=30)
+    try:
+        connection.request("POST", "/embed", '{"inputs": "first"}', {"content-type": "application/json"})
+        assert connection.getresponse().read() and connection.sock is not None
+        first_socket = connection.sock
+        time.sleep(5.5)
+        connection.request("POST", "/embed", '{"inputs": "after a pause"}', {"content-type": "application/json"})
+        assert connection.getresponse().status == 200 and connection.sock is first_socket
+    finally:
+        connection.close()
 
 
 def test_payload_limit_before_parsing(start_gateway):

@@ -20,7 +20,7 @@ def gateway_server(settings: GatewaySettings, host: str, port: int) -> uvicorn.S
     from prensa.gateway.app import create_app
 
     return uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
-                                         access_log=False))
+                                         access_log=False, timeout_keep_alive=settings.keep_alive_s))
 
 
 def run_server(server: uvicorn.Server) -> bool:
@@ -47,6 +47,8 @@ def gateway(
                                                    help="Require `Authorization: Bearer KEY` on inference routes.")] = None,
     cors_allow_origin: Annotated[Optional[list[str]], typer.Option(help="Allowed CORS origin; repeatable.")] = None,
     triton_timeout: Annotated[float, typer.Option(help="Seconds a Triton inference call may take before 503.")] = 30.0,
+    keep_alive: Annotated[float, typer.Option(help="Seconds an idle client connection stays open; keep it above "
+                                                   "your clients' and proxies' idle timeouts.")] = 75.0,
 ) -> None:
     """Serve OpenAI /v1/embeddings and TEI's API (embed, rerank, predict, ...) over Triton gRPC."""
     settings = GatewaySettings(
@@ -54,6 +56,7 @@ def gateway(
         max_client_batch_size=max_client_batch_size, split_large_batches=split_large_batches,
         payload_limit=payload_limit, auto_truncate=auto_truncate, api_key=api_key,
         cors_allow_origins=tuple(cors_allow_origin or ()), triton_timeout_s=triton_timeout,
+        keep_alive_s=keep_alive,
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     typer.echo(f"prensa gateway on http://{host}:{port} (Triton {triton_url}); docs at /docs", err=True)

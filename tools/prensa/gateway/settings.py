@@ -19,6 +19,10 @@ class GatewaySettings:
     api_key: str | None = None
     cors_allow_origins: tuple[str, ...] = field(default_factory=tuple)
     triton_timeout_s: float = 30.0  # per inference call; health and metadata calls use min(2 s, this)
+    # Idle HTTP connections stay open this long. Longer than clients keep theirs (httpx and the OpenAI
+    # SDK: 5 s) and than proxies' idle timeouts (60 s), so the client closes first: a server closing
+    # the same moment a client reuses the connection loses that request with no response.
+    keep_alive_s: float = 75.0
 
     @property
     def triton_urls(self) -> list[str]:
