@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from prensa.gateway import json_routes, routes_openai, routes_tei
+from prensa.gateway import json_routes
+from prensa.gateway.app import INFERENCE_ROUTES
 from prensa.gateway.service import Service
 
 from tests.gateway.conftest import running_gateway
@@ -22,8 +23,7 @@ BODIES = [
     b'{"query": "q", "documents": ["a"], "top_n": -1}', b'{"ids": [101, 2009, 102]}',
     b'{"inputs": {"source_sentence": "a", "sentences": ["a", "b"]}}', b'{"inputs": [["a", "b"]]}',
 ]
-PATHS = sorted(route.path for route in [*routes_openai.router.routes, *routes_tei.router.routes]
-               if "POST" in route.methods)
+PATHS = sorted(route.path for route in INFERENCE_ROUTES if "POST" in route.methods)
 
 
 def rounded(value: object) -> object:
@@ -49,7 +49,7 @@ def answers(url: str) -> dict[tuple[str, bytes, str], tuple[int, object]]:
 
 
 def test_every_inference_route_is_served_by_json_routes():
-    for route in [*routes_openai.router.routes, *routes_tei.router.routes]:
+    for route in INFERENCE_ROUTES:
         if route.methods == {"POST"}:
             assert json_routes.JsonEndpoint.of(route) is not None, route.path
 

@@ -33,22 +33,22 @@ def run_server(server: uvicorn.Server) -> bool:
 
 
 def gateway(
-    triton_url: Annotated[str, typer.Option(help="Triton gRPC address; several replicas as a comma-separated list (least outstanding requests, health-checked).")] = "127.0.0.1:8001",
-    repo: Annotated[Path, typer.Option(help="Triton's model repository, read for tokenizer files.")] = Path("model_repo"),
+    triton_url: Annotated[str, typer.Option(help="Triton gRPC address; several replicas as a comma-separated list (least outstanding requests, health-checked).")] = GatewaySettings.triton_url,
+    repo: Annotated[Path, typer.Option(help="Triton's model repository, read for tokenizer files.")] = GatewaySettings.repo,
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback exposes the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port.")] = 8080,
-    default_model: Annotated[Optional[str], typer.Option(help="Model for requests naming none (if it fits the route).")] = None,
-    max_concurrent_requests: Annotated[int, typer.Option(help="Inputs in flight before requests get 429.")] = 512,
-    max_client_batch_size: Annotated[int, typer.Option(help="Inputs per request before 422.")] = 32,
-    split_large_batches: Annotated[bool, typer.Option(help="Split larger requests into Triton calls instead of 422.")] = False,
-    payload_limit: Annotated[int, typer.Option(help="Max request body in bytes (413 above).")] = 2_000_000,
-    auto_truncate: Annotated[bool, typer.Option(help="Truncate too long inputs when a request does not say.")] = True,
+    default_model: Annotated[Optional[str], typer.Option(help="Model for requests naming none (if it fits the route).")] = GatewaySettings.default_model,
+    max_concurrent_requests: Annotated[int, typer.Option(help="Inputs in flight before requests get 429.")] = GatewaySettings.max_concurrent_requests,
+    max_client_batch_size: Annotated[int, typer.Option(help="Inputs per request before 422.")] = GatewaySettings.max_client_batch_size,
+    split_large_batches: Annotated[bool, typer.Option(help="Split larger requests into Triton calls instead of 422.")] = GatewaySettings.split_large_batches,
+    payload_limit: Annotated[int, typer.Option(help="Max request body in bytes (413 above).")] = GatewaySettings.payload_limit,
+    auto_truncate: Annotated[bool, typer.Option(help="Truncate too long inputs when a request does not say.")] = GatewaySettings.auto_truncate,
     api_key: Annotated[Optional[str], typer.Option(envvar="PRENSA_API_KEY",
                                                    help="Require `Authorization: Bearer KEY` on inference routes.")] = None,
     cors_allow_origin: Annotated[Optional[list[str]], typer.Option(help="Allowed CORS origin; repeatable.")] = None,
-    triton_timeout: Annotated[float, typer.Option(help="Seconds a Triton inference call may take before 503.")] = 30.0,
+    triton_timeout: Annotated[float, typer.Option(help="Seconds a Triton inference call may take before 503.")] = GatewaySettings.triton_timeout_s,
     keep_alive: Annotated[float, typer.Option(help="Seconds an idle client connection stays open; keep it above "
-                                                   "your clients' and proxies' idle timeouts.")] = 75.0,
+                                                   "your clients' and proxies' idle timeouts.")] = GatewaySettings.keep_alive_s,
 ) -> None:
     """Serve OpenAI /v1/embeddings and TEI's API (embed, rerank, predict, ...) over Triton gRPC."""
     settings = GatewaySettings(

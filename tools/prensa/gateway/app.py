@@ -25,6 +25,8 @@ from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
+# What `JsonRoutes` may serve: the OpenAI and TEI inference routers, not TEI's operational routes.
+INFERENCE_ROUTES = [*routes_openai.router.routes, *routes_tei.router.routes]
 
 
 def _error_response(request: Request, error: GatewayError) -> Response:
@@ -64,8 +66,7 @@ class GatewayApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         settings, metrics = self.gateway_settings, self.state.metrics
-        app: ASGIApp = JsonRoutes(super().build_middleware_stack(),
-                                  routes=[*routes_openai.router.routes, *routes_tei.router.routes],
+        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=INFERENCE_ROUTES,
                                   handlers=self.exception_handlers)
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
                     on_reject=lambda kind: metrics.request_failure.inc(kind.value))
