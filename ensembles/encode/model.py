@@ -14,6 +14,7 @@ that fails on its own gets an error response. Config parameters: `onnx_file`,
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -71,10 +72,16 @@ def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool 
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    providers = ["CPUExecutionProvider"]
-    if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    return ort.InferenceSession(str(onnx_path), options, providers=providers)
+    if provider != "cuda":
+        return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
+        ort.preload_dlls()
+    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+    session = ort.InferenceSession(str(onnx_path), options, providers=providers)
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        print(f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
+              f"onnxruntime {ort.__version__} has {ort.get_available_providers()}", file=sys.stderr, flush=True)
+    return session
 
 
 class TokenBudgetEncoder:

@@ -32,6 +32,7 @@ MISSING = missing_requirements()
 NO_TENSORRT = f"needs {' and '.join(MISSING)}" if MISSING else ""
 CONTAINER = ServingOptions(target=Target.CONTAINER)
 tokenize = load_stage("tokenize")
+encode = load_stage("encode")
 pool = load_stage("pool")
 
 
@@ -241,6 +242,19 @@ def test_tensorrt_export_builds_a_checked_engine_and_serves_it(tmp_path, m3_dir)
     assert Manifest.read(tmp_path / "trt").tensorrt == manifest.tensorrt
     repo = render({"m3": tmp_path / "trt"}, ["m3"], tmp_path / "repo", replace(CONTAINER, max_batch_size=16))
     assert parse_pbtxt((repo / "m3_encode" / "config.pbtxt").read_text()).platform == "tensorrt_plan"
+
+
+def test_python_encoder_asked_for_cuda_says_where_it_runs(exports, capfd):
+    """`--execution-provider cuda` on a machine without onnxruntime-gpu still serves, on the CPU,
+    and says so in Triton's log instead of running slowly in silence."""
+    import onnxruntime as ort
+
+    session = encode.create_session(exports["minilm"] / "model.onnx", 1, "cuda")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert session.get_providers()[0] == "CUDAExecutionProvider"
+    else:
+        assert session.get_providers() == ["CPUExecutionProvider"]
+        assert "execution_provider cuda asked, running on CPUExecutionProvider" in capfd.readouterr().err
 
 
 def test_manifest_without_engine_reads_as_before(exports):
