@@ -32,7 +32,7 @@ def export(
     trt_max_batch: Annotated[int, typer.Option(help="TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).")] = 64,
     trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = 8,
     trt_opt_length: Annotated[Optional[int], typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
-    fuse_ops: Annotated[bool, typer.Option(help="fp32 ONNX (and int8, quantised from it): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
+    fuse_ops: Annotated[bool, typer.Option(help="ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
     dtype = dtype or ("fp16" if export_format is ExportFormat.TENSORRT else "fp32")

@@ -61,7 +61,7 @@ class ExportOptions:
     trt_max_batch: int = 64  # TensorRT profile; its max length is the export's max length
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
-    fuse_ops: bool = True  # onnxruntime's transformer fusions, for fp32 graphs onnxruntime serves
+    fuse_ops: bool = True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
 
 
 @dataclass(frozen=True)
@@ -245,20 +245,22 @@ def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: Expo
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
         _trace(graph, inputs, outputs, sample, onnx_path)
-    if dtype == "fp16":
-        with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
-            _to_fp16(onnx_path, onnx_path)
-        with step("Checking fp16 against fp32 on a sample"):
-            report = check_fp16(onnx_path, inputs, sample, expected, outputs)
-    else:
-        with step("Verifying onnxruntime against torch"):
-            report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
-                                        sample[contract.ATTENTION_MASK], dtype)
+    with step("Verifying onnxruntime against torch"):
+        report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
+                                    sample[contract.ATTENTION_MASK], "fp32")
     fused: dict[str, int] = {}
-    if fuse and report.ok:
+    if fuse and report.ok:  # in fp32, before any fp16 conversion: its casts hide the patterns
         with step("Fusing transformer ops for onnxruntime, checking against torch"):
             fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report)
-    return GraphInfo(inputs, outputs, dtype, fused), report
+    if dtype == "fp32" or not report.ok:  # a trace that disagrees with torch stays fp32; the report says why
+        return GraphInfo(inputs, outputs, "fp32", fused), report
+    with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
+        _to_fp16(onnx_path, onnx_path)
+    with step("Checking fp16 against fp32 on a sample"):
+        checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
+    fused_figure = {"fused ops": report.figures["fused ops"]} if "fused ops" in report.figures else {}
+    return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(checked.heading, {**checked.figures, **fused_figure},
+                                                                  checked.ok)
 
 
 def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
@@ -350,7 +352,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
         onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
-        fuse = options.fuse_ops and options.format is ExportFormat.ONNX and onnx_dtype == "fp32"
+        fuse = options.fuse_ops and options.format is ExportFormat.ONNX
         graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, fuse, step)
     if options.quantize_int8:
         graph, report = _quantize(graph, report, tokenizer, plan, options, step)
