@@ -23,7 +23,7 @@ from prensa.export.tensorrt import SERVING_TENSORRT, SERVING_TRITON, engine_prof
 from prensa.manifest import MANIFEST_FILE, Manifest, TensorRTEngine
 from prensa.stages import load_stage
 from prensa.triton.config import parse_pbtxt
-from prensa.triton.native import length_buckets
+from prensa.triton.native import WARMUP_TOKENS, length_buckets, warmup_shapes
 from prensa.triton.repo import ModelSource, ServingOptions, Target, build_repository
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,8 +91,13 @@ def test_container_encoder_is_native_on_the_gpu_and_batches_equal_shapes(contain
     assert not any(i.allow_ragged_batch for i in encode.input) and encode.model_warmup
     assert (container_repo / "minilm_encode" / "1" / "model.onnx").exists()
     assert not (container_repo / "minilm_encode" / "1" / "model.py").exists()
-    for name, data in encode.model_warmup[0].inputs.items():  # a bucket-shaped sample
-        assert data.dims == [32] and (container_repo / "minilm_encode" / "warmup" / data.input_data_file).stat().st_size == 32 * 8
+    buckets = length_buckets(256)
+    warmed = [(w.batch_size, w.inputs["input_ids"].dims[0]) for w in encode.model_warmup]
+    assert warmed == warmup_shapes(buckets, encode.max_batch_size) and {(1, b) for b in buckets} <= set(warmed)
+    for warmup in encode.model_warmup:  # bucket-shaped samples, one file per input and bucket
+        for name, data in warmup.inputs.items():
+            assert set(data.dims) <= set(buckets) and len(data.dims) == 1
+            assert (container_repo / "minilm_encode" / "warmup" / data.input_data_file).stat().st_size == data.dims[0] * 8
     tokenize_config = parse_pbtxt((container_repo / "minilm_tokenize" / "config.pbtxt").read_text())
     assert tokenize_config.parameters["length_buckets"].string_value == "16,32,64,128,256"
     # Python stages stay on the CPU, and pool still reads ragged inputs.
@@ -174,6 +179,16 @@ def test_length_buckets_end_at_max_length():
     assert length_buckets(300) == [16, 32, 64, 128, 256, 300]
     assert length_buckets(512, (100, 16, 600)) == [16, 100, 512]
     assert length_buckets(8) == [8]
+
+
+@pytest.mark.parametrize("max_length, max_batch", [(256, 64), (8192, 32), (512, 8), (16, 1)])
+def test_warmup_covers_each_bucket_alone_and_batches_within_the_token_budget(max_length, max_batch):
+    buckets = length_buckets(max_length)
+    shapes = warmup_shapes(buckets, max_batch)
+    assert [length for rows, length in shapes if rows == 1] == buckets  # a lone request of any bucket
+    assert all(1 <= rows <= max_batch and (rows == 1 or rows * length <= WARMUP_TOKENS) for rows, length in shapes)
+    assert len(set(shapes)) == len(shapes)
+    assert (max_batch, 16) in shapes  # the largest batch, on the shortest bucket
 
 
 def test_tokenizer_pads_each_request_to_its_bucket(exports):

@@ -163,10 +163,13 @@ class ModelRenderer:
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size, options.onnx_tensorrt)
             self.buckets = native.length_buckets(self.m.max_length, options.length_buckets)
-            width = next(b for b in self.buckets if b >= len(encoding.ids))
-            pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
-            self.sample_tokens = {n: np.pad(v, (0, width - v.shape[0]), constant_values=pad[n])
-                                  for n, v in self.sample_tokens.items()}
+            self.sample_tokens = self._fit_sample(next(b for b in self.buckets if b >= len(encoding.ids)))
+
+    def _fit_sample(self, width: int) -> dict[str, np.ndarray]:
+        """The warmup sample cut or padded to `width` tokens, as the bucketing tokenizer pads."""
+        pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
+        return {n: np.pad(v[:width], (0, max(width - v.shape[0], 0)), constant_values=pad[n])
+                for n, v in self.sample_tokens.items()}
 
     def encoder_inputs(self) -> list[str]:
         """What the encoder takes: the Python stage accepts all three, a native backend exactly the graph's."""
@@ -192,6 +195,15 @@ class ModelRenderer:
         length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
         spec = {n: {"data_type": "TYPE_INT64", "dims": [length], "input_data_file": n} for n in names}
         return spec, {n: self.sample_tokens[n].tobytes() for n in names}
+
+    def _bucket_warmup(self, names: tuple[str, ...]) -> tuple[list[ConfigDict], dict[str, bytes]]:
+        """Warmup requests for a native encoder, one per `native.warmup_shapes` pair; Triton repeats
+        a sample `batch_size` times, so each bucket needs one data file per input."""
+        entries = [{"name": f"{rows}x{bucket}", "batch_size": rows, "inputs": {
+            n: {"data_type": "TYPE_INT64", "dims": [bucket], "input_data_file": f"{n}_{bucket}"} for n in names}}
+            for rows, bucket in native.warmup_shapes(self.buckets, self.options.max_batch_size)]
+        files = {f"{n}_{bucket}": self._fit_sample(bucket)[n].tobytes() for bucket in self.buckets for n in names}
+        return entries, files
 
     def text_inputs(self, optional: bool = False) -> list[Tensor]:
         """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts)."""
@@ -258,7 +270,7 @@ class ModelRenderer:
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
 
     def native_encode(self) -> None:
-        warmup, files = self._token_warmup(tuple(self.encoder_inputs()))
+        warmup, files = self._bucket_warmup(tuple(self.encoder_inputs()))
         directory = self.stage_dir("encode")
         options = self.options
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
