@@ -1,15 +1,18 @@
 """What only a GPU can tell, in one run (started by tools/gpu_check.sh, which installs its needs).
 
-1. `--format tensorrt` exports of a tiny XLM-R (bge-m3 layout) and all-MiniLM-L6-v2: the engine
-   builds and agrees with the fp32 ONNX (cosine >= 0.999, TensorRT Python runtime); the fp16
-   ONNX export is checked on onnxruntime's CUDA provider.
-2. Throughput of all-MiniLM-L6-v2 at batch 1/8/32 x 128 tokens: TensorRT fp16 vs onnxruntime
-   CUDA (fp32 and fp16 graphs) vs onnxruntime CPU.
-3. First request vs steady state after a Triton-style warmup (load, one batch-1 run on a bucket
-   shape, then a client request of another shape): the first must be within 2x of the median.
+1. Exports of a tiny XLM-R (bge-m3 layout) and all-MiniLM-L6-v2: `--dtype fp16` ONNX, checked
+   against fp32 torch on onnxruntime's CUDA provider, and, where the `tensorrt` package is
+   installed, `--format tensorrt` engines checked against the fp32 ONNX (cosine >= 0.999).
+2. Throughput of all-MiniLM-L6-v2 at batch 1/8/32 x 128 tokens: TensorRT fp16 (where installed)
+   vs onnxruntime CUDA (fp32 and fp16 graphs) vs onnxruntime CPU.
+3. First request vs steady state after the warmup prensa's container config renders (every
+   length bucket alone and in batches): a lone first request must be within 2x of the median.
+4. The Python-backend encode stage with `execution_provider: cuda`, in a process without torch
+   (as in Triton's stub): CUDA must be active, and its ragged token-budget batches must agree with
+   the same stage on the CPU.
 
-Prints a report and writes it as JSON to `$OUT/gpu_check.json` (or the work directory). Exits 1
-when an accuracy or warmup check fails, 2 when the machine lacks what the checks need.
+Prints a report and writes it as JSON to `$OUT/gpu_check.json` (or the work directory) after each
+part. Exits 1 when a check fails, 2 when the machine has no CUDA GPU or MiniLM.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,17 +30,24 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.tiny_models builds the tiny model
+sys.path.insert(0, str(ROOT))  # tests.tiny_models builds the tiny model (imported late: it brings torch)
 
 from prensa.defaults import package_dir  # noqa: E402
+from prensa.export.agreement import agreement  # noqa: E402
 from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat, ExportOptions, export_model  # noqa: E402
 from prensa.export.tensorrt import EngineRunner, missing_requirements  # noqa: E402
-from tests.tiny_models import tiny_bge_m3  # noqa: E402
+from prensa.manifest import Manifest, Task  # noqa: E402
+from prensa.stages import load_stage  # noqa: E402
+from prensa.triton.native import length_buckets, warmup_shapes  # noqa: E402
+from prensa.triton.repo import ServingOptions  # noqa: E402
 
 BATCHES = (1, 8, 32)
 BENCH_LENGTH = 128
 BENCH_SECONDS = 2.0  # per configuration and batch size, after warmup
 FIRST_REQUEST_LIMIT = 2.0  # first request may take at most this many times the steady-state median
+FIRST_SHAPES = ((1, 64), (8, 64), (3, 128), (16, 256))  # rows x tokens; the first is the lone request
+STAGE_REQUESTS = 48  # ragged requests through the encode stage
+STAGE_MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999}  # per token, CUDA stage vs CPU stage
 
 
 def token_batch(export: Path, rows: int, length: int) -> dict[str, np.ndarray]:
@@ -82,43 +93,124 @@ def throughput(run: Callable, feed: dict[str, np.ndarray]) -> float:
     return calls * rows / (time.perf_counter() - start)
 
 
-def first_vs_steady(make: Callable[[], Callable], export: Path) -> dict[str, float]:
-    """Load, warm up as Triton's model_warmup does (batch 1, a 32-token bucket), then time a
-    client request of another shape (batch 1, 64 tokens) against 50 more like it."""
+def first_vs_steady(make: Callable[[], Callable], export: Path) -> dict[str, dict[str, float]]:
+    """Load and warm up on the shapes prensa's container config warms (`warmup_shapes`), then time
+    each FIRST_SHAPES entry's first run against 30 more like it. The limit applies to the lone
+    request; 3 and 8 rows are row counts the warmup leaves out."""
     run = make()
-    run(token_batch(export, 1, 32))
-    feed = token_batch(export, 1, 64)
-    start = time.perf_counter()
-    run(feed)
-    first = time.perf_counter() - start
-    steady = []
-    for _ in range(50):
+    for rows, length in warmup_shapes(length_buckets(Manifest.read(export).max_length), ServingOptions().max_batch_size):
+        run(token_batch(export, rows, length))
+    figures = {}
+    for rows, length in FIRST_SHAPES:
+        feed = token_batch(export, rows, length)
         start = time.perf_counter()
         run(feed)
-        steady.append(time.perf_counter() - start)
-    median = statistics.median(steady)
-    return {"first_ms": first * 1e3, "steady_median_ms": median * 1e3, "ratio": first / median}
+        first = time.perf_counter() - start
+        steady = []
+        for _ in range(30):
+            start = time.perf_counter()
+            run(feed)
+            steady.append(time.perf_counter() - start)
+        median = statistics.median(steady)
+        figures[f"{rows} x {length}"] = {"first_ms": round(first * 1e3, 2), "steady_median_ms": round(median * 1e3, 2),
+                                         "ratio": round(first / median, 2)}
+    return figures
 
 
 def export_checked(source: str, out: Path, fmt: ExportFormat, dtype: str, task=None) -> dict:
     start = time.perf_counter()
-    manifest, report = export_model(ExportOptions(source, out, task=task, format=fmt, dtype=dtype, trt_max_batch=32))
-    return {"export": str(out.name), "ok": report.ok, "heading": report.heading, "figures": report.figures,
+    try:
+        manifest, report = export_model(ExportOptions(source, out, task=task, format=fmt, dtype=dtype, trt_max_batch=32))
+    except Exception as exc:  # noqa: BLE001 - reported, and counted as a failed check
+        return {"export": out.name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"export": out.name, "ok": report.ok, "heading": report.heading, "figures": report.figures,
             "seconds": round(time.perf_counter() - start, 1),
             "engine": None if manifest.tensorrt is None else {"precision": manifest.tensorrt.precision,
                                                                "tensorrt": manifest.tensorrt.tensorrt_version}}
 
 
+def ragged_requests(export: Path, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` requests of 1-3 rows each, every request padded only to its own longest row."""
+    from tokenizers import Tokenizer
+
+    from prensa.bench.workload import embedding_texts
+
+    tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
+    tokenizer.enable_truncation(Manifest.read(export).max_length)
+    tokenizer.enable_padding()
+    texts, requests = iter(embedding_texts(3 * count)), []
+    for i in range(count):
+        encodings = tokenizer.encode_batch([next(texts) for _ in range(1 + i % 3)])
+        requests.append({"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                         "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                         "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)})
+    return requests
+
+
+def stage_check(export: Path) -> dict:
+    """The encode stage as Triton's stub runs it (no torch imported): CUDA vs CPU on ragged requests."""
+    encode = load_stage("encode")
+    manifest = Manifest.read(export)
+    requests = ragged_requests(export, STAGE_REQUESTS)
+    per_token = {o.name for o in manifest.outputs if o.per_token}
+    outputs, figures = {}, {}
+    for provider in ("cuda", "cpu"):
+        session = encode.create_session(export / manifest.onnx_file, 0, provider)
+        encoder = encode.TokenBudgetEncoder(session, manifest.pad_id, max_batch_tokens=16384, length_ratio=1.25,
+                                            max_rows=64, per_token_outputs=per_token)
+        outputs[provider] = encoder.encode(requests)
+        start = time.perf_counter()
+        rounds = 3 if provider == "cuda" else 1
+        for _ in range(rounds):
+            encoder.encode(requests)
+        rows = sum(r["input_ids"].shape[0] for r in requests)
+        figures[provider] = {"active": session.get_providers()[0],
+                             "seq_per_s": round(rounds * rows / (time.perf_counter() - start), 1)}
+    figures_per_output = [figure for got, want, request in zip(outputs["cuda"], outputs["cpu"], requests)
+                          for figure in agreement(got, want, request["attention_mask"], per_token).values()]
+    cosines, max_diff = [cos for cos, _ in figures_per_output], max(diff for _, diff in figures_per_output)
+    limit = STAGE_MIN_COSINE[manifest.dtype]
+    ok = figures["cuda"]["active"] == "CUDAExecutionProvider" and min(cosines) >= limit and "torch" not in sys.modules
+    return {"export": export.name, "ok": ok, "requests": len(requests), "min_cosine": min(cosines),
+            "limit": limit, "max_abs_diff": max_diff, "torch_imported": "torch" in sys.modules, **figures}
+
+
+def stage_check_in_child(export: Path) -> dict:
+    """stage_check in a fresh interpreter: the parent has imported torch, which loads CUDA for onnxruntime."""
+    done = subprocess.run([sys.executable, __file__, "--stage-check", str(export)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"export": export.name, "ok": False, "error": (done.stderr or done.stdout)[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Report:
+    """The JSON report, written again after each part so a run cut short still leaves its figures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict = {}
+
+    def add(self, key: str, value) -> None:
+        self.data[key] = value
+        print(f"{key}: {json.dumps(value, indent=2)}", flush=True)
+        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, required=True, help="scratch directory for exports")
+    parser.add_argument("--work", type=Path, help="scratch directory for exports")
+    parser.add_argument("--stage-check", type=Path, help="only the encode-stage check of this export, as JSON")
     args = parser.parse_args()
+    if args.stage_check:
+        print(json.dumps(stage_check(args.stage_check)))
+        return 0
+    if args.work is None:
+        parser.error("--work is required")
     missing = missing_requirements()
-    if missing:
+    if any("CUDA" in reason for reason in missing):
         print("cannot run the GPU check: missing " + " and ".join(missing))
         return 2
     import onnxruntime as ort
-    import tensorrt
     import torch
 
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels torch brought in
@@ -129,48 +221,58 @@ def main() -> int:
         return 2
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {"gpu": torch.cuda.get_device_name(0), "tensorrt": tensorrt.__version__,
-                    "onnxruntime": ort.__version__, "providers": ort.get_available_providers(), "torch": torch.__version__}
-    print(json.dumps(result, indent=2), flush=True)
+    report = Report(Path(os.environ.get("OUT") or work) / "gpu_check.json")
+    tensorrt = missing == []
+    if tensorrt:
+        import tensorrt as trt
+    report.add("machine", {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                           "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
+                           "tensorrt": trt.__version__ if tensorrt else "skipped: missing " + missing[0]})
 
-    from prensa.manifest import Task
+    from tests.tiny_models import tiny_bge_m3
 
-    result["exports"] = [
-        export_checked(str(tiny_bge_m3(work / "tiny-src")), work / "tiny-trt", ExportFormat.TENSORRT, "fp16"),
-        export_checked(str(minilm), work / "minilm-trt", ExportFormat.TENSORRT, "fp16", Task.EMBED),
+    tiny = str(tiny_bge_m3(work / "tiny-src"))
+    exports = [
+        export_checked(str(minilm), work / "minilm-fp32", ExportFormat.ONNX, "fp32", Task.EMBED),
         export_checked(str(minilm), work / "minilm-fp16", ExportFormat.ONNX, "fp16", Task.EMBED),
+        export_checked(tiny, work / "tiny-fp16", ExportFormat.ONNX, "fp16"),
     ]
-    for item in result["exports"]:
-        print(json.dumps(item, indent=2), flush=True)
+    if tensorrt:
+        exports += [export_checked(tiny, work / "tiny-trt", ExportFormat.TENSORRT, "fp16"),
+                    export_checked(str(minilm), work / "minilm-trt", ExportFormat.TENSORRT, "fp16", Task.EMBED)]
+    report.add("exports", exports)
 
-    trt_dir, fp16_dir = work / "minilm-trt", work / "minilm-fp16"
+    fp32_dir, fp16_dir, trt_dir = work / "minilm-fp32", work / "minilm-fp16", work / "minilm-trt"
     configs = {
-        "tensorrt fp16": lambda: trt_runner(trt_dir / "model.plan"),
-        "onnxruntime CUDA fp32": lambda: ort_runner(trt_dir / "model.onnx", "CUDAExecutionProvider"),
+        "tensorrt fp16": (lambda: trt_runner(trt_dir / "model.plan")) if tensorrt else None,
+        "onnxruntime CUDA fp32": lambda: ort_runner(fp32_dir / "model.onnx", "CUDAExecutionProvider"),
         "onnxruntime CUDA fp16": lambda: ort_runner(fp16_dir / "model.onnx", "CUDAExecutionProvider"),
-        "onnxruntime CPU fp32": lambda: ort_runner(trt_dir / "model.onnx", "CPUExecutionProvider"),
+        "onnxruntime CPU fp32": lambda: ort_runner(fp32_dir / "model.onnx", "CPUExecutionProvider"),
     }
-    result["throughput_seq_per_s"], result["first_request"] = {}, {}
+    speeds, firsts = {}, {}
     for name, make in configs.items():
-        run = make()
+        try:
+            run = make() if make is not None else "no tensorrt package"
+        except Exception as exc:  # noqa: BLE001 - a failed export or load: reported, the others still run
+            run = f"{type(exc).__name__}: {exc}"
         if isinstance(run, str):
-            result["throughput_seq_per_s"][name] = run
-            print(f"{name}: skipped, {run}", flush=True)
+            speeds[name] = f"skipped: {run}"
             continue
-        figures = {f"batch {b}": round(throughput(run, token_batch(trt_dir, b, BENCH_LENGTH)), 1) for b in BATCHES}
-        result["throughput_seq_per_s"][name] = figures
-        print(f"{name}, {BENCH_LENGTH} tokens: {figures}", flush=True)
+        speeds[name] = {f"batch {b}": round(throughput(run, token_batch(fp32_dir, b, BENCH_LENGTH)), 1) for b in BATCHES}
+        print(f"{name}, {BENCH_LENGTH} tokens: {speeds[name]}", flush=True)
         if "CPU" not in name:
-            result["first_request"][name] = first_vs_steady(make, trt_dir)
-            print(f"{name} first request: {result['first_request'][name]}", flush=True)
+            firsts[name] = first_vs_steady(make, fp32_dir)
+    report.add(f"throughput_seq_per_s ({BENCH_LENGTH} tokens)", speeds)
+    report.add("first_request", firsts)
+    report.add("encode_stage", [stage_check_in_child(d) for d in (fp32_dir, fp16_dir, work / "tiny-fp16")])
 
-    failures = [f"export {e['export']} failed its accuracy check" for e in result["exports"] if not e["ok"]]
-    failures += [f"{name}: first request {f['ratio']:.2f}x steady state (limit {FIRST_REQUEST_LIMIT}x)"
-                 for name, f in result["first_request"].items() if f["ratio"] > FIRST_REQUEST_LIMIT]
-    result["failures"] = failures
-    report = Path(os.environ.get("OUT") or work) / "gpu_check.json"
-    report.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {report}; " + ("all checks passed" if not failures else "FAILED: " + "; ".join(failures)))
+    failures = [f"export {e['export']} failed its check" for e in exports if not e["ok"]]
+    lone = "{} x {}".format(*FIRST_SHAPES[0])
+    failures += [f"{name}: first request {f[lone]['ratio']:.2f}x steady state (limit {FIRST_REQUEST_LIMIT}x)"
+                 for name, f in firsts.items() if f[lone]["ratio"] > FIRST_REQUEST_LIMIT]
+    failures += [f"encode stage on {s['export']} failed" for s in report.data["encode_stage"] if not s["ok"]]
+    report.add("failures", failures)
+    print(f"wrote {report.path}; " + ("all checks passed" if not failures else "FAILED: " + "; ".join(failures)))
     return 1 if failures else 0
 
 
