@@ -50,6 +50,13 @@ STAGE_REQUESTS = 48  # ragged requests through the encode stage
 STAGE_MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999}  # per token, CUDA stage vs CPU stage
 
 
+def token_arrays(encodings) -> dict[str, np.ndarray]:
+    """The three int64 token inputs of a batch the tokenizer has padded."""
+    return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+
 def token_batch(export: Path, rows: int, length: int) -> dict[str, np.ndarray]:
     """`rows` texts tokenized and padded to exactly `length` tokens, as a bucketing tokenizer sends them."""
     from tokenizers import Tokenizer
@@ -58,9 +65,7 @@ def token_batch(export: Path, rows: int, length: int) -> dict[str, np.ndarray]:
     tokenizer.enable_truncation(length)
     tokenizer.enable_padding(length=length)
     encodings = tokenizer.encode_batch([VERIFY_TEXTS[i % len(VERIFY_TEXTS)] * 4 for i in range(rows)])
-    return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+    return token_arrays(encodings)
 
 
 def ort_runner(path: Path, provider: str) -> Callable[[dict[str, np.ndarray]], object] | str:
@@ -140,10 +145,7 @@ def ragged_requests(export: Path, count: int) -> list[dict[str, np.ndarray]]:
     tokenizer.enable_padding()
     texts, requests = iter(embedding_texts(3 * count)), []
     for i in range(count):
-        encodings = tokenizer.encode_batch([next(texts) for _ in range(1 + i % 3)])
-        requests.append({"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                         "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-                         "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)})
+        requests.append(token_arrays(tokenizer.encode_batch([next(texts) for _ in range(1 + i % 3)])))
     return requests
 
 
