@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT))  # tests.tiny_models builds the tiny model (import
 from prensa.defaults import package_dir  # noqa: E402
 from prensa.export.agreement import agreement  # noqa: E402
 from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat, ExportOptions, export_model  # noqa: E402
-from prensa.export.tensorrt import EngineRunner, missing_requirements  # noqa: E402
+from prensa.export.tensorrt import EngineRunner, missing_cuda, missing_tensorrt  # noqa: E402
 from prensa.manifest import Manifest, Task  # noqa: E402
 from prensa.stages import load_stage  # noqa: E402
 from prensa.triton.native import length_buckets, warmup_shapes  # noqa: E402
@@ -57,11 +58,17 @@ def token_arrays(encodings) -> dict[str, np.ndarray]:
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
 
 
-def token_batch(export: Path, rows: int, length: int) -> dict[str, np.ndarray]:
-    """`rows` texts tokenized and padded to exactly `length` tokens, as a bucketing tokenizer sends them."""
+@lru_cache
+def export_tokenizer(export: Path):
+    """The export's tokenizer, read once; callers set its truncation and padding per use."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
+    return Tokenizer.from_file(str(export / Manifest.read(export).tokenizer_file))
+
+
+def token_batch(export: Path, rows: int, length: int) -> dict[str, np.ndarray]:
+    """`rows` texts tokenized and padded to exactly `length` tokens, as a bucketing tokenizer sends them."""
+    tokenizer = export_tokenizer(export)
     tokenizer.enable_truncation(length)
     tokenizer.enable_padding(length=length)
     encodings = tokenizer.encode_batch([VERIFY_TEXTS[i % len(VERIFY_TEXTS)] * 4 for i in range(rows)])
@@ -136,11 +143,9 @@ def export_checked(source: str, out: Path, fmt: ExportFormat, dtype: str, task=N
 
 def ragged_requests(export: Path, count: int) -> list[dict[str, np.ndarray]]:
     """`count` requests of 1-3 rows each, every request padded only to its own longest row."""
-    from tokenizers import Tokenizer
-
     from prensa.bench.workload import embedding_texts
 
-    tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
+    tokenizer = export_tokenizer(export)
     tokenizer.enable_truncation(Manifest.read(export).max_length)
     tokenizer.enable_padding()
     texts, requests = iter(embedding_texts(3 * count)), []
@@ -208,9 +213,9 @@ def main() -> int:
         return 0
     if args.work is None:
         parser.error("--work is required")
-    missing = missing_requirements()
-    if any("CUDA" in reason for reason in missing):
-        print("cannot run the GPU check: missing " + " and ".join(missing))
+    no_cuda, no_tensorrt = missing_cuda(), missing_tensorrt()
+    if no_cuda:
+        print(f"cannot run the GPU check: missing {no_cuda}")
         return 2
     import onnxruntime as ort
     import torch
@@ -224,12 +229,11 @@ def main() -> int:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     report = Report(Path(os.environ.get("OUT") or work) / "gpu_check.json")
-    tensorrt = missing == []
-    if tensorrt:
+    if not no_tensorrt:
         import tensorrt as trt
     report.add("machine", {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                            "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
-                           "tensorrt": trt.__version__ if tensorrt else "skipped: missing " + missing[0]})
+                           "tensorrt": f"skipped: missing {no_tensorrt}" if no_tensorrt else trt.__version__})
 
     from tests.tiny_models import tiny_bge_m3
 
@@ -239,14 +243,14 @@ def main() -> int:
         export_checked(str(minilm), work / "minilm-fp16", ExportFormat.ONNX, "fp16", Task.EMBED),
         export_checked(tiny, work / "tiny-fp16", ExportFormat.ONNX, "fp16"),
     ]
-    if tensorrt:
+    if not no_tensorrt:
         exports += [export_checked(tiny, work / "tiny-trt", ExportFormat.TENSORRT, "fp16"),
                     export_checked(str(minilm), work / "minilm-trt", ExportFormat.TENSORRT, "fp16", Task.EMBED)]
     report.add("exports", exports)
 
     fp32_dir, fp16_dir, trt_dir = work / "minilm-fp32", work / "minilm-fp16", work / "minilm-trt"
     configs = {
-        "tensorrt fp16": (lambda: trt_runner(trt_dir / "model.plan")) if tensorrt else None,
+        "tensorrt fp16": lambda: "no tensorrt package" if no_tensorrt else trt_runner(trt_dir / "model.plan"),
         "onnxruntime CUDA fp32": lambda: ort_runner(fp32_dir / "model.onnx", "CUDAExecutionProvider"),
         "onnxruntime CUDA fp16": lambda: ort_runner(fp16_dir / "model.onnx", "CUDAExecutionProvider"),
         "onnxruntime CPU fp32": lambda: ort_runner(fp32_dir / "model.onnx", "CPUExecutionProvider"),
@@ -254,7 +258,7 @@ def main() -> int:
     speeds, firsts = {}, {}
     for name, make in configs.items():
         try:
-            run = make() if make is not None else "no tensorrt package"
+            run = make()
         except Exception as exc:  # noqa: BLE001 - a failed export or load: reported, the others still run
             run = f"{type(exc).__name__}: {exc}"
         if isinstance(run, str):
@@ -266,13 +270,14 @@ def main() -> int:
             firsts[name] = first_vs_steady(make, fp32_dir)
     report.add(f"throughput_seq_per_s ({BENCH_LENGTH} tokens)", speeds)
     report.add("first_request", firsts)
-    report.add("encode_stage", [stage_check_in_child(d) for d in (fp32_dir, fp16_dir, work / "tiny-fp16")])
+    stages = [stage_check_in_child(d) for d in (fp32_dir, fp16_dir, work / "tiny-fp16")]
+    report.add("encode_stage", stages)
 
     failures = [f"export {e['export']} failed its check" for e in exports if not e["ok"]]
     lone = "{} x {}".format(*FIRST_SHAPES[0])
     failures += [f"{name}: first request {f[lone]['ratio']:.2f}x steady state (limit {FIRST_REQUEST_LIMIT}x)"
                  for name, f in firsts.items() if f[lone]["ratio"] > FIRST_REQUEST_LIMIT]
-    failures += [f"encode stage on {s['export']} failed" for s in report.data["encode_stage"] if not s["ok"]]
+    failures += [f"encode stage on {s['export']} failed" for s in stages if not s["ok"]]
     report.add("failures", failures)
     print(f"wrote {report.path}; " + ("all checks passed" if not failures else "FAILED: " + "; ".join(failures)))
     return 1 if failures else 0

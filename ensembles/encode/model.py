@@ -76,11 +76,12 @@ def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool 
         return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
         ort.preload_dlls()
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    session = ort.InferenceSession(str(onnx_path), options, providers=providers)
+    available = ort.get_available_providers()
+    session = ort.InferenceSession(str(onnx_path), options, providers=[
+        p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
     if session.get_providers()[0] != "CUDAExecutionProvider":
         print(f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
-              f"onnxruntime {ort.__version__} has {ort.get_available_providers()}", file=sys.stderr, flush=True)
+              f"onnxruntime {ort.__version__} has {available}", file=sys.stderr, flush=True)
     return session
 
 

@@ -33,21 +33,28 @@ class TensorRTError(RuntimeError):
     """TensorRT refused the graph, failed to build, load or run the engine; the message says which."""
 
 
-def missing_requirements() -> list[str]:
-    """What stops building and checking an engine on this machine, in words; empty when nothing."""
-    missing = []
+def missing_tensorrt() -> str | None:
+    """Why the `tensorrt` package cannot be used here, in words; None when it is installed."""
     if importlib.util.find_spec("tensorrt") is None:
-        missing.append(f"the `tensorrt` Python package (`pip install {SERVING_TENSORRT_PIP}`, the TensorRT of "
-                       f"Triton {SERVING_TRITON} in compose.yaml)")
+        return (f"the `tensorrt` Python package (`pip install {SERVING_TENSORRT_PIP}`, the TensorRT of "
+                f"Triton {SERVING_TRITON} in compose.yaml)")
+    return None
+
+
+def missing_cuda() -> str | None:
+    """Why torch sees no CUDA GPU here, in words; None when it does."""
     try:
         import torch
 
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    if not cuda:
-        missing.append("a CUDA GPU visible to torch (an NVIDIA driver and a CUDA build of torch)")
-    return missing
+    return None if cuda else "a CUDA GPU visible to torch (an NVIDIA driver and a CUDA build of torch)"
+
+
+def missing_requirements() -> list[str]:
+    """What stops building and checking an engine on this machine, in words; empty when nothing."""
+    return [reason for reason in (missing_tensorrt(), missing_cuda()) if reason]
 
 
 def require_tensorrt() -> None:

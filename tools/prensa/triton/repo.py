@@ -202,7 +202,8 @@ class ModelRenderer:
         entries = [{"name": f"{rows}x{bucket}", "batch_size": rows, "inputs": {
             n: {"data_type": "TYPE_INT64", "dims": [bucket], "input_data_file": f"{n}_{bucket}"} for n in names}}
             for rows, bucket in native.warmup_shapes(self.buckets, self.options.max_batch_size)]
-        files = {f"{n}_{bucket}": self._fit_sample(bucket)[n].tobytes() for bucket in self.buckets for n in names}
+        files = {f"{n}_{bucket}": tokens.tobytes() for bucket in self.buckets
+                 for n, tokens in self._fit_sample(bucket).items() if n in names}
         return entries, files
 
     def text_inputs(self, optional: bool = False) -> list[Tensor]:
