@@ -49,6 +49,7 @@ FIRST_REQUEST_LIMIT = 2.0  # first request may take at most this many times the 
 FIRST_SHAPES = ((1, 64), (8, 64), (3, 128), (16, 256))  # rows x tokens; the first is the lone request
 STAGE_REQUESTS = 48  # ragged requests through the encode stage
 STAGE_MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999}  # per token, CUDA stage vs CPU stage
+SERVING = ServingOptions()  # the repository defaults the checks mirror (batch sizes, token budget)
 
 
 def token_arrays(encodings) -> dict[str, np.ndarray]:
@@ -110,7 +111,7 @@ def first_vs_steady(make: Callable[[], Callable], export: Path) -> dict[str, dic
     each FIRST_SHAPES entry's first run against 30 more like it. The limit applies to the lone
     request; 3 and 8 rows are row counts the warmup leaves out."""
     run = make()
-    for rows, length in warmup_shapes(length_buckets(Manifest.read(export).max_length), ServingOptions().max_batch_size):
+    for rows, length in warmup_shapes(length_buckets(Manifest.read(export).max_length), SERVING.max_batch_size):
         run(token_batch(export, rows, length))
     figures = {}
     for rows, length in FIRST_SHAPES:
@@ -163,8 +164,9 @@ def stage_check(export: Path) -> dict:
     outputs, figures = {}, {}
     for provider in ("cuda", "cpu"):
         session = encode.create_session(export / manifest.onnx_file, 0, provider)
-        encoder = encode.TokenBudgetEncoder(session, manifest.pad_id, max_batch_tokens=16384, length_ratio=1.25,
-                                            max_rows=64, per_token_outputs=per_token)
+        encoder = encode.TokenBudgetEncoder(session, manifest.pad_id, max_batch_tokens=SERVING.max_batch_tokens,
+                                            length_ratio=SERVING.length_ratio, max_rows=SERVING.max_batch_size,
+                                            per_token_outputs=per_token)
         outputs[provider] = encoder.encode(requests)
         start = time.perf_counter()
         rounds = 3 if provider == "cuda" else 1

@@ -25,6 +25,7 @@ from prensa.manifest import GraphOutput, Manifest, Pooling, Task, TensorRTEngine
 from prensa.stages import contract
 
 ONNX_FILE = "model.onnx"
+FUSED_FIGURE = "fused ops"  # the report line that says which fusions were kept, or why none
 OPSET = 17
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 # Texts of different lengths, so verification covers padding inside a batch.
@@ -215,7 +216,7 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], 
     from prensa.export.fusion import fuse_transformer_ops
 
     def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
-        return {}, VerifyReport(plain.heading, {**plain.figures, "fused ops": reason}, plain.ok)
+        return {}, VerifyReport(plain.heading, {**plain.figures, FUSED_FIGURE: reason}, plain.ok)
 
     graph = onnx.load(str(path), load_external_data=False)  # read once: fusion rewrites this copy
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
@@ -230,7 +231,7 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], 
         return kept_plain(f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})")
     staging.replace(path)
     counts = ", ".join(f"{op} x{count}" for op, count in fused.items())
-    return fused, VerifyReport(checked.heading, {**checked.figures, "fused ops": counts}, True)
+    return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
 
 
 def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions, dtype: str,
@@ -258,8 +259,8 @@ def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: Expo
         _to_fp16(onnx_path, onnx_path)
     with step("Checking fp16 against fp32 on a sample"):
         checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
-    fused_figure = {"fused ops": report.figures["fused ops"]} if "fused ops" in report.figures else {}
-    return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(checked.heading, {**checked.figures, **fused_figure},
+    fusion = {k: v for k, v in report.figures.items() if k == FUSED_FIGURE}  # the fp32 fusion step's figure
+    return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(checked.heading, {**checked.figures, **fusion},
                                                                   checked.ok)
 
 
