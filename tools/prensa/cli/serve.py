@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from prensa.cli.gateway import GatewayHost, GatewayPort, gateway_server, run_server
+from prensa.cli.gateway import PANEL, GatewayAddress, gateway_server, run_server, with_gateway_options
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline
@@ -21,21 +21,19 @@ from prensa.triton.supervisor import RestartPolicy, Supervisor
 
 console = Console(stderr=True)
 
-Host = Annotated[str, typer.Option(help="Address Triton binds; anything but loopback exposes it to the network.")]
-HttpPort = Annotated[int, typer.Option(help="Triton HTTP/REST (KServe v2) port.")]
-GrpcPort = Annotated[int, typer.Option(help="Triton gRPC port.")]
-MetricsPort = Annotated[int, typer.Option(help="Triton Prometheus metrics port.")]
-LogVerbose = Annotated[int, typer.Option(help="Triton --log-verbose level.")]
-ControlMode = Annotated[str, typer.Option(help="Triton --model-control-mode: none, explicit or poll.")]
-WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
-RestartLimit = Annotated[int, typer.Option(min=0, help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
-RestartBackoff = Annotated[float, typer.Option(min=0.0, help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
-
-
-@dataclass(frozen=True)
-class GatewayAddress:
-    host: str = "127.0.0.1"
-    port: int = 8080
+# Each option also reads PRENSA_<FLAG>, as the gateway options do (`prensa.cli.gateway.envvar`).
+Host = Annotated[str, typer.Option(envvar="PRENSA_HOST", help="Address Triton binds; anything but loopback exposes it to the network.")]
+HttpPort = Annotated[int, typer.Option(envvar="PRENSA_HTTP_PORT", help="Triton HTTP/REST (KServe v2) port.")]
+GrpcPort = Annotated[int, typer.Option(envvar="PRENSA_GRPC_PORT", help="Triton gRPC port.")]
+MetricsPort = Annotated[int, typer.Option(envvar="PRENSA_METRICS_PORT", help="Triton Prometheus metrics port.")]
+LogVerbose = Annotated[int, typer.Option(envvar="PRENSA_LOG_VERBOSE", help="Triton --log-verbose level.")]
+ControlMode = Annotated[str, typer.Option(envvar="PRENSA_MODEL_CONTROL_MODE", help="Triton --model-control-mode: none, explicit or poll.")]
+WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRENSA_GATEWAY", rich_help_panel=PANEL,
+                                           help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
+RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
+RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_BACKOFF", help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
+# The gateway reads tokenizers from Triton's repository, so both default to the same directory.
+DEFAULT_REPO = GatewaySettings.repo
 
 
 def say(message: str) -> None:
@@ -43,12 +41,14 @@ def say(message: str) -> None:
     console.print(message, markup=False, highlight=False)
 
 
-def run_gateway(triton: TritonProcess, address: GatewayAddress, supervising: threading.Thread) -> bool:
-    """Serve the gateway in this thread until a signal (uvicorn re-raises it after draining, which then
-    reaches the handler that stops the supervisor) or until the supervisor gives up; False if it never
-    started. It outlives Triton restarts: meanwhile it answers 503, then carries on."""
+def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: GatewayAddress,
+                supervising: threading.Thread) -> bool:
+    """Serve the gateway in this thread, on `settings` pointed at this Triton, until a signal (uvicorn
+    re-raises it after draining, which then reaches the handler that stops the supervisor) or until the
+    supervisor gives up; False if it never started. It outlives Triton restarts: meanwhile it answers
+    503, then carries on."""
     host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    settings = GatewaySettings(triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
+    settings = replace(settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
     server = gateway_server(settings, address.host, address.port)
 
     def stop_with_supervisor() -> None:
@@ -60,9 +60,10 @@ def run_gateway(triton: TritonProcess, address: GatewayAddress, supervising: thr
 
 
 def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
-               policy: RestartPolicy = RestartPolicy()) -> None:
+               policy: RestartPolicy = RestartPolicy(), settings: GatewaySettings = GatewaySettings()) -> None:
     """Start Triton, wait until every model is ready, print endpoints, keep it running (restarts
-    per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once."""
+    per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once.
+    With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside."""
     triton = TritonProcess(options)
     console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
     triton.start()
@@ -85,7 +86,7 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     outcome: list[int] = []
     thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
     thread.start()
-    if gateway and not run_gateway(triton, gateway, thread):
+    if gateway and not run_gateway(triton, settings, gateway, thread):
         supervisor.stop()
         thread.join()
         console.print("[red]error:[/] the gateway did not start (see its log above)")
@@ -98,41 +99,44 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
         raise typer.Exit(code)
 
 
+@with_gateway_options()
 def serve(
-    repo: Annotated[Path, typer.Option(help="Triton model repository (from `prensa repo build`).")] = Path("model_repo"),
-    host: Host = "127.0.0.1",
-    http_port: HttpPort = 8000,
-    grpc_port: GrpcPort = 8001,
-    metrics_port: MetricsPort = 8002,
-    log_verbose: LogVerbose = 0,
-    model_control_mode: ControlMode = "none",
+    repo: Annotated[Path, typer.Option(envvar="PRENSA_REPO", help="Triton model repository (from `prensa repo build`).")] = DEFAULT_REPO,
+    host: Host = TritonOptions.host,
+    http_port: HttpPort = TritonPorts.http,
+    grpc_port: GrpcPort = TritonPorts.grpc,
+    metrics_port: MetricsPort = TritonPorts.metrics,
+    log_verbose: LogVerbose = TritonOptions.log_verbose,
+    model_control_mode: ControlMode = TritonOptions.model_control_mode,
+    restart_limit: RestartLimit = RestartPolicy.limit,
+    restart_backoff: RestartBackoff = RestartPolicy.backoff_s,
     gateway: WithGateway = True,
-    gateway_host: GatewayHost = "127.0.0.1",
-    gateway_port: GatewayPort = 8080,
-    restart_limit: RestartLimit = 5,
-    restart_backoff: RestartBackoff = 1.0,
+    *,
+    settings: GatewaySettings,
+    address: GatewayAddress,
 ) -> None:
     """Run Triton on REPO (and the HTTP gateway) until Ctrl-C or SIGTERM, restarting Triton if it dies;
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
     run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode),
-               GatewayAddress(gateway_host, gateway_port) if gateway else None,
-               RestartPolicy(limit=restart_limit, backoff_s=restart_backoff))
+               address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff), settings)
 
 
+@with_gateway_options()
 def up(
-    model: Annotated[Optional[list[str]], typer.Option(help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
-    models_dir: Annotated[Path, typer.Option(help="Where exports are written and reused.")] = Path("models"),
-    repo: Annotated[Path, typer.Option(help="Model repository to build.")] = Path("model_repo"),
-    host: Host = "127.0.0.1",
-    http_port: HttpPort = 8000,
-    grpc_port: GrpcPort = 8001,
-    metrics_port: MetricsPort = 8002,
+    model: Annotated[Optional[list[str]], typer.Option(envvar="PRENSA_MODEL", help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
+    models_dir: Annotated[Path, typer.Option(envvar="PRENSA_MODELS_DIR", help="Where exports are written and reused.")] = Path("models"),
+    repo: Annotated[Path, typer.Option(envvar="PRENSA_REPO", help="Model repository to build.")] = DEFAULT_REPO,
+    host: Host = TritonOptions.host,
+    http_port: HttpPort = TritonPorts.http,
+    grpc_port: GrpcPort = TritonPorts.grpc,
+    metrics_port: MetricsPort = TritonPorts.metrics,
+    pipeline: Annotated[Pipeline, typer.Option(envvar="PRENSA_PIPELINE", help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
     gateway: WithGateway = True,
-    gateway_host: GatewayHost = "127.0.0.1",
-    gateway_port: GatewayPort = 8080,
-    pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
+    *,
+    settings: GatewaySettings,
+    address: GatewayAddress,
 ) -> None:
     """Export (once), build the repository and serve: the whole path in one command."""
     from prensa.defaults import DefaultModel, default_models
@@ -154,5 +158,5 @@ def up(
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
     written = build_repository(sources, repo, ServingOptions(pipeline=pipeline))
     console.print(f"repository {repo}: {', '.join(written)}")
-    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)),
-               GatewayAddress(gateway_host, gateway_port) if gateway else None)
+    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)), address if gateway else None,
+               settings=settings)

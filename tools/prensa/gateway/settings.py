@@ -1,28 +1,60 @@
-"""Gateway settings: one frozen value built by the CLI (or a test) and read everywhere."""
+"""Gateway settings: one frozen value built by the CLI (or a test) and read everywhere.
+
+Each field carries its command-line flag and help text (`setting`): `prensa.cli.gateway` builds the
+gateway options of `prensa gateway`, `serve` and `up` from these fields, so no command can miss one.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a field appears on the command line; the environment variable is PRENSA_<FLAG>."""
+
+    help: str
+    name: str | None = None  # default: --field-name
+    gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
+
+
+def setting(default: Any, help: str, *, flag: str | None = None, gateway_only: bool = False) -> Any:
+    """A field with its default and command-line flag."""
+    return field(default=default, metadata={"flag": Flag(help, flag, gateway_only)})
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    triton_url: str = "127.0.0.1:8001"  # several replicas: comma-separated gRPC addresses
-    repo: Path = Path("model_repo")  # where `<name>_tokenize/1/<tokenizer file>` is read from
-    default_model: str | None = None
-    max_concurrent_requests: int = 512  # permits; one per input, try-acquire (TEI)
-    max_client_batch_size: int = 32
-    split_large_batches: bool = False  # over the batch limit: split server-side instead of 422
-    payload_limit: int = 2_000_000  # bytes of request body, checked before JSON parsing
-    auto_truncate: bool = True  # what `truncate: null` means
-    api_key: str | None = None
-    cors_allow_origins: tuple[str, ...] = field(default_factory=tuple)
-    triton_timeout_s: float = 30.0  # per inference call; health and metadata calls use min(2 s, this)
+    triton_url: str = setting(
+        "127.0.0.1:8001", "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
+        "requests, health-checked).", gateway_only=True)
+    repo: Path = setting(Path("model_repo"), "Triton's model repository, read for tokenizer files.", gateway_only=True)
+    default_model: str | None = setting(None, "Model for requests naming none (if it fits the route).")
+    # Permits, one per input, taken by try-acquire (TEI).
+    max_concurrent_requests: int = setting(512, "Inputs in flight before requests get 429.")
+    max_client_batch_size: int = setting(32, "Inputs per request before 422.")
+    split_large_batches: bool = setting(False, "Split larger requests into Triton calls instead of 422.")
+    payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")  # checked before JSON parsing
+    auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")  # `truncate: null`
+    api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on inference routes.")
+    cors_allow_origins: tuple[str, ...] = setting((), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin")
+    # Per inference call; health and metadata calls use min(2 s, this).
+    triton_timeout_s: float = setting(30.0, "Seconds a Triton inference call may take before 503.",
+                                      flag="--triton-timeout")
     # Idle HTTP connections stay open this long. Longer than clients keep theirs (httpx and the OpenAI
     # SDK: 5 s) and than proxies' idle timeouts (60 s), so the client closes first: a server closing
     # the same moment a client reuses the connection loses that request with no response.
-    keep_alive_s: float = 75.0
+    keep_alive_s: float = setting(
+        75.0, "Seconds an idle client connection stays open; keep it above your clients' and proxies' idle "
+        "timeouts.", flag="--keep-alive")
+    default_prompt_name: str | None = setting(
+        None, "Prompt (from the model's sentence-transformers config) prepended to inputs of requests that name "
+        "none; models without it get none.")
+    default_prompt: str | None = setting(
+        None, "Text prepended to every embedding input of requests that name no prompt; exclusive with "
+        "--default-prompt-name.")
 
     @property
     def triton_urls(self) -> list[str]:

@@ -1,0 +1,153 @@
+"""`prensa gateway`, `serve` and `up` offer the same gateway options (flags, PRENSA_* variables,
+defaults), one per GatewaySettings field, and what they receive reaches the settings they serve with.
+No Triton: the functions that would serve are replaced by ones that record their arguments."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from prensa.cli import app
+from prensa.cli.gateway import GatewayAddress
+from prensa.gateway.settings import GatewaySettings
+
+# `prensa.cli` exports the command functions under the modules' names, hence import_module.
+gateway_cli = importlib.import_module("prensa.cli.gateway")
+serve_cli = importlib.import_module("prensa.cli.serve")
+
+COMMANDS = typer.main.get_command(app).commands
+GATEWAY_ONLY = {"--triton-url", "--repo"}  # serve and up point the gateway at their own Triton and --repo
+BESIDE_TRITON = {"--host": "--gateway-host", "--port": "--gateway-port"}  # serve's --host is Triton's
+
+
+def options(command: str) -> dict[str, Any]:
+    """The command's options by their first flag."""
+    return {param.opts[0]: param for param in COMMANDS[command].params}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """No PRENSA_* variable of the caller's shell may leak into these commands."""
+    for command in ("gateway", "serve", "up"):
+        for param in COMMANDS[command].params:
+            monkeypatch.delenv(param.envvar, raising=False)
+
+
+@pytest.mark.parametrize("command", ["serve", "up"])
+def test_serve_and_up_offer_every_gateway_option(command):
+    offered = options(command)
+    for flag, option in options("gateway").items():
+        if flag in GATEWAY_ONLY:
+            continue
+        twin = offered.get(BESIDE_TRITON.get(flag, flag))
+        assert twin is not None, f"`prensa {command}` lacks {flag}"
+        assert (twin.secondary_opts, twin.envvar, twin.default, twin.multiple) == \
+            (option.secondary_opts, option.envvar, option.default, option.multiple), flag
+    assert offered["--repo"].envvar == options("gateway")["--repo"].envvar  # the same directory
+
+
+@pytest.mark.parametrize("command", ["gateway", "serve", "up"])
+def test_every_option_reads_its_own_prensa_variable(command):
+    envvars = [param.envvar for param in COMMANDS[command].params]
+    assert all(isinstance(name, str) and name.startswith("PRENSA_") for name in envvars), envvars
+    assert len(set(envvars)) == len(envvars)
+    renamed = BESIDE_TRITON if command == "gateway" else {}
+    for flag, option in options(command).items():
+        assert option.envvar == "PRENSA_" + renamed.get(flag, flag)[2:].replace("-", "_").upper()
+
+
+def test_gateway_options_are_the_settings_fields():
+    """A new GatewaySettings field without a flag (or a flag without a field) fails here."""
+    address = {item.name for item in fields(GatewayAddress)}
+    settings = {item.name for item in fields(GatewaySettings)}
+    assert {param.name for param in COMMANDS["gateway"].params} == settings | address
+    for command in ("serve", "up"):
+        names = {param.name for param in COMMANDS[command].params}
+        assert settings - {"triton_url", "repo"} | {f"gateway_{name}" for name in address} <= names, command
+
+
+def test_help_shows_defaults_and_variables():
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "PRENSA_API_KEY" in result.output and "PRENSA_MAX_CLIENT_BATCH_SIZE" in result.output
+    assert "[default: 32]" in result.output
+
+
+@pytest.fixture
+def served(monkeypatch, tmp_path) -> list[dict[str, Any]]:
+    """Each serving call's arguments by name, instead of serving: run_triton for serve and up (up's
+    export and build replaced too), gateway_server for `prensa gateway`."""
+    calls: list[dict[str, Any]] = []
+    real = inspect.signature(serve_cli.run_triton)
+    monkeypatch.setattr(serve_cli, "run_triton", lambda *a, **kw: calls.append(dict(real.bind(*a, **kw).arguments)))
+    monkeypatch.setattr(gateway_cli, "gateway_server",
+                        lambda settings, host, port: calls.append(
+                            {"settings": settings, "gateway": GatewayAddress(host, port)}))
+    monkeypatch.setattr(gateway_cli, "run_server", lambda server: True)
+    monkeypatch.setattr("prensa.manifest.Manifest.read", lambda path: None)
+    monkeypatch.setattr("prensa.triton.repo.build_repository", lambda sources, repo, options: ["tiny"])
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "tiny" / "prensa.json").write_text("{}")  # an export `up` reuses
+    return calls
+
+
+def arguments(command: str, tmp_path: Path) -> list[str]:
+    """What each command needs besides gateway options to get as far as serving."""
+    return {"gateway": [], "serve": ["--repo", str(tmp_path)],
+            "up": ["--models-dir", str(tmp_path / "models"), "--model", "tiny=unused", "--repo", str(tmp_path / "repo")]}[command]
+
+
+@pytest.mark.parametrize("command", ["gateway", "serve", "up"])
+def test_defaults_are_the_settings_defaults(command, served, tmp_path):
+    result = CliRunner().invoke(app, [command, *arguments(command, tmp_path)])
+    assert result.exit_code == 0, result.output
+    [call] = served
+    assert call["settings"] == GatewaySettings()
+    assert call["gateway"] == GatewayAddress()
+
+
+@pytest.mark.parametrize("command", ["gateway", "serve", "up"])
+def test_flags_and_variables_reach_the_settings(command, served, tmp_path):
+    port = "--port" if command == "gateway" else "--gateway-port"
+    result = CliRunner().invoke(
+        app, [command, *arguments(command, tmp_path), "--api-key", "K", "--cors-allow-origin", "https://a.example",
+              "--cors-allow-origin", "https://b.example", "--no-auto-truncate", port, "9999"],
+        env={"PRENSA_MAX_CLIENT_BATCH_SIZE": "7", "PRENSA_DEFAULT_PROMPT_NAME": "query",
+             "PRENSA_SPLIT_LARGE_BATCHES": "true", "PRENSA_GATEWAY_HOST": "0.0.0.0"})
+    assert result.exit_code == 0, result.output
+    [call] = served
+    assert call["settings"] == GatewaySettings(
+        api_key="K", max_client_batch_size=7, default_prompt_name="query", split_large_batches=True,
+        auto_truncate=False, cors_allow_origins=("https://a.example", "https://b.example"))
+    assert call["gateway"] == GatewayAddress("0.0.0.0", 9999)
+
+
+def test_gateway_takes_its_triton_and_repo_from_flags_or_variables(served):
+    result = CliRunner().invoke(app, ["gateway", "--repo", "elsewhere"], env={"PRENSA_TRITON_URL": "a:1,b:2"})
+    assert result.exit_code == 0, result.output
+    assert served[0]["settings"] == GatewaySettings(triton_url="a:1,b:2", repo=Path("elsewhere"))
+
+
+def test_serve_takes_its_own_options_from_variables(served, tmp_path):
+    result = CliRunner().invoke(app, ["serve"], env={"PRENSA_REPO": str(tmp_path), "PRENSA_GRPC_PORT": "9001",
+                                                     "PRENSA_RESTART_LIMIT": "0", "PRENSA_GATEWAY": "false"})
+    assert result.exit_code == 0, result.output
+    [call] = served
+    assert (call["options"].repo, call["options"].ports.grpc, call["policy"].limit) == (tmp_path, 9001, 0)
+    assert call["gateway"] is None
+
+
+@pytest.mark.parametrize("given", [["--default-prompt", "query: ", "--default-prompt-name", "query"],
+                                   ["--default-prompt-name", "query"]])
+def test_a_prompt_and_a_prompt_name_exclude_each_other(given, served):
+    result = CliRunner().invoke(app, ["gateway", *given], env={"PRENSA_DEFAULT_PROMPT": "query: ", "COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "'--default-prompt-name' / '--default-prompt'" in result.output
+    assert not served
