@@ -56,3 +56,25 @@ def test_missing_directory_is_not_sent_to_the_hub(tmp_path):
         from prensa.export.source import resolve_source
 
         resolve_source(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"prompts": {"query": 3}}, "must map names to texts"),
+    ({"prompts": ["query: "]}, "must map names to texts"),
+    ({"prompts": {"query": "query: "}, "default_prompt_name": "passage"}, "is not one of its prompts"),
+])
+def test_prompts_sentence_transformers_would_refuse_are_refused(tmp_path, config, message):
+    from prensa.export.pipeline import ST_CONFIG, read_prompts
+
+    (tmp_path / ST_CONFIG).write_text(json.dumps(config))
+    with pytest.raises(SourceError, match=message):
+        read_prompts(SourceModel(tmp_path, "m", "x"))
+
+
+def test_prompts_default_to_none(minilm_dir, tmp_path):
+    from prensa.export.pipeline import ST_CONFIG, read_prompts
+
+    assert read_prompts(SourceModel(minilm_dir, "m", "x")) == ({}, None)  # its file has no prompts
+    assert read_prompts(SourceModel(tmp_path, "m", "x")) == ({}, None)  # no file at all
+    (tmp_path / ST_CONFIG).write_text(json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
+    assert read_prompts(SourceModel(tmp_path, "m", "x")) == ({"query": "query: "}, "query")

@@ -70,6 +70,19 @@ def test_ensemble_outputs_and_parameters(repo):
     assert minilm.parameters["pooling"].string_value == "mean"
     pool = parse_pbtxt((repo / "minilm_pool" / "config.pbtxt").read_text())
     assert pool.parameters["pooling"].string_value == "mean"
+    assert "prompts" not in minilm.parameters and "default_prompt_name" not in minilm.parameters  # it has none
+
+
+def test_calibration_of_dense_models_lies_beside_their_tokenizer(repo, exports):
+    from prensa.manifest import CALIBRATION_FILE, Task
+
+    for name, export in exports.items():
+        manifest = Manifest.read(export)
+        version = repo / f"{name}_tokenize" / "1"
+        assert (version / manifest.tokenizer_file).exists()
+        assert (version / CALIBRATION_FILE).exists() == (manifest.task in (Task.EMBED, Task.M3)), name
+    assert {"minilm", "bge-m3"} <= {p.parent.parent.name.removesuffix("_tokenize") for p in repo.rglob(CALIBRATION_FILE)}
+    assert all(p.parent.parent.name.endswith("_tokenize") for p in repo.rglob(CALIBRATION_FILE))
 
 
 def test_stage_code_is_copied_not_rewritten(repo):

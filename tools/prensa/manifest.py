@@ -8,7 +8,8 @@ from enum import Enum
 from pathlib import Path
 
 MANIFEST_FILE = "prensa.json"
-FORMAT_VERSION = 1
+CALIBRATION_FILE = "calibration.json"  # int8/uint8 embedding ranges; `prensa repo build` puts it beside the tokenizer
+FORMAT_VERSION = 1  # optional fields have defaults: prensa.json files without them still read
 
 
 class Task(str, Enum):
@@ -71,6 +72,9 @@ class Manifest:
     id2label: dict[int, str] = field(default_factory=dict)
     tensorrt: TensorRTEngine | None = None  # set by `prensa export --format tensorrt`
     fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels in the graph
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompt name -> text to prepend
+    default_prompt_name: str | None = None  # the prompt sentence-transformers applies when none is named
+    calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:

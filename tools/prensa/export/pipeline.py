@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from prensa.export import calibration
 from prensa.export.inspect import ModelPlan, plan_model
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import link_graph_files
-from prensa.manifest import GraphOutput, Manifest, Pooling, Task, TensorRTEngine
+from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, Pooling, Task, TensorRTEngine
 from prensa.stages import contract
 
 ONNX_FILE = "model.onnx"
@@ -38,6 +39,9 @@ VERIFY_TEXTS = [
 ]
 FP32_TOLERANCE = 1e-3
 RERANK_DEFAULT_MAX_LENGTH = 512  # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
+ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompts live here
+# sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
+ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
 
 Step = Callable[[str], AbstractContextManager]
 
@@ -96,6 +100,20 @@ def sample_batch(tokenizer, task: Task, max_length: int) -> dict[str, np.ndarray
 
 def _read_config(source: SourceModel) -> dict:
     return json.loads((source.path / "config.json").read_text()) if source.has("config.json") else {}
+
+
+def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
+    """sentence-transformers' `prompts` and `default_prompt_name`; a file that sentence-transformers
+    itself would refuse is refused here too, before it reaches clients."""
+    config = json.loads((source.path / ST_CONFIG).read_text()) if source.has(ST_CONFIG) else {}
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise SourceError(f"{source.name}: {ST_CONFIG}'s prompts must map names to texts, got {prompts!r}")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise SourceError(f"{source.name}: {ST_CONFIG}'s default_prompt_name {default!r} is not one of its prompts "
+                          f"({', '.join(prompts) or 'none'})")
+    return prompts, default
 
 
 def _plan(source: SourceModel, tokenizer, config: dict, options: ExportOptions, task: Task | None) -> ModelPlan:
@@ -331,6 +349,23 @@ def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer, plan: Mod
     return engine, VerifyReport(f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok)
 
 
+def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer, options: ExportOptions,
+               step: Step) -> tuple[str | None, VerifyReport]:
+    """calibration.json for a dense export whose graph passed its check; the report's line says how
+    it was made, or why there is none."""
+    def reported(figure: str) -> VerifyReport:
+        return VerifyReport(report.heading, {**report.figures, calibration.FIGURE: figure}, report.ok)
+
+    if not report.ok:
+        return None, reported("skipped: the graph failed its check")
+    with step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
+        try:
+            result = calibration.calibrate(options.out, manifest, tokenizer)
+        except calibration.CalibrationUnavailable as exc:
+            return None, reported(f"skipped: {exc}")
+        return calibration.write_calibration(options.out, result, manifest), reported(calibration.describe(result))
+
+
 def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
     from transformers import AutoTokenizer
 
@@ -344,6 +379,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         if not tokenizer.is_fast:
             raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
         config = _read_config(source)
+        prompts, default_prompt = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
         plan = _plan(source, tokenizer, config, options, task)
@@ -360,31 +396,37 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
     engine = None
     if options.format is ExportFormat.TENSORRT:
         engine, report = _build_tensorrt(graph, report, tokenizer, plan, options, step)
-    with step("Writing tokenizer and manifest"):
+    with step("Writing tokenizer and sentence-transformers configs"):
         tokenizer.save_pretrained(options.out)
-        for extra in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
+        for extra in ST_FILES:
             if source.has(extra):
                 (options.out / extra).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source.path / extra, options.out / extra)
-        hidden = next((o.dims[-1] for o in graph.outputs if o.name == contract.LAST_HIDDEN_STATE), None)
-        labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
-        manifest = Manifest(
-            task=plan.task,
-            source=source.name,
-            revision=source.revision,
-            max_length=plan.max_length,
-            onnx_file=ONNX_FILE,
-            dtype=graph.dtype,
-            inputs=graph.inputs,
-            outputs=graph.outputs,
-            pad_id=int(tokenizer.pad_token_id or 0),
-            special_ids=special_ids(tokenizer),
-            pooling=plan.pooling,
-            normalize=plan.normalize,
-            dim=hidden if plan.task in (Task.EMBED, Task.M3) else None,
-            id2label=labels if plan.task is Task.CLASSIFY else {},
-            tensorrt=engine,
-            fused_ops=graph.fused_ops,
-        )
+    hidden = next((o.dims[-1] for o in graph.outputs if o.name == contract.LAST_HIDDEN_STATE), None)
+    labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
+    manifest = Manifest(
+        task=plan.task,
+        source=source.name,
+        revision=source.revision,
+        max_length=plan.max_length,
+        onnx_file=ONNX_FILE,
+        dtype=graph.dtype,
+        inputs=graph.inputs,
+        outputs=graph.outputs,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        special_ids=special_ids(tokenizer),
+        pooling=plan.pooling,
+        normalize=plan.normalize,
+        dim=hidden if plan.task in calibration.DENSE_TASKS else None,
+        id2label=labels if plan.task is Task.CLASSIFY else {},
+        tensorrt=engine,
+        fused_ops=graph.fused_ops,
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+    )
+    (options.out / CALIBRATION_FILE).unlink(missing_ok=True)  # a previous export's, into the same directory
+    if manifest.task in calibration.DENSE_TASKS:
+        manifest.calibration_file, report = _calibrate(manifest, report, tokenizer, options, step)
+    with step("Writing manifest"):
         manifest.write(options.out)
     return manifest, report

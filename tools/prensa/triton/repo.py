@@ -10,6 +10,7 @@ pads tokens to buckets.
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from prensa.files import link_graph_files, link_or_copy
-from prensa.manifest import Manifest, Pooling, Task
+from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
 from prensa.triton.config import ConfigDict, Tensor, config_parameters, dynamic_batching, string_parameters, to_pbtxt
@@ -238,13 +239,36 @@ class ModelRenderer:
                 "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
 
     def served_parameters(self) -> dict[str, object]:
-        """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call."""
+        """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call.
+        `prompts` (a JSON object, name -> text) and `default_prompt_name` appear only when the model has them."""
         m = self.m
-        return {"task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
-                "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
-                "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
-                "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
-                "pipeline": self.options.pipeline.value}
+        parameters: dict[str, object] = {
+            "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
+            "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
+            "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
+            "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
+            "pipeline": self.options.pipeline.value}
+        if m.prompts:
+            parameters["prompts"] = json.dumps(m.prompts, sort_keys=True)
+        if m.default_prompt_name:
+            parameters["default_prompt_name"] = m.default_prompt_name
+        return parameters
+
+    def served_calibration(self) -> Path | None:
+        """The export's calibration file when its ranges describe the dense vectors served: they were
+        taken with the manifest's pooling, which a `--pooling` override replaces. An export copied
+        without the file is served without it, as models without dense vectors are."""
+        if not self.m.calibration_file or (self.options.pooling or self.m.pooling) is not self.m.pooling:
+            return None
+        path = self.model.export_dir / self.m.calibration_file
+        return path if path.is_file() else None
+
+    def place_tokenizer(self, version: Path) -> None:
+        """The tokenizer file, and beside it the calibration file (where the gateway looks for it)."""
+        link_or_copy(self.model.export_dir / self.m.tokenizer_file, version / self.m.tokenizer_file)
+        calibration = self.served_calibration()
+        if calibration:
+            link_or_copy(calibration, version / CALIBRATION_FILE)
 
     def tokenize(self) -> None:
         inputs = self.text_inputs()
@@ -254,7 +278,7 @@ class ModelRenderer:
             [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS], self.tokenize_parameters(), warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
-        link_or_copy(self.model.export_dir / self.m.tokenizer_file, self.stage_dir("tokenize") / "1" / self.m.tokenizer_file)
+        self.place_tokenizer(self.stage_dir("tokenize") / "1")
 
     def encode(self) -> None:
         if self.native_encoder:
@@ -343,7 +367,7 @@ class ModelRenderer:
         self._write(directory, config, "fused", files)
         for stage in PIPELINE_STAGES:
             shutil.copy2(stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py")
-        link_or_copy(self.model.export_dir / self.m.tokenizer_file, directory / "1" / self.m.tokenizer_file)
+        self.place_tokenizer(directory / "1")
         link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
     def all_dirs(self) -> list[Path]:

@@ -1,0 +1,123 @@
+"""int8/uint8 embedding ranges: per-dimension [min; max] of a model's served dense vectors over a
+fixed corpus, written to `calibration.json` in the export.
+
+The gateway quantises as sentence-transformers' `quantize_embeddings(emb, "int8", ranges=R)` does.
+Ranges fixed per model make a text's int8 vector independent of the texts sent beside it; ranges
+taken from each request's own batch would not be.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prensa.bench.workload import embedding_texts
+from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
+from prensa.stages import contract, load_stage
+
+DENSE_TASKS = (Task.EMBED, Task.M3)  # the tasks whose clients receive `dense` vectors
+CORPUS_TEXTS = 256
+CORPUS_SEED = 0
+CORPUS = f"prensa.bench.workload.embedding_texts({CORPUS_TEXTS}, seed={CORPUS_SEED})"
+MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corpus fits within it
+BATCH_ROWS = 32  # length-sorted, so little padding
+FIGURE = "calibration"  # the export report's line; not "int8 ...", which names the quantised graph's lines
+
+Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # tokenizer output -> graph outputs by name
+
+
+class CalibrationUnavailable(RuntimeError):
+    """onnxruntime's CPU provider cannot run the served graph; the message says why."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    ranges: np.ndarray  # [2, dim]: per-dimension minimum, then maximum
+    texts: int
+    max_tokens: int
+    rows: int  # texts per forward pass
+
+
+def calibration_texts() -> list[str]:
+    return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
+
+
+def served_dense(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling, normalize: bool) -> np.ndarray:
+    """The pool stage's `dense` output (its `pool_request`), computed with the stage's own functions."""
+    pool = load_stage("pool")
+    dense = pool.pool_tokens(hidden, mask, pooling.value)
+    return (pool.l2_normalize(dense) if normalize else dense).astype(np.float32)
+
+
+def embed_texts(run: Run, tokenizer, texts: list[str], pooling: Pooling, normalize: bool, max_tokens: int,
+                rows: int) -> np.ndarray:
+    """Served dense vectors of `texts`, in their order; run `rows` at a time, shortest first."""
+    lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_tokens)[contract.INPUT_IDS]]
+    order = np.argsort(lengths, kind="stable")
+    vectors: list[np.ndarray | None] = [None] * len(texts)
+    for start in range(0, len(texts), rows):
+        chosen = order[start : start + rows]
+        encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
+                            return_tensors="np")
+        hidden = run(encoded)[contract.LAST_HIDDEN_STATE]
+        for i, vector in zip(chosen, served_dense(hidden, encoded[contract.ATTENTION_MASK], pooling, normalize)):
+            vectors[i] = vector
+    return np.stack(vectors)
+
+
+def dense_ranges(vectors: np.ndarray) -> np.ndarray:
+    """What sentence-transformers' `quantize_embeddings` computes from `calibration_embeddings`."""
+    return np.vstack((vectors.min(axis=0), vectors.max(axis=0)))
+
+
+def calibrate(export_dir: Path, manifest: Manifest, tokenizer) -> Calibration:
+    """Ranges of the export's own graph (the one served: fp32, fp16 or int8) on onnxruntime's CPU
+    provider, with rows per pass as the encoder runs them (int8 graphs one row at a time)."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail, NotImplemented as NoKernel
+
+    from prensa.export.quantize import _Runner
+    from prensa.triton.repo import ServingOptions, encoder_rows
+
+    if manifest.task not in DENSE_TASKS or manifest.pooling is None:
+        raise ValueError(f"{manifest.task.value} exports have no dense vectors to calibrate")
+    rows = encoder_rows(manifest, ServingOptions(max_batch_size=BATCH_ROWS))
+    max_tokens = min(manifest.max_length, MAX_TOKENS)
+    try:
+        run = _Runner(export_dir / manifest.onnx_file, manifest.inputs)
+        vectors = embed_texts(run, tokenizer, calibration_texts(), manifest.pooling, manifest.normalize, max_tokens,
+                              rows)
+    except (EPFail, Fail, NoKernel) as exc:  # e.g. an fp16 op without a CPU kernel
+        raise CalibrationUnavailable(f"CPUExecutionProvider cannot run this graph: {str(exc).splitlines()[0]}") from exc
+    if not np.isfinite(vectors).all():
+        raise CalibrationUnavailable("the graph's dense vectors are not all finite")
+    return Calibration(dense_ranges(vectors), CORPUS_TEXTS, max_tokens, rows)
+
+
+def _float32(values: np.ndarray) -> list[float]:
+    """Shortest decimals that read back as the same float32."""
+    return [float(str(v)) for v in values.astype(np.float32)]
+
+
+def write_calibration(export_dir: Path, calibration: Calibration, manifest: Manifest) -> str:
+    """`calibration.json`; `dense_ranges` is what the gateway reads, the rest says what it describes."""
+    data = {"dense_ranges": [_float32(row) for row in calibration.ranges], "texts": calibration.texts,
+            "corpus": CORPUS, "max_tokens": calibration.max_tokens, "rows_per_pass": calibration.rows,
+            "pooling": manifest.pooling.value if manifest.pooling else None, "normalize": manifest.normalize,
+            "dtype": manifest.dtype}
+    (export_dir / CALIBRATION_FILE).write_text(json.dumps(data) + "\n")
+    return CALIBRATION_FILE
+
+
+def read_ranges(path: Path) -> np.ndarray:
+    """`dense_ranges` of a calibration file as a [2, dim] float32 array."""
+    return np.asarray(json.loads(path.read_text())["dense_ranges"], dtype=np.float32)
+
+
+def describe(calibration: Calibration) -> str:
+    dim = calibration.ranges.shape[1]
+    return (f"int8 embedding ranges: {calibration.texts} texts (<= {calibration.max_tokens} tokens, "
+            f"{calibration.rows} per pass), {dim} dims -> {CALIBRATION_FILE}")
