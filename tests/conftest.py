@@ -14,7 +14,7 @@ from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import ModelStats, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
-from tests.tiny_models import tiny_bge_m3, tiny_classifier, tiny_reranker
+from tests.tiny_models import prompted_copy, tiny_bge_m3, tiny_classifier, tiny_reranker
 
 
 # Served a second time as one fused model each (`<name>-fused`): the same answers, fewer hops.
@@ -78,11 +78,19 @@ def splade_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir, classifier_dir, msmarco_dir, splade_dir) -> dict[str, Path]:
+def prompted_dir(tmp_path_factory, minilm_dir) -> Path:
+    """MiniLM whose sentence-transformers config has e5-style query/passage prompts."""
+    return prompted_copy(minilm_dir, tmp_path_factory.mktemp("prompted") / "minilm-prompts")
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory, minilm_dir, m3_dir, reranker_dir, classifier_dir, msmarco_dir, splade_dir,
+            prompted_dir) -> dict[str, Path]:
     """Every task in one repository: one Triton serves them all, as in production."""
     root = tmp_path_factory.mktemp("exports")
     plan = {"bge-m3": ExportOptions(str(m3_dir), root / "bge-m3"),
             "minilm": ExportOptions(str(minilm_dir), root / "minilm", task=Task.EMBED),
+            "minilm-prompts": ExportOptions(str(prompted_dir), root / "minilm-prompts", task=Task.EMBED),
             "reranker": ExportOptions(str(reranker_dir), root / "reranker"),
             "classifier": ExportOptions(str(classifier_dir), root / "classifier"),
             "msmarco": ExportOptions(str(msmarco_dir), root / "msmarco", task=Task.RERANK),

@@ -95,3 +95,22 @@ def tiny_reranker(directory: Path) -> Path:
 def tiny_classifier(directory: Path) -> Path:
     """A three-label classifier with named labels."""
     return _tiny_sequence_classifier(directory, {0: "negative", 1: "neutral", 2: "positive"}, seed=2)
+
+
+PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5's convention
+
+
+def prompted_copy(source: Path, directory: Path, prompts: dict[str, str] = PROMPTS) -> Path:
+    """`source` (a sentence-transformers directory) with `prompts` in its config_sentence_transformers.json;
+    the weights are linked, not copied."""
+    import json
+    import shutil
+
+    shutil.copytree(source, directory, symlinks=True,
+                    ignore=lambda _, names: [n for n in names if n.endswith(".safetensors")])
+    for weights in source.glob("*.safetensors"):
+        (directory / weights.name).symlink_to(weights.resolve())
+    config_path = directory / "config_sentence_transformers.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    config_path.write_text(json.dumps({**config, "prompts": prompts, "default_prompt_name": None}))
+    return directory

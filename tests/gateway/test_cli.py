@@ -70,31 +70,29 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def test_serve_starts_the_gateway_with_its_options_and_stops_on_sigterm(tmp_path, exports, direct):
-    build_repository([ModelSource("bge-m3", exports["bge-m3"], Manifest.read(exports["bge-m3"]))], tmp_path / "repo",
-                     ServingOptions())
-    process, ports = start(["serve", "--repo", str(tmp_path / "repo"), "--api-key", KEY])
+def check_keyed_server_and_stop(args: list[str], env: dict[str, str] | None, direct) -> list[str]:
+    """Start `prensa ARGS`, check that its gateway wants the key, SIGTERM it; its ports."""
+    process, ports = start(args, env=env)
     url = f"http://127.0.0.1:{ports[3]}"
     try:
         wait_healthy(process, url)
         assert_the_key_is_required(url, direct)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{ports[0]}/v2/health/live")  # Triton is gone too
     finally:
         stop(process)
+    return ports
+
+
+def test_serve_starts_the_gateway_with_its_options_and_stops_on_sigterm(tmp_path, exports, direct):
+    build_repository([ModelSource("bge-m3", exports["bge-m3"], Manifest.read(exports["bge-m3"]))], tmp_path / "repo",
+                     ServingOptions())
+    ports = check_keyed_server_and_stop(["serve", "--repo", str(tmp_path / "repo"), "--api-key", KEY], None, direct)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{ports[0]}/v2/health/live")  # Triton is gone too
 
 
 def test_up_reads_the_gateway_options_from_the_environment(tmp_path, exports, direct):
     """`up` reuses `--models-dir/<name>` when it holds an export, so the source is never read."""
-    process, ports = start(["up", "--models-dir", str(exports["bge-m3"].parent), "--model", "bge-m3=unused",
-                            "--repo", str(tmp_path / "repo")], env={"PRENSA_API_KEY": KEY})
-    url = f"http://127.0.0.1:{ports[3]}"
-    try:
-        wait_healthy(process, url)
-        assert_the_key_is_required(url, direct)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-    finally:
-        stop(process)
+    check_keyed_server_and_stop(["up", "--models-dir", str(exports["bge-m3"].parent), "--model", "bge-m3=unused",
+                                 "--repo", str(tmp_path / "repo")], {"PRENSA_API_KEY": KEY}, direct)

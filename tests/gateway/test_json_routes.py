@@ -27,13 +27,14 @@ PATHS = sorted(route.path for route in INFERENCE_ROUTES if "POST" in route.metho
 
 
 def rounded(value: object) -> object:
-    """JSON with floats to 4 places: embeddings may differ in the last bits between two runs."""
+    """JSON with floats to 4 places (embeddings may differ in the last bits between two runs) and
+    without Cohere's `id`, fresh in every response."""
     if isinstance(value, float):
         return round(value, 4)
     if isinstance(value, list):
         return [rounded(v) for v in value]
     if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items() if k != "id"}
     return value
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.triton
 
@@ -102,11 +105,36 @@ def test_predict_single_pair_and_batch(http, direct, need):
     assert http.post("/predict?model=classifier", json={"inputs": []}).status_code == 400
 
 
-def test_predict_reranker_needs_pairs(http, direct, need):
-    need("reranker")
-    assert http.post("/predict?model=reranker", json={"inputs": "just one text"}).status_code == 422
-    pair = http.post("/predict?model=reranker", json={"inputs": [QUERY, PASSAGES[0]]}).json()
-    np.testing.assert_allclose(pair[0]["score"], direct("reranker", [QUERY], [PASSAGES[0]])["scores"][0, 0], atol=1e-6)
+def onnx_scores(export: Path, texts: list[str]) -> np.ndarray:
+    """The exported cross-encoder's sigmoid scores for lone texts, by onnxruntime on the export's own graph."""
+    import onnxruntime as ort
+
+    tok = Tokenizer.from_file(str(export / "tokenizer.json"))
+    tok.no_truncation()
+    session = ort.InferenceSession(str(export / "model.onnx"), providers=["CPUExecutionProvider"])
+    scores = []
+    for text in texts:
+        encoding = tok.encode(text)
+        feed = {"input_ids": [encoding.ids], "attention_mask": [encoding.attention_mask],
+                "token_type_ids": [encoding.type_ids]}
+        names = {i.name for i in session.get_inputs()}
+        logits = session.run(None, {k: np.asarray(v, dtype=np.int64) for k, v in feed.items() if k in names})[0]
+        scores.append(1 / (1 + np.exp(-logits[0, 0])))
+    return np.asarray(scores)
+
+
+@pytest.mark.parametrize("model", ["reranker", "msmarco", "msmarco-fused"])
+def test_predict_reranker_scores_lone_texts_and_pairs(http, direct, need, exports, model):
+    """TEI scores a lone text on a reranker as a sequence of its own; prensa's ensemble takes pairs,
+    so the gateway tokenizes the lone text and calls the encoder and pool stages."""
+    need(model.removesuffix("-fused"))
+    texts = ["just one text", "Berlin is the capital and largest city of Germany."]
+    expected = onnx_scores(exports[model.removesuffix("-fused")], texts)
+    lone = http.post(f"/predict?model={model}", json={"inputs": texts[0]}).json()
+    np.testing.assert_allclose(lone[0]["score"], expected[0], atol=1e-5)
+    batch = http.post(f"/predict?model={model}", json={"inputs": [[texts[0]], [QUERY, PASSAGES[0]], [texts[1]]]}).json()
+    np.testing.assert_allclose([batch[0][0]["score"], batch[2][0]["score"]], expected, atol=1e-5)
+    np.testing.assert_allclose(batch[1][0]["score"], direct(model, [QUERY], [PASSAGES[0]])["scores"][0, 0], atol=1e-6)
 
 
 def test_splade_sparse(http, direct, need):

@@ -85,7 +85,8 @@ def test_metrics_use_tei_names(http):
     assert re.search(r'^te_embed_count\{method="embed"\} [1-9]', text, re.M)
     assert re.search(r'^te_request_failure\{err="validation"\} [1-9]', text, re.M)
     for name in ("te_request_duration_count", "te_request_inference_duration_count", "te_request_input_length_count",
-                 "te_batch_next_size_count", "te_queue_size"):
+                 "te_embed_duration_count", "te_embed_inference_duration_count", "prensa_triton_call_size_count",
+                 "prensa_inputs_in_flight"):
         assert re.search(rf"^{name} ", text, re.M), name
 
 
@@ -93,7 +94,8 @@ def test_docs_and_openapi(http):
     assert http.get("/docs").status_code == 200
     spec = http.get("/openapi.json").json()
     for path in ("/v1/embeddings", "/embed", "/embed_sparse", "/embed_all", "/embed_colbert", "/rerank", "/v1/rerank",
-                 "/predict", "/similarity", "/tokenize", "/decode", "/info", "/health"):
+                 "/v2/rerank", "/v1/embed", "/v2/embed", "/v1/ranking", "/v1/models", "/", "/vertex", "/predict",
+                 "/similarity", "/tokenize", "/decode", "/info", "/health"):
         assert path in spec["paths"], path
     fields = spec["components"]["schemas"]["EmbedRequest"]["properties"]
     assert all(field.get("description") for field in fields.values())

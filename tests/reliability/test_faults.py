@@ -134,7 +134,7 @@ def send_and_drop(url: str, body: bytes) -> socket.socket:
 
 def in_flight(url: str) -> float:
     metrics = httpx.get(f"{url}/metrics").text
-    return float(re.search(r"^te_queue_size (\S+)$", metrics, re.MULTILINE).group(1))
+    return float(re.search(r"^prensa_inputs_in_flight (\S+)$", metrics, re.MULTILINE).group(1))
 
 
 def test_disconnected_clients_free_their_permits(gateway_on):

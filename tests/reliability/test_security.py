@@ -67,18 +67,21 @@ def test_every_route_but_the_open_ones_needs_the_key(gateway_on):
     url = gateway_on(api_key=KEY)
     routes = [(method, route.path) for route in flat_routes(create_app(GatewaySettings()).routes)
               for method in route.methods - {"HEAD"}]
-    guarded = [(method, path) for method, path in routes if path not in limits.OPEN_PATHS]
-    assert {"/v1/embeddings", "/embeddings", "/v1/rerank", "/tokenize", "/decode", "/embed_colbert", "/info"} <= {
+    open_routes = [(method, path) for method, path in routes
+                   if method in limits.OPEN_METHODS and path in limits.OPEN_PATHS]
+    guarded = [route for route in routes if route not in open_routes]
+    assert {"/v1/embeddings", "/embeddings", "/v1/rerank", "/v2/rerank", "/v1/ranking", "/v2/embed", "/tokenize",
+            "/decode", "/embed_colbert", "/info", "/", "/invocations", "/vertex", "/v1/models"} <= {
         path for _, path in guarded}
+    assert ("POST", "/") in guarded
     for method, path in guarded:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
             response = httpx.request(method, f"{url}{path}", json={}, headers=headers)
             assert (response.status_code, response.content) == (401, b""), (method, path, headers)
         keyed = httpx.request(method, f"{url}{path}", json={}, headers={"Authorization": f"Bearer {KEY}"})
         assert keyed.status_code != 401, (method, path)
-    for method, path in routes:
-        if path in limits.OPEN_PATHS:
-            assert httpx.request(method, f"{url}{path}").status_code == 200, path
+    for method, path in open_routes:
+        assert httpx.request(method, f"{url}{path}").status_code == 200, path
 
 
 def test_error_bodies_leak_no_path_or_trace(gateway_on, triton, tmp_path):

@@ -3,30 +3,48 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
-from prensa.gateway import routes_openai, routes_tei
+from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.json_routes import JsonRoutes
-from prensa.gateway.limits import Guard, Permits
+from prensa.gateway.limits import OPEN_PATHS, Guard, Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
-from prensa.gateway.responses import Gateway
+from prensa.gateway.replicas import ReplicaPool
+from prensa.gateway.responses import Gateway, GatewayRoute
 from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
-# What `JsonRoutes` may serve: the OpenAI and TEI inference routers, not TEI's operational routes.
-INFERENCE_ROUTES = [*routes_openai.router.routes, *routes_tei.router.routes]
+# What `JsonRoutes` may serve: the inference routers, not the operational or model-listing routes.
+INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_tei.router,
+                     routes_tei.default_router]
+INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
+# Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
+VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
+
+
+def vertex_router(environ: Mapping[str, str]) -> APIRouter:
+    """Vertex AI's routes where its variables put them: predictions as `/vertex`, health as `/health`."""
+    router = APIRouter(route_class=GatewayRoute, tags=["Vertex AI"])
+    if predict := environ.get(VERTEX_PREDICT_ROUTE):
+        router.add_api_route(predict, routes_tei.vertex, methods=["POST"], responses=routes_tei.ERRORS,
+                             summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})")
+    if health := environ.get(VERTEX_HEALTH_ROUTE):
+        router.add_api_route(health, routes_tei.health, methods=["GET"],
+                             summary=f"Vertex AI health (${VERTEX_HEALTH_ROUTE})")
+    return router
 
 
 def _error_response(request: Request, error: GatewayError) -> Response:
@@ -59,24 +77,35 @@ class GatewayApp(FastAPI):
     an inference request passes through none of FastAPI's layers. An exception nothing handles
     still ends as a 500, from uvicorn instead of FastAPI's ServerErrorMiddleware."""
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, **kwargs: Any) -> None:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, vertex: APIRouter, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.gateway_settings = settings
         self.state.metrics = metrics
+        self.vertex = vertex
+        for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_tei.open_router, vertex):
+            self.include_router(router)
+
+    @property
+    def inference_routes(self) -> list[BaseRoute]:
+        return [*INFERENCE_ROUTES, *(r for r in self.vertex.routes if "POST" in getattr(r, "methods", ()))]
+
+    @property
+    def open_paths(self) -> frozenset[str]:
+        return OPEN_PATHS | {r.path for r in self.vertex.routes if "GET" in getattr(r, "methods", ())}
 
     def build_middleware_stack(self) -> ASGIApp:
         settings, metrics = self.gateway_settings, self.state.metrics
-        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=INFERENCE_ROUTES,
+        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=self.inference_routes,
                                   handlers=self.exception_handlers)
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
-                    on_reject=lambda kind: metrics.request_failure.inc(kind.value))
+                    on_reject=lambda kind: metrics.request_failure.inc(kind.value), open_paths=self.open_paths)
         if settings.cors_allow_origins:
             app = CORSMiddleware(app, allow_origins=list(settings.cors_allow_origins), allow_methods=["GET", "POST"],
                                  allow_headers=["*"], expose_headers=["*"])
         return app
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ) -> FastAPI:
     """The gateway; it connects to Triton and reads the served models when it starts."""
     metrics = GatewayMetrics()
 
@@ -93,17 +122,19 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await client.close()
             raise RuntimeError(f"--default-model {settings.default_model} is not served; "
                                f"Triton serves {', '.join(registry.models)}")
+        prompt = settings.default_prompt_name
+        if registry.models and prompt and not any(prompt in m.prompts for m in registry.models.values()):
+            await client.close()
+            raise RuntimeError(f"--default-prompt-name {prompt}: no served model has a prompt of that name")
         client.start_probing(lambda: sorted(registry.models))
-        permits = Permits(settings.max_concurrent_requests, metrics.queue_size.set)
+        permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
         app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
         yield
         await client.close()
 
-    app = GatewayApp(settings, metrics, title="prensa gateway",
-                     summary="OpenAI- and TEI-compatible embeddings and reranking over Triton", lifespan=lifespan)
-    app.include_router(routes_openai.router)
-    app.include_router(routes_tei.router)
-    app.include_router(routes_tei.open_router)
+    app = GatewayApp(settings, metrics, vertex_router(environ), title="prensa gateway",
+                     summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",
+                     lifespan=lifespan)
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(RequestValidationError, on_invalid_request)
     return app

@@ -7,7 +7,10 @@ from enum import Enum
 
 import orjson
 
-OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings", "/v1/rerank"})
+# Routes whose clients (OpenAI, Cohere, Jina, NIM SDKs) read `message`; TEI's read `error`.
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings", "/v1/rerank", "/v2/rerank", "/v1/embed", "/v2/embed",
+                          "/v1/ranking", "/v1/models"})
+MODELS_PREFIX = "/v1/models/"
 
 
 class ErrorKind(str, Enum):
@@ -54,7 +57,7 @@ class GatewayError(Exception):
 
 
 def is_openai_path(path: str) -> bool:
-    return path in OPENAI_PATHS
+    return path in OPENAI_PATHS or path.startswith(MODELS_PREFIX)
 
 
 def error_body(error: GatewayError, path: str) -> bytes:

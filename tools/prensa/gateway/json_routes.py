@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 import orjson
 from fastapi import Request, Response
@@ -28,18 +28,29 @@ from prensa.gateway.responses import GatewayRequest, GatewayRoute
 MODEL_PARAMETER = "model"
 
 
-async def parse_body(http: GatewayRequest, request_model: type[BaseModel]) -> BaseModel:
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_body(request_model: type[M], data: Any) -> M:
+    """`data` (parsed JSON) as `request_model`, or pydantic's errors located under "body", as FastAPI
+    raises them."""
+    try:
+        return request_model.model_validate(data, from_attributes=True)
+    except ValidationError as exc:
+        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
+
+
+async def parse_body(http: GatewayRequest, request_model: type[M]) -> M:
     """The body as `request_model`, or the `RequestValidationError` FastAPI would raise: no body,
     JSON that does not parse, pydantic's errors located under "body"."""
     if not await http.body():
         raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
     try:
-        return request_model.model_validate(await http.json(), from_attributes=True)
+        data = await http.json()
     except orjson.JSONDecodeError as exc:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                        "input": {}, "ctx": {"error": exc.msg}}]) from None
-    except ValidationError as exc:
-        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
+    return validate_body(request_model, data)
 
 
 @dataclass(frozen=True)

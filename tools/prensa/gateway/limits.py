@@ -18,8 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, overloaded
 
-# Routes a caller may reach without the API key (TEI leaves the same ones open).
+# Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
 OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
 class Permits:
@@ -58,11 +59,15 @@ class Guard:
     """ASGI middleware: stamps the arrival time, checks the API key, enforces the body limit."""
 
     def __init__(self, app: ASGIApp, payload_limit: int, api_key: str | None,
-                 on_reject: Callable[[ErrorKind], None]) -> None:
+                 on_reject: Callable[[ErrorKind], None], open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.payload_limit = payload_limit
         self.api_key = api_key
         self.on_reject = on_reject
+        self.open_paths = open_paths
+
+    def is_open(self, scope: Scope) -> bool:
+        return scope["method"] in OPEN_METHODS and scope["path"] in self.open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,7 +75,7 @@ class Guard:
             return
         scope.setdefault("state", {})["received"] = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key and scope["path"] not in OPEN_PATHS and not key_matches(headers.get("authorization", ""), self.api_key):
+        if self.api_key and not self.is_open(scope) and not key_matches(headers.get("authorization", ""), self.api_key):
             await self._respond(send, 401, b"", [])
             return
         if scope["method"] == "POST" and not is_json(headers.get("content-type", "")):

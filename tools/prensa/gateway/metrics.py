@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -35,22 +36,57 @@ class TeiCounter(Collector):
         yield family
 
 
-EMBED_METHODS = frozenset({"embed", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity"})
-PREDICT_METHODS = frozenset({"predict", "rerank", "openai_rerank"})
+EMBED_METHODS = frozenset({"embed", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
+                           "embed_v1", "embed_v2"})
+PREDICT_METHODS = frozenset({"predict", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"})
+
+
+class FamilyDurations:
+    """TEI's per-family histograms (`te_embed_*`, `te_predict_*`): a request's whole time and its parts."""
+
+    def __init__(self, prefix: str, what: str, registry: CollectorRegistry) -> None:
+        def histogram(suffix: str, documentation: str) -> Histogram:
+            return Histogram(f"{prefix}_{suffix}", f"{what}: {documentation} (s)", buckets=DURATION_BUCKETS,
+                             registry=registry)
+
+        self.duration = histogram("duration", "request duration")
+        self.tokenization = histogram("tokenization_duration", "gateway tokenization")
+        self.queue = histogram("queue_duration", "arrival to the first Triton call")
+        self.inference = histogram("inference_duration", "Triton calls, wall time")
+
+    def observe(self, duration_s: float, tokenization_s: float, queue_s: float, inference_s: float) -> None:
+        self.duration.observe(duration_s)
+        self.tokenization.observe(tokenization_s)
+        self.queue.observe(queue_s)
+        self.inference.observe(inference_s)
+
+
+@dataclass(frozen=True)
+class Family:
+    count: TeiCounter
+    success: TeiCounter
+    durations: FamilyDurations
 
 
 class GatewayMetrics:
-    """One registry per app, so several gateways can live in one process (tests)."""
+    """One registry per app, so several gateways can live in one process (tests).
+
+    TEI's names where prensa measures what TEI's measure; `prensa_*` names where the meaning differs:
+    the gateway never queues (Triton does: `nv_inference_queue_duration_us` and
+    `nv_inference_pending_request_count` on Triton's metrics port), so what it can count is inputs in
+    flight and the rows and tokens of each call it makes to Triton, not TEI's queue and next batch."""
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.request_count = TeiCounter("te_request_count", "Requests received, by route", ("method",), r)
         self.request_success = TeiCounter("te_request_success", "Requests answered, by route", ("method",), r)
         self.request_failure = TeiCounter("te_request_failure", "Requests failed, by error kind", ("err",), r)
-        self.embed_count = TeiCounter("te_embed_count", "Embedding requests received", ("method",), r)
-        self.embed_success = TeiCounter("te_embed_success", "Embedding requests answered", ("method",), r)
-        self.predict_count = TeiCounter("te_predict_count", "Classification and rerank requests received", ("method",), r)
-        self.predict_success = TeiCounter("te_predict_success", "Classification and rerank requests answered", ("method",), r)
+        self.embed = Family(TeiCounter("te_embed_count", "Embedding requests received", ("method",), r),
+                            TeiCounter("te_embed_success", "Embedding requests answered", ("method",), r),
+                            FamilyDurations("te_embed", "Embedding requests", r))
+        self.predict = Family(TeiCounter("te_predict_count", "Classification and rerank requests received", ("method",), r),
+                              TeiCounter("te_predict_success", "Classification and rerank requests answered", ("method",), r),
+                              FamilyDurations("te_predict", "Classification and rerank requests", r))
         self.request_duration = Histogram("te_request_duration", "Request duration (s)", buckets=DURATION_BUCKETS, registry=r)
         self.tokenization_duration = Histogram("te_request_tokenization_duration", "Gateway tokenization (s)",
                                                buckets=DURATION_BUCKETS, registry=r)
@@ -59,26 +95,31 @@ class GatewayMetrics:
         self.inference_duration = Histogram("te_request_inference_duration", "Triton calls, wall time (s)",
                                             buckets=DURATION_BUCKETS, registry=r)
         self.input_length = Histogram("te_request_input_length", "Tokens per input", buckets=TOKEN_BUCKETS, registry=r)
-        self.batch_next_size = Histogram("te_batch_next_size", "Rows per Triton call", buckets=BATCH_BUCKETS, registry=r)
-        self.batch_next_tokens = Histogram("te_batch_next_tokens", "Tokens per Triton call", buckets=TOKEN_BUCKETS, registry=r)
-        self.queue_size = Gauge("te_queue_size", "Inputs in flight (permits held)", registry=r)
+        self.call_size = Histogram("prensa_triton_call_size", "Rows per gateway call to Triton", buckets=BATCH_BUCKETS,
+                                   registry=r)
+        self.call_tokens = Histogram("prensa_triton_call_tokens", "Tokens per gateway call to Triton",
+                                     buckets=TOKEN_BUCKETS, registry=r)
+        self.inputs_in_flight = Gauge("prensa_inputs_in_flight", "Inputs admitted and not yet answered (permits held)",
+                                      registry=r)
 
-    def _family(self, method: str) -> tuple[TeiCounter, TeiCounter] | None:
+    def _family(self, method: str) -> Family | None:
         if method in EMBED_METHODS:
-            return self.embed_count, self.embed_success
+            return self.embed
         if method in PREDICT_METHODS:
-            return self.predict_count, self.predict_success
+            return self.predict
         return None
 
     def started(self, method: str) -> None:
         self.request_count.inc(method)
         if family := self._family(method):
-            family[0].inc(method)
+            family.count.inc(method)
 
-    def succeeded(self, method: str, duration_s: float) -> None:
+    def succeeded(self, method: str, duration_s: float, tokenization_s: float = 0.0, queue_s: float = 0.0,
+                  inference_s: float = 0.0) -> None:
         self.request_success.inc(method)
         if family := self._family(method):
-            family[1].inc(method)
+            family.success.inc(method)
+            family.durations.observe(duration_s, tokenization_s, queue_s, inference_s)
         self.request_duration.observe(duration_s)
 
     def render(self) -> bytes:

@@ -12,18 +12,21 @@ files are kept.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
 from prensa.gateway.triton_client import TritonClient
+from prensa.manifest import CALIBRATION_FILE
 from prensa.stages import contract
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
@@ -67,6 +70,8 @@ class ServedModel:
     tokenizer_path: Path
     token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
+    dense_ranges: np.ndarray | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
 
     @property
     def encode_model(self) -> str:
@@ -78,7 +83,7 @@ class ServedModel:
 
     @property
     def needs_pairs(self) -> bool:
-        """Single texts are refused: rerankers score (query, passage) pairs."""
+        """The ensemble takes (query, passage) pairs only: a lone text goes the token path."""
         return self.task == "rerank"
 
     def can(self, capability: Capability) -> bool:
@@ -116,6 +121,14 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
+def load_dense_ranges(directory: Path) -> np.ndarray | None:
+    """The int8/uint8 ranges `prensa repo build` puts beside the tokenizer file, or None."""
+    path = directory / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    return np.asarray(json.loads(path.read_text())["dense_ranges"], dtype=np.float32)
+
+
 async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
@@ -138,6 +151,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
     tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
     max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
+    dense_ranges = await asyncio.to_thread(load_dense_ranges, tokenizer_path.parent) if dense else None
     return ServedModel(
         name=name,
         task=params["task"],
@@ -161,7 +175,17 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         tokenizer_path=tokenizer_path,
         token_id_limit=token_id_limit(tokenizer),
         fused=fused,
+        prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
+        dense_ranges=dense_ranges,
     )
+
+
+def named_model(query: str | None, body: str | None) -> str | None:
+    """The model a request names, by `?model=` or its body's `model` field ("" counts as unnamed);
+    two different names are a client error, never a guess."""
+    if query and body and query != body:
+        raise validation(f"`?model={query}` and the body's `model` ({body}) name different models")
+    return query or body or None
 
 
 class Registry:

@@ -1,4 +1,5 @@
-"""OpenAI `/v1/embeddings` and Cohere/Jina-style `/v1/rerank` shapes (pydantic only)."""
+"""OpenAI `/v1/embeddings` (with NIM's `input_type` and `truncate`) and `/v1/models`, and NIM's
+`/v1/ranking` shapes (pydantic only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from pydantic import BaseModel, Field
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
 EmbeddingInput = str | list[int] | list[str | list[int]]
+InputType = Literal["query", "passage", "document", "search_query", "search_document", "classification", "clustering"]
+INPUT_TYPE = ("What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
+              "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one.")
+NimTruncate = Literal["NONE", "START", "END"]
+NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
 
 class EmbeddingRequest(BaseModel):
@@ -17,6 +23,8 @@ class EmbeddingRequest(BaseModel):
         "float", description="`float`: JSON numbers; `base64`: little-endian float32 bytes, base64-encoded.")
     dimensions: int | None = Field(None, description="Keep the first N dimensions (Matryoshka), then re-normalise.")
     user: str | None = Field(None, description="Accepted for compatibility and ignored.")
+    input_type: InputType | None = Field(None, description=INPUT_TYPE)
+    truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
 
 
 class Embedding(BaseModel):
@@ -37,28 +45,43 @@ class EmbeddingResponse(BaseModel):
     usage: Usage = Field(description="Token counts.")
 
 
-class RerankDocument(BaseModel):
-    text: str = Field(description="The document text.")
+class ModelCard(BaseModel):
+    id: str = Field(description="The name to request.")
+    object: Literal["model"] = Field("model", description="Always `model`.")
+    created: int = Field(description="When the gateway first saw the model (Unix seconds).")
+    owned_by: str = Field(description="Always `prensa`.")
+    root: str = Field(description="The model's own id: a base model, not an adapter (NIM clients pick such models).")
+    task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
+    max_model_len: int = Field(description="Max tokens per input, special tokens included.")
 
 
-class RerankRequest(BaseModel):
-    query: str = Field(description="The query every document is scored against.")
-    documents: list[str | RerankDocument] = Field(description="Documents as strings or `{\"text\": ...}` objects.")
+class ModelList(BaseModel):
+    object: Literal["list"] = Field("list", description="Always `list`.")
+    data: list[ModelCard] = Field(description="Every served model.")
+
+
+class RankingText(BaseModel):
+    text: str = Field(description="The text.")
+
+
+class RankingRequest(BaseModel):
+    """NIM's text reranking (`/v1/ranking`)."""
+
     model: str | None = Field(None, description="Served reranker name; the default reranker when absent.")
-    top_n: int | None = Field(None, ge=1, description="Return only the N best documents.")
-    return_documents: bool = Field(True, description="Echo each document as `{\"text\": ...}` (Jina's default).")
+    query: RankingText = Field(description="The query.")
+    passages: list[RankingText] = Field(description="Passages to score against the query.")
+    truncate: Literal["NONE", "END"] | None = Field(
+        None, description="NONE: refuse (query, passage) pairs over the model's max length; END: cut the passage. "
+                          "Default: --auto-truncate.")
 
 
-class RerankResult(BaseModel):
-    index: int = Field(description="Position of the document in the request.")
-    relevance_score: float = Field(description="Sigmoid of the cross-encoder logit.")
-    document: RerankDocument | None = Field(None, description="The document, when `return_documents` is true.")
+class Ranking(BaseModel):
+    index: int = Field(description="Position of the passage in `passages`.")
+    logit: float = Field(description="The cross-encoder's raw logit.")
 
 
-class RerankResponse(BaseModel):
-    model: str = Field(description="The served model that answered.")
-    results: list[RerankResult] = Field(description="Documents sorted by relevance, best first.")
-    usage: Usage = Field(description="Token counts over all (query, document) pairs.")
+class RankingResponse(BaseModel):
+    rankings: list[Ranking] = Field(description="Passages sorted by logit, best first.")
 
 
 class OpenAIError(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
@@ -12,12 +12,23 @@ Direction = Annotated[Literal["left", "right"], BeforeValidator(lambda v: v.lowe
 
 TRUNCATE = "Cut inputs longer than the model's max length; null means the server's --auto-truncate."
 DIRECTION = "Which end to cut when truncating: `right` (default) or `left`."
-PROMPT = "Name of a prompt to prepend; prensa models define none, so any name is refused."
+PROMPT = "Name of a prompt from the model's sentence-transformers config to prepend; unknown names are refused."
+MODEL = "Served model name (as `?model=`); the default model when absent."
 
 
-class TruncatedRequest(BaseModel):
+class ModelRequest(BaseModel):
+    """Every inference body may name its model, as OpenAI's, Cohere's and LiteLLM's clients do."""
+
+    model: str | None = Field(None, description=MODEL)
+
+
+class Truncation(BaseModel):
     truncate: bool | None = Field(None, description=TRUNCATE)
     truncation_direction: Direction = Field("right", description=DIRECTION)
+
+
+class TruncatedRequest(ModelRequest, Truncation):
+    pass
 
 
 class EmbedRequest(TruncatedRequest):
@@ -39,10 +50,21 @@ class SparseValue(BaseModel):
     value: float = Field(description="Its weight (> 0).")
 
 
+class ClassificationParameters(BaseModel):
+    """The Hugging Face Inference API's text-classification parameters (huggingface_hub sends them)."""
+
+    top_k: int | None = Field(None, ge=1, description="Keep the K best labels per input.")
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
+        None, description="`none` returns logits; the model's own activation otherwise.")
+
+
 class PredictRequest(TruncatedRequest):
     inputs: str | list[str] | list[list[str]] = Field(
         description="A text, a pair `[text, text_pair]`, or a batch of `[text]` / `[text, text_pair]` items.")
     raw_scores: bool = Field(False, description="Return logits instead of softmax/sigmoid scores.")
+    parameters: ClassificationParameters | None = Field(
+        None, description="Hugging Face Inference API style: when present, the answer is always nested per input "
+                          "(`[[{label, score}]]`), as that API answers.")
 
 
 class Prediction(BaseModel):
@@ -68,16 +90,16 @@ class SimilarityInput(BaseModel):
     sentences: list[str] = Field(description="Sentences to compare.")
 
 
-class SimilarityParameters(TruncatedRequest):
+class SimilarityParameters(Truncation):
     prompt_name: str | None = Field(None, description=PROMPT)
 
 
-class SimilarityRequest(BaseModel):
+class SimilarityRequest(ModelRequest):
     inputs: SimilarityInput = Field(description="Source sentence and candidates.")
     parameters: SimilarityParameters | None = Field(None, description="Truncation options.")
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ModelRequest):
     inputs: str | list[str] = Field(description="A text or a list of texts.")
     add_special_tokens: bool = Field(True, description="Add the model's special tokens ([CLS], </s>, ...).")
     prompt_name: str | None = Field(None, description=PROMPT)
@@ -91,9 +113,17 @@ class SimpleToken(BaseModel):
     stop: int | None = Field(description="UTF-8 byte offset past its end (null for special tokens).")
 
 
-class DecodeRequest(BaseModel):
+class DecodeRequest(ModelRequest):
     ids: list[int] | list[list[int]] = Field(description="Token ids, or a list of token-id lists.")
     skip_special_tokens: bool = Field(True, description="Leave special tokens out of the text.")
+
+
+class VertexRequest(BaseModel):
+    instances: list[dict[str, Any]] = Field(description="Request bodies, each as `POST /` takes it.")
+
+
+class VertexResponse(BaseModel):
+    predictions: list[Any] = Field(description="Each instance's answer, in order.")
 
 
 class ModelInfo(BaseModel):
@@ -106,6 +136,7 @@ class ModelInfo(BaseModel):
     max_input_length: int = Field(description="Max tokens per input, special tokens included.")
     max_batch_tokens: int | None = Field(description="Token budget of one encoder pass in Triton.")
     max_batch_requests: int = Field(description="Rows per Triton call.")
+    prompts: dict[str, str] = Field(description="Prompts from the model's sentence-transformers config, by name.")
 
 
 class Info(ModelInfo):

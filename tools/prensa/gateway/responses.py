@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import Request, Response
+from fastapi import Query, Request, Response
 from fastapi.routing import APIRoute
 
 from prensa.gateway.metrics import GatewayMetrics
@@ -19,6 +19,9 @@ from prensa.gateway.models import Registry
 from prensa.gateway.service import Service, Timings
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.triton_client import TritonClient
+
+# `?model=` on every inference route; the body's `model` field says the same (see `models.named_model`).
+ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Gateway:
     registry: Registry
     service: Service
     metrics: GatewayMetrics
+    started: float = field(default_factory=time.time)  # Unix time: OpenAI's `created` of every model
 
 
 def _ms(seconds: float) -> str:
@@ -53,6 +57,12 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
         }
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
                     headers=headers)
+
+
+def record_success(metrics: GatewayMetrics, method: str, timings: Timings) -> None:
+    """Count an answered request under `method`, with its time and the parts of it."""
+    metrics.succeeded(method, time.perf_counter() - timings.received, timings.tokenization_s, timings.queue_s or 0.0,
+                      timings.inference_s)
 
 
 class GatewayRequest(Request):
@@ -103,5 +113,5 @@ class CountedRoute(GatewayRoute):
         metrics.started(self.name)
         response = await handler(request)
         if response.status_code < 400:
-            metrics.succeeded(self.name, time.perf_counter() - request.state.received)
+            record_success(metrics, self.name, request.timings)
         return response

@@ -1,21 +1,28 @@
 """TEI's native routes (HTTP only: parse, call the service, shape the JSON).
 
-TEI serves one model; prensa serves several. Every route takes an optional `?model=` query
-parameter; without it a route uses `--default-model` when that model can answer it, else the
-first served model (by name) that can. `/embed_colbert` is prensa's own: bge-m3 multi-vectors.
+TEI serves one model; prensa serves several. Every route takes the model from `?model=` or the
+body's `model` field; without either a route uses `--default-model` when that model can answer
+it, else the first served model (by name) that can. `/embed_colbert` is prensa's own: bge-m3
+multi-vectors. Each inference route is an `Operation`, so TEI's default routes (`POST /`,
+`/invocations`, `/vertex`) run the very same work, chosen by the body and the model's task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Annotated
+from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, RootModel
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.gateway.models import Capability, ServedModel
+from prensa.gateway.json_routes import validate_body
+from prensa.gateway.models import Capability, ServedModel, named_model
+from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_tei import (
     DecodeRequest,
     EmbedRequest,
@@ -30,64 +37,70 @@ from prensa.gateway.protocol_tei import (
     SparseValue,
     TokenizeRequest,
     TokenLevelRequest,
+    VertexRequest,
+    VertexResponse,
 )
-from prensa.gateway.responses import CountedRoute, GatewayRequest, GatewayRoute, json_response
-from prensa.gateway.service import check_prompt
+from prensa.gateway.responses import (
+    CountedRoute,
+    Gateway,
+    GatewayRequest,
+    GatewayRoute,
+    ModelParam,
+    json_response,
+    record_success,
+)
+from prensa.gateway.service import Timings, gather
 from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
-ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
+# `/`, `/invocations`, `/vertex`: counted per operation they run, as TEI counts them.
+default_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["TEI"])
 
 
-@router.post("/embed", response_model=list[list[float]], summary="Dense embeddings")
-async def embed(request: EmbedRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(Capability.DENSE, model)
-    check_prompt(served, request.prompt_name)
-    result = await gw.service.dense(served, as_items(request.inputs),
-                                    gw.service.truncation(request.truncate, request.truncation_direction),
+@dataclass(frozen=True)
+class Operation:
+    """One inference route's work: its body, what it needs of a model, and the JSON it answers."""
+
+    name: str  # the route's name, and its `method` label in the metrics
+    request: type[BaseModel]
+    capability: Capability
+    run: Callable[[Any, Gateway, ServedModel, Timings], Awaitable[Any]]
+
+    async def answer(self, request: BaseModel, http: GatewayRequest, query_model: str | None) -> Any:
+        """The payload for `request`, on the model it names (or the default one)."""
+        gw = http.gateway
+        served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
+        return await self.run(request, gw, served, http.timings)
+
+
+async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+    result = await gw.service.dense(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
                                     request.normalize, request.dimensions, timings)
-    return json_response(result.rows, timings)
+    return result.rows
 
 
-@router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="Sparse (lexical) embeddings")
-async def embed_sparse(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    """bge-m3's sparse head or a SPLADE model: non-zero vocabulary weights, ascending ids."""
-    gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(Capability.SPARSE, model)
-    check_prompt(served, request.prompt_name)
-    result = await gw.service.sparse(served, as_items(request.inputs),
-                                     gw.service.truncation(request.truncate, request.truncation_direction), timings)
-    payload = [[{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
-               for ids, weights in zip(result.rows, result.weights)]
-    return json_response(payload, timings)
+async def _embed_sparse(request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+    result = await gw.service.sparse(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
+                                     timings)
+    return [[{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
+            for ids, weights in zip(result.rows, result.weights)]
 
 
-@router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states")
-async def embed_all(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    """The encoder's last hidden state for every token (special tokens included), no pooling."""
-    return await _per_token(request, http, model, Capability.HIDDEN, http.gateway.service.hidden)
+def _per_token(method: str) -> Callable[..., Awaitable[Any]]:
+    """`/embed_all` and `/embed_colbert`: one array of token vectors per input, from `Service.<method>`."""
 
+    async def run(request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+        items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+        truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+        return (await getattr(gw.service, method)(served, items, truncation, timings)).rows
 
-@router.post("/embed_colbert", response_model=list[list[list[float]]], summary="ColBERT multi-vectors (bge-m3)")
-async def embed_colbert(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
-    return await _per_token(request, http, model, Capability.COLBERT, http.gateway.service.colbert)
-
-
-async def _per_token(request: TokenLevelRequest, http: GatewayRequest, model: str | None, capability: Capability,
-                     compute) -> Response:
-    """Shared body of the per-token routes: pick the model, run `compute`, return its rows."""
-    gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(capability, model)
-    check_prompt(served, request.prompt_name)
-    result = await compute(served, as_items(request.inputs),
-                           gw.service.truncation(request.truncate, request.truncation_direction), timings)
-    return json_response(result.rows, timings)
+    return run
 
 
 def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[list[str]], bool]:
@@ -99,27 +112,23 @@ def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[l
     return ([inputs] if inputs else []), False
 
 
-@router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], summary="Classify texts or pairs")
-async def predict(request: PredictRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    gw, timings = http.gateway, http.timings
+async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     sequences, batched = predict_sequences(request.inputs)
     if any(len(s) not in (1, 2) for s in sequences):
         raise validation("each input is [text] or [text, text_pair]")
-    served = await gw.registry.pick(Capability.PREDICT, model)
     texts, pairs = [s[0] for s in sequences], [s[1] if len(s) == 2 else None for s in sequences]
+    hub = request.parameters  # huggingface_hub's text_classification reads a nested answer
+    raw = request.raw_scores or (hub is not None and hub.function_to_apply == "none")
     values, _ = await gw.service.scores(served, texts, pairs,
                                         gw.service.truncation(request.truncate, request.truncation_direction),
-                                        request.raw_scores, timings)
-    labels = served.id2label
-    ranked = [[{"score": row[j], "label": labels[j]} for j in np.argsort(-np.asarray(row), kind="stable").tolist()]
-              for row in values.tolist()]
-    return json_response(ranked if batched else ranked[0], timings)
+                                        raw, timings)
+    labels, top_k = served.id2label, hub.top_k if hub else None
+    ranked = [[{"score": row[j], "label": labels[j]}
+               for j in np.argsort(-np.asarray(row), kind="stable").tolist()[:top_k]] for row in values.tolist()]
+    return ranked if batched or hub is not None else ranked[0]
 
 
-@router.post("/rerank", response_model=list[Rank], response_model_exclude_none=True, summary="Rerank passages")
-async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(Capability.RERANK, model)
+async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     values, _ = await gw.service.scores(served, [request.query] * len(request.texts), list(request.texts),
                                         gw.service.truncation(request.truncate, request.truncation_direction),
                                         request.raw_scores, timings)
@@ -130,34 +139,129 @@ async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam
         if request.return_text:
             rank["text"] = request.texts[index]
         ranks.append(rank)
-    return json_response(ranks, timings)
+    return ranks
 
 
-@router.post("/similarity", response_model=list[float], summary="Cosine similarity to a source sentence")
-async def similarity(request: SimilarityRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(Capability.DENSE, model)
+async def _similarity(request: SimilarityRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     parameters = request.parameters
-    check_prompt(served, parameters.prompt_name if parameters else None)
     if not request.inputs.sentences:
         raise GatewayError(ErrorKind.EMPTY, "`sentences` cannot be empty")
     truncation = gw.service.truncation(parameters.truncate if parameters else None,
                                        parameters.truncation_direction if parameters else "right")
-    result = await gw.service.dense(served, [request.inputs.source_sentence, *request.inputs.sentences], truncation,
-                                    True, None, timings)
+    items = prompted(served, gw.settings, [request.inputs.source_sentence, *request.inputs.sentences],
+                     parameters.prompt_name if parameters else None)
+    result = await gw.service.dense(served, items, truncation, True, None, timings)
     source, others = result.rows[0], result.rows[1:]
     cosine = others @ source / np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
-    return json_response(cosine.astype(np.float32), timings)
+    return cosine.astype(np.float32)
+
+
+EMBED = Operation("embed", EmbedRequest, Capability.DENSE, _embed)
+EMBED_SPARSE = Operation("embed_sparse", TokenLevelRequest, Capability.SPARSE, _embed_sparse)
+EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _per_token("hidden"))
+EMBED_COLBERT = Operation("embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert"))
+PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
+RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
+SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
+# What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
+DEFAULT_OPERATION = {"embed": EMBED, "m3": EMBED, "splade": EMBED_SPARSE, "rerank": PREDICT, "classify": PREDICT}
+
+
+async def _serve(operation: Operation, request: BaseModel, http: GatewayRequest, model: str | None) -> Response:
+    return json_response(await operation.answer(request, http, model), http.timings)
+
+
+@router.post("/embed", response_model=list[list[float]], summary="Dense embeddings")
+async def embed(request: EmbedRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    return await _serve(EMBED, request, http, model)
+
+
+@router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="Sparse (lexical) embeddings")
+async def embed_sparse(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """bge-m3's sparse head or a SPLADE model: non-zero vocabulary weights, ascending ids."""
+    return await _serve(EMBED_SPARSE, request, http, model)
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states")
+async def embed_all(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """The encoder's last hidden state for every token (special tokens included), no pooling."""
+    return await _serve(EMBED_ALL, request, http, model)
+
+
+@router.post("/embed_colbert", response_model=list[list[list[float]]], summary="ColBERT multi-vectors (bge-m3)")
+async def embed_colbert(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
+    return await _serve(EMBED_COLBERT, request, http, model)
+
+
+@router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], summary="Classify texts or pairs")
+async def predict(request: PredictRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """Classifiers take texts or pairs; rerankers score pairs, and a lone text as a sequence of its own."""
+    return await _serve(PREDICT, request, http, model)
+
+
+@router.post("/rerank", response_model=list[Rank], response_model_exclude_none=True, summary="Rerank passages")
+async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    return await _serve(RERANK, request, http, model)
+
+
+@router.post("/similarity", response_model=list[float], summary="Cosine similarity to a source sentence")
+async def similarity(request: SimilarityRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    return await _serve(SIMILARITY, request, http, model)
+
+
+class JsonObject(RootModel[dict[str, Any]]):
+    """Any JSON object: the body of a route that picks its operation from the body itself."""
+
+
+async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str | None) -> Any:
+    """Run the operation TEI's default route would run for `body` and return its payload: rerank for a
+    query with texts, similarity for a source sentence, else what the model's task serves."""
+    gw = http.gateway
+    name = named_model(query_model, body.get("model") if isinstance(body.get("model"), str) else None)
+    if "query" in body and "texts" in body:
+        operation = RERANK
+    elif isinstance(body.get("inputs"), dict):
+        operation = SIMILARITY
+    else:
+        operation = DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
+    request = validate_body(operation.request, body)
+    gw.metrics.started(operation.name)
+    payload = await operation.answer(request, http, query_model)
+    record_success(gw.metrics, operation.name, http.timings)
+    return payload
+
+
+@default_router.post("/", summary="TEI's default route: the chosen model's own operation")
+@default_router.post("/invocations", include_in_schema=False)
+async def default_route(request: JsonObject, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """embed for embedders and bge-m3, embed_sparse for SPLADE, predict for classifiers and rerankers
+    (rerank when the body has `query` and `texts`, similarity when `inputs` is a source sentence with
+    sentences); the model from `?model=`, the body's `model` or the default one."""
+    return json_response(await _dispatch(request.root, http, model), http.timings)
+
+
+async def vertex(request: VertexRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """Google Vertex AI's shape: each instance is a body for `POST /`, each prediction its answer."""
+    if not request.instances:
+        raise GatewayError(ErrorKind.EMPTY, "`instances` cannot be empty")
+    predictions = await gather([_dispatch(instance, http, model) for instance in request.instances])
+    return json_response({"predictions": predictions}, http.timings)
+
+
+VERTEX_ROUTE = "/vertex"
+default_router.add_api_route(VERTEX_ROUTE, vertex, methods=["POST"], response_model=VertexResponse,
+                             summary="Vertex AI: instances in, predictions out")
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokenize with the model's tokenizer")
 async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     gw = http.gateway
-    served = await gw.registry.pick(None, model)
-    check_prompt(served, request.prompt_name)
+    served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
     if not texts:
         raise GatewayError(ErrorKind.EMPTY, "`inputs` cannot be empty")
+    texts = prompted(served, gw.settings, list(texts), request.prompt_name)
     tokenizer = served.require_tokenizer()
     return json_response([simple_tokens(tokenizer, text, request.add_special_tokens) for text in texts])
 
@@ -165,7 +269,7 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
 async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     gw = http.gateway
-    served = await gw.registry.pick(None, model)
+    served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
     tokenizer = served.require_tokenizer()
     for ids in batch:
@@ -182,7 +286,7 @@ def model_info(model: ServedModel) -> dict[str, object]:
     return {"model_id": model.source, "model_sha": model.revision or None, "model_dtype": model.dtype,
             "served_model_name": model.name, "model_type": model_type, "task": model.task,
             "max_input_length": model.max_length, "max_batch_tokens": model.max_batch_tokens,
-            "max_batch_requests": model.max_batch_size}
+            "max_batch_requests": model.max_batch_size, "prompts": model.prompts}
 
 
 @router.get("/info", response_model=Info, summary="Model and server limits")

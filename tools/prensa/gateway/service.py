@@ -89,11 +89,6 @@ def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
         raise validation("`inputs` cannot be empty")
 
 
-def check_prompt(model: ServedModel, prompt_name: str | None) -> None:
-    if prompt_name is not None:
-        raise validation(f"prompt `{prompt_name}` is not defined: model `{model.name}` has no prompts")
-
-
 class Service:
     def __init__(self, settings: GatewaySettings, client: TritonClient, metrics: GatewayMetrics, permits: Permits) -> None:
         self.settings = settings
@@ -134,8 +129,10 @@ class Service:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
         texts_only = all(isinstance(item, str) for item in items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
+        needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs)
         rows = None
-        if encoder_only or not texts_only or not truncation.enabled or truncation.direction == "left" or (
+        if needs_tokens or not truncation.enabled or truncation.direction == "left" or (
                 pairs is not None and first_fills_pair(model.require_tokenizer(), items, model.max_length)):
             tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
             started = time.perf_counter()
@@ -144,7 +141,7 @@ class Service:
             elapsed = time.perf_counter() - started
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)
-        token_path = rows is not None and (encoder_only or not texts_only or rows.cut)
+        token_path = rows is not None and (needs_tokens or rows.cut)
         chunks = self._chunks(model, len(items))
         started = time.perf_counter()
         if timings.queue_s is None:  # parsing, validation and admission: the gateway itself never queues
@@ -165,8 +162,8 @@ class Service:
         else:
             num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
         for chunk in chunks:
-            self.metrics.batch_next_size.observe(len(num_tokens[chunk]))
-            self.metrics.batch_next_tokens.observe(int(num_tokens[chunk].sum()))
+            self.metrics.call_size.observe(len(num_tokens[chunk]))
+            self.metrics.call_tokens.observe(int(num_tokens[chunk].sum()))
         for count in num_tokens.tolist():
             self.metrics.input_length.observe(count)
         timings.tokens += int(num_tokens.sum())
@@ -232,8 +229,6 @@ class Service:
             raise validation("`inputs` cannot be empty")
         singles = [i for i, pair in enumerate(pairs) if pair is None]
         doubles = [i for i, pair in enumerate(pairs) if pair is not None]
-        if singles and model.needs_pairs:
-            raise validation(f"model `{model.name}` scores (text, text_pair) pairs; give two texts per input")
         if doubles and not model.takes_pairs:
             raise validation(f"model `{model.name}` classifies single texts; give one text per input")
         name = contract.LOGITS if raw_scores else contract.SCORES

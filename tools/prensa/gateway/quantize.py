@@ -1,0 +1,53 @@
+"""Embedding precisions beyond float32, by sentence-transformers' `quantize_embeddings` rules.
+
+int8/uint8 map each dimension's calibration range [min, max] onto 256 steps; the ranges are the
+model's own (computed at export over a fixed corpus), so a text's codes never depend on what
+else is in its batch. Values outside the range are clipped rather than wrapped around.
+binary/ubinary keep the sign bits, packed eight to a byte (binary offset by -128 into int8).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from prensa.gateway.errors import validation
+
+RANGED = frozenset({"int8", "uint8"})
+STEPS = 255
+
+
+def base64_float32(vector: np.ndarray) -> str:
+    """Little-endian float32 bytes, base64-encoded (OpenAI's `encoding_format: base64`)."""
+    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+
+
+def quantize(vectors: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
+    """`vectors` [n, dim] in `precision` (float, int8, uint8, binary, ubinary)."""
+    if precision == "float":
+        return vectors
+    if precision in RANGED:
+        if ranges is None:
+            raise ValueError("int8 and uint8 need calibration ranges")
+        starts = ranges[0]
+        steps = np.where(ranges[1] > ranges[0], (ranges[1] - ranges[0]) / STEPS, 1.0)
+        codes = np.clip((vectors - starts) / steps, 0, STEPS)
+        return codes.astype(np.uint8) if precision == "uint8" else (codes - 128).astype(np.int8)
+    packed = np.packbits(vectors > 0, axis=-1)
+    if precision == "ubinary":
+        return packed
+    if precision == "binary":
+        return (packed.astype(np.int16) - 128).astype(np.int8)
+    raise ValueError(f"unknown precision {precision}")
+
+
+def check_ranged(model_name: str, ranges: np.ndarray | None, dim: int, precisions: list[str]) -> None:
+    """int8/uint8 need the model's calibration ranges, at the model's full dimension."""
+    if not RANGED.intersection(precisions):
+        return
+    if ranges is None:
+        raise validation(f"model `{model_name}` has no int8 calibration ranges (calibration.json in its repository); "
+                         "re-export it with `prensa export` and rebuild the repository")
+    if ranges.shape[-1] != dim:
+        raise validation("int8 and uint8 embeddings come at the model's full dimension: drop `output_dimension`")

@@ -1,0 +1,27 @@
+"""NVIDIA NIM's text reranking, `/v1/ranking` (HTTP only); NIM's embeddings are `/v1/embeddings`
+with `input_type` and `truncate` (see `routes_openai`)."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Response
+
+from prensa.gateway.models import Capability, named_model
+from prensa.gateway.protocol_openai import RankingRequest, RankingResponse
+from prensa.gateway.responses import CountedRoute, GatewayRequest, ModelParam, json_response
+from prensa.gateway.routes_openai import ERRORS, truncation_of
+
+router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["NIM"])
+
+
+@router.post("/v1/ranking", response_model=RankingResponse, summary="Rerank passages (NVIDIA NIM)")
+async def nim_ranking(request: RankingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """Raw cross-encoder logits, best first."""
+    gw, timings = http.gateway, http.timings
+    served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
+    passages = [p.text for p in request.passages]
+    values, _ = await gw.service.scores(served, [request.query.text] * len(passages), passages,
+                                        truncation_of(request.truncate, gw.settings.auto_truncate), True, timings)
+    logits = values[:, 0]
+    return json_response({"rankings": [{"index": i, "logit": float(logits[i])}
+                                       for i in np.argsort(-logits, kind="stable").tolist()]}, timings)
