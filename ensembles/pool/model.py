@@ -39,6 +39,12 @@ def pool_tokens(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
     raise ValueError(f"unknown pooling {mode!r}")
 
 
+def dense_vectors(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    """The `dense` output clients receive: pooled, then L2-normalised when the model normalises."""
+    dense = pool_tokens(hidden, mask, pooling)
+    return l2_normalize(dense) if normalize else dense
+
+
 def sparse_terms(ids: np.ndarray, weights: np.ndarray, drop_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Max weight per token id over one row, ascending ids, dropped ids and weights <= 0 removed."""
     keep = (weights > 0) & ~np.isin(ids, drop_ids)
@@ -85,8 +91,7 @@ def pool_request(tensors: dict[str, np.ndarray], pooling: str, normalize: bool, 
     mask = tensors[contract.ATTENTION_MASK]
     out = {contract.NUM_TOKENS: mask.sum(axis=1, keepdims=True).astype(np.int32)}
     if contract.LAST_HIDDEN_STATE in tensors:
-        dense = pool_tokens(tensors[contract.LAST_HIDDEN_STATE], mask, pooling)
-        out[contract.DENSE] = l2_normalize(dense) if normalize else dense
+        out[contract.DENSE] = dense_vectors(tensors[contract.LAST_HIDDEN_STATE], mask, pooling, normalize)
     if contract.TOKEN_WEIGHTS in tensors:
         ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * mask
         out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(

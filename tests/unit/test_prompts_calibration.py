@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prensa.export.calibration import CORPUS, CORPUS_TEXTS, FIGURE, calibration_texts, read_ranges
+from prensa.export.calibration import CORPUS, CORPUS_TEXTS, FIGURE, calibration_texts
 from prensa.export.pipeline import ST_CONFIG, ExportOptions, export_model
-from prensa.manifest import CALIBRATION_FILE, MANIFEST_FILE, Manifest, Pooling, Task
+from prensa.manifest import CALIBRATION_FILE, MANIFEST_FILE, Manifest, Pooling, Task, read_dense_ranges
 from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 
@@ -67,8 +67,8 @@ def test_adopted_onnx_directories_get_prompts_and_calibration(prompted, tmp_path
     adopted, report = export_model(ExportOptions(str(source), tmp_path / "adopted", task=Task.EMBED))
     assert report.ok and adopted.prompts == ADOPTED_PROMPTS and adopted.default_prompt_name is None
     assert adopted.calibration_file == CALIBRATION_FILE
-    np.testing.assert_allclose(read_ranges(tmp_path / "adopted" / CALIBRATION_FILE),
-                               read_ranges(out / CALIBRATION_FILE), atol=1e-6)
+    np.testing.assert_allclose(read_dense_ranges(tmp_path / "adopted"),
+                               read_dense_ranges(out), atol=1e-6)
 
 
 @pytest.mark.parametrize("pipeline", list(Pipeline))
@@ -93,7 +93,7 @@ def test_export_calibration_equals_sentence_transformers_ranges(prompted, st_ran
     data = json.loads((out / CALIBRATION_FILE).read_text())
     assert (data["texts"], data["corpus"]) == (CORPUS_TEXTS, CORPUS)
     assert CORPUS == "prensa.bench.workload.embedding_texts(256, seed=0)"
-    ranges = read_ranges(out / CALIBRATION_FILE)
+    ranges = read_dense_ranges(out)
     assert ranges.shape == (2, manifest.dim) == (2, 384)
     assert (ranges[0] <= ranges[1]).all()
     np.testing.assert_allclose(ranges, st_ranges, atol=1e-4)
@@ -137,7 +137,7 @@ def test_m3_calibration_is_cls_normalised(exports, m3_dir):
         with torch.no_grad():
             rows.append(torch.nn.functional.normalize(model(**encoded).last_hidden_state[:, 0], dim=-1).numpy())
     vectors = np.concatenate(rows)
-    ranges = read_ranges(exports["bge-m3"] / CALIBRATION_FILE)
+    ranges = read_dense_ranges(exports["bge-m3"])
     assert ranges.shape == (2, manifest.dim)
     np.testing.assert_allclose(ranges, np.vstack((vectors.min(0), vectors.max(0))), atol=1e-4)
 
@@ -159,7 +159,7 @@ def test_int8_graphs_calibrate_one_row_per_pass(m3_dir, tmp_path):
         hidden = session.run(["last_hidden_state"], {n: encoded[n].astype(np.int64) for n in manifest.inputs})[0]
         rows.append(hidden[0, 0] / np.linalg.norm(hidden[0, 0]))
     vectors = np.stack(rows)
-    np.testing.assert_allclose(read_ranges(tmp_path / "int8" / CALIBRATION_FILE),
+    np.testing.assert_allclose(read_dense_ranges(tmp_path / "int8"),
                                np.vstack((vectors.min(0), vectors.max(0))), atol=1e-5)
 
 
@@ -170,8 +170,8 @@ def test_fp16_graphs_calibrate_on_their_own_outputs(m3_dir, tmp_path, exports):
         assert report.figures[FIGURE].startswith("skipped: CPUExecutionProvider cannot run")
         return
     assert json.loads((tmp_path / "fp16" / CALIBRATION_FILE).read_text())["dtype"] == "fp16"
-    np.testing.assert_allclose(read_ranges(tmp_path / "fp16" / CALIBRATION_FILE),
-                               read_ranges(exports["bge-m3"] / CALIBRATION_FILE), atol=1e-2)
+    np.testing.assert_allclose(read_dense_ranges(tmp_path / "fp16"),
+                               read_dense_ranges(exports["bge-m3"]), atol=1e-2)
 
 
 def test_a_graph_the_cpu_cannot_run_is_exported_without_calibration(m3_dir, tmp_path, monkeypatch):

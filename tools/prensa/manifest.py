@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
+
 MANIFEST_FILE = "prensa.json"
 CALIBRATION_FILE = "calibration.json"  # int8/uint8 embedding ranges; `prensa repo build` puts it beside the tokenizer
 FORMAT_VERSION = 1  # optional fields have defaults: prensa.json files without them still read
@@ -101,3 +103,12 @@ class Manifest:
             engine = data["tensorrt"]
             data["tensorrt"] = TensorRTEngine(**{**engine, "profile": EngineProfile(**engine["profile"])})
         return cls(**data)
+
+
+def read_dense_ranges(directory: Path) -> np.ndarray | None:
+    """The `dense_ranges` of `directory`'s CALIBRATION_FILE as a [2, dim] float32 array, or None
+    without one: the export's, or the copy `prensa repo build` puts beside the tokenizer file."""
+    path = directory / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    return np.asarray(json.loads(path.read_text())["dense_ranges"], dtype=np.float32)

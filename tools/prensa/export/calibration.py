@@ -46,13 +46,6 @@ def calibration_texts() -> list[str]:
     return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
 
 
-def served_dense(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling, normalize: bool) -> np.ndarray:
-    """The pool stage's `dense` output (its `pool_request`), computed with the stage's own functions."""
-    pool = load_stage("pool")
-    dense = pool.pool_tokens(hidden, mask, pooling.value)
-    return (pool.l2_normalize(dense) if normalize else dense).astype(np.float32)
-
-
 def embed_texts(run: Run, tokenizer, texts: list[str], pooling: Pooling, normalize: bool, max_tokens: int,
                 rows: int) -> np.ndarray:
     """Served dense vectors of `texts`, in their order; run `rows` at a time, shortest first."""
@@ -64,7 +57,8 @@ def embed_texts(run: Run, tokenizer, texts: list[str], pooling: Pooling, normali
         encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
                             return_tensors="np")
         hidden = run(encoded)[contract.LAST_HIDDEN_STATE]
-        for i, vector in zip(chosen, served_dense(hidden, encoded[contract.ATTENTION_MASK], pooling, normalize)):
+        dense = load_stage("pool").dense_vectors(hidden, encoded[contract.ATTENTION_MASK], pooling.value, normalize)
+        for i, vector in zip(chosen, dense.astype(np.float32)):
             vectors[i] = vector
     return np.stack(vectors)
 
@@ -79,7 +73,7 @@ def calibrate(export_dir: Path, manifest: Manifest, tokenizer) -> Calibration:
     provider, with rows per pass as the encoder runs them (int8 graphs one row at a time)."""
     from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail, NotImplemented as NoKernel
 
-    from prensa.export.quantize import _Runner
+    from prensa.export.quantize import GraphRunner
     from prensa.triton.repo import ServingOptions, encoder_rows
 
     if manifest.task not in DENSE_TASKS or manifest.pooling is None:
@@ -87,7 +81,7 @@ def calibrate(export_dir: Path, manifest: Manifest, tokenizer) -> Calibration:
     rows = encoder_rows(manifest, ServingOptions(max_batch_size=BATCH_ROWS))
     max_tokens = min(manifest.max_length, MAX_TOKENS)
     try:
-        run = _Runner(export_dir / manifest.onnx_file, manifest.inputs)
+        run = GraphRunner(export_dir / manifest.onnx_file, manifest.inputs)
         vectors = embed_texts(run, tokenizer, calibration_texts(), manifest.pooling, manifest.normalize, max_tokens,
                               rows)
     except (EPFail, Fail, NoKernel) as exc:  # e.g. an fp16 op without a CPU kernel
@@ -110,11 +104,6 @@ def write_calibration(export_dir: Path, calibration: Calibration, manifest: Mani
             "dtype": manifest.dtype}
     (export_dir / CALIBRATION_FILE).write_text(json.dumps(data) + "\n")
     return CALIBRATION_FILE
-
-
-def read_ranges(path: Path) -> np.ndarray:
-    """`dense_ranges` of a calibration file as a [2, dim] float32 array."""
-    return np.asarray(json.loads(path.read_text())["dense_ranges"], dtype=np.float32)
 
 
 def describe(calibration: Calibration) -> str:

@@ -37,7 +37,7 @@ def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool) -> None:
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
-class _Runner:
+class GraphRunner:
     """Runs a graph one text (or pair) at a time: int8 results depend on batch neighbours."""
 
     def __init__(self, path: Path, inputs: list[str]) -> None:
@@ -62,7 +62,7 @@ def _kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float((sign_a[upper] * sign_b[upper]).mean())
 
 
-def _vectors(run: _Runner, tokenizer, task: Task, pooling: Pooling | None, max_length: int) -> np.ndarray:
+def _vectors(run: GraphRunner, tokenizer, task: Task, pooling: Pooling | None, max_length: int) -> np.ndarray:
     pool = load_stage("pool")
     rows = []
     for text in embedding_texts(EMBED_SAMPLES, seed=7):
@@ -78,7 +78,7 @@ def _vectors(run: _Runner, tokenizer, task: Task, pooling: Pooling | None, max_l
     return np.stack(rows)
 
 
-def _rerank_scores(run: _Runner, tokenizer, max_length: int) -> list[np.ndarray]:
+def _rerank_scores(run: GraphRunner, tokenizer, max_length: int) -> list[np.ndarray]:
     scores = []
     for case in rerank_cases(RERANK_QUERIES, RERANK_PASSAGES, seed=7):
         row = []
@@ -89,7 +89,7 @@ def _rerank_scores(run: _Runner, tokenizer, max_length: int) -> list[np.ndarray]
     return scores
 
 
-def agreement(fp32: _Runner, int8: _Runner, tokenizer, task: Task, pooling: Pooling | None,
+def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer, task: Task, pooling: Pooling | None,
               max_length: int) -> dict[str, float]:
     if task is Task.RERANK:
         want, got = _rerank_scores(fp32, tokenizer, max_length), _rerank_scores(int8, tokenizer, max_length)
@@ -109,13 +109,13 @@ def agreement(fp32: _Runner, int8: _Runner, tokenizer, task: Task, pooling: Pool
 def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer, task: Task,
                          pooling: Pooling | None, max_length: int) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
-    reference = _Runner(fp32, inputs)
+    reference = GraphRunner(fp32, inputs)
     figures, headline = {}, {}
     for per_channel in (False, True):
         candidate = int8.with_name(f"{int8.stem}.{'channel' if per_channel else 'tensor'}{int8.suffix}")
         quantize_dynamic_int8(fp32, candidate, per_channel)
         label = "per-channel" if per_channel else "per-tensor"
-        figures[label] = agreement(reference, _Runner(candidate, inputs), tokenizer, task, pooling, max_length)
+        figures[label] = agreement(reference, GraphRunner(candidate, inputs), tokenizer, task, pooling, max_length)
         headline[per_channel] = next(iter(figures[label].values()))
     keep = headline[True] > headline[False]
     for per_channel in (False, True):

@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
 from prensa.gateway.triton_client import TritonClient
-from prensa.manifest import CALIBRATION_FILE
+from prensa.manifest import read_dense_ranges
 from prensa.stages import contract
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
@@ -121,14 +121,6 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
-def load_dense_ranges(directory: Path) -> np.ndarray | None:
-    """The int8/uint8 ranges `prensa repo build` puts beside the tokenizer file, or None."""
-    path = directory / CALIBRATION_FILE
-    if not path.is_file():
-        return None
-    return np.asarray(json.loads(path.read_text())["dense_ranges"], dtype=np.float32)
-
-
 async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
@@ -151,7 +143,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
     tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
     max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
-    dense_ranges = await asyncio.to_thread(load_dense_ranges, tokenizer_path.parent) if dense else None
+    dense_ranges = await asyncio.to_thread(read_dense_ranges, tokenizer_path.parent) if dense else None
     return ServedModel(
         name=name,
         task=params["task"],
