@@ -225,8 +225,8 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
         operation = SIMILARITY
     else:
         operation = DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
+    gw.metrics.started(operation.name)  # before parsing, as CountedRoute counts the named routes
     request = validate_body(operation.request, body)
-    gw.metrics.started(operation.name)
     payload = await operation.answer(request, http, query_model)
     record_success(gw.metrics, operation.name, http.timings)
     return payload
