@@ -15,7 +15,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from prensa.cli import app
-from prensa.cli.gateway import GatewayAddress
+from prensa.cli.gateway import GatewayAddress, gateway_server
+from prensa.gateway.server import GatewayProtocol, connection_ceiling
 from prensa.gateway.settings import GatewaySettings
 
 # `prensa.cli` exports the command functions under the modules' names, hence import_module.
@@ -151,3 +152,39 @@ def test_a_prompt_and_a_prompt_name_exclude_each_other(given, served):
     assert result.exit_code == 2
     assert "'--default-prompt-name' / '--default-prompt'" in result.output
     assert not served
+
+
+@pytest.mark.parametrize("command", ["gateway", "serve", "up"])
+@pytest.mark.parametrize("given", [["--api-key", ""], ["--api-key", "  "], []])
+def test_an_empty_api_key_is_refused(command, given, served, tmp_path):
+    """Also from PRENSA_API_KEY= (set, empty), which click alone would read as no key at all."""
+    env = {"COLUMNS": "200"} | ({} if given else {"PRENSA_API_KEY": ""})
+    result = CliRunner().invoke(app, [command, *arguments(command, tmp_path), *given], env=env)
+    assert result.exit_code == 2, result.output
+    assert "an empty API key would turn authentication off" in " ".join(result.output.split())
+    assert not served
+
+
+def test_a_key_flag_wins_over_an_empty_variable(served):
+    result = CliRunner().invoke(app, ["gateway", "--api-key", "K"], env={"PRENSA_API_KEY": ""})
+    assert result.exit_code == 0, result.output
+    assert served[0]["settings"].api_key == "K"
+
+
+def test_connection_limits_reach_the_settings(served):
+    result = CliRunner().invoke(app, ["gateway", "--max-connections", "100", "--request-read-timeout", "5"],
+                                env={"PRENSA_WRITE_TIMEOUT": "7", "PRENSA_MAX_HEADER_SIZE": "9000",
+                                     "PRENSA_GRACEFUL_TIMEOUT": "2.5"})
+    assert result.exit_code == 0, result.output
+    assert served[0]["settings"] == GatewaySettings(max_connections=100, request_read_timeout_s=5,
+                                                    write_timeout_s=7, max_header_size=9000, graceful_timeout_s=2.5)
+
+
+def test_the_server_gets_the_grace_period_and_the_guarded_protocol():
+    config = gateway_server(GatewaySettings(graceful_timeout_s=2.5, max_connections=10, max_header_size=9000),
+                            "127.0.0.1", 0).config
+    assert config.timeout_graceful_shutdown == 2.5
+    assert issubclass(config.http, GatewayProtocol)
+    assert (config.http.limits.max_connections, config.http.limits.max_header_size) == (10, 9000)
+    capped = gateway_server(GatewaySettings(max_connections=10**9), "127.0.0.1", 0).config
+    assert capped.http.limits.max_connections == connection_ceiling()  # never above the descriptor limit

@@ -57,7 +57,7 @@ def assert_consistent(files: dict[str, dict]) -> None:
     for container in pod["spec"]["containers"]:
         own = {p["name"] for p in container["ports"]}
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-            if probe in container:
+            if "httpGet" in container.get(probe, {}):
                 assert container[probe]["httpGet"]["port"] in own, (container["name"], probe)
     mounts = {m["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
               for m in c["volumeMounts"]}
@@ -80,8 +80,43 @@ def test_committed_example_is_valid_and_consistent():
     assert_consistent(files)
     triton = files["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert "/v2/health/ready" in triton["readinessProbe"]["exec"]["command"][-1]
+    assert "/v2/health/live" in triton["livenessProbe"]["exec"]["command"][-1]
+
+
+def probed_url(probe: dict) -> str:
+    """The URL an exec probe's python3 one-liner opens."""
+    command = probe["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    return command[2].split("urlopen('")[1].split("'")[0]
+
+
+def test_triton_binds_loopback_and_the_service_carries_the_gateway_and_metrics():
+    """Triton's HTTP and gRPC answer anyone: only the gateway in the pod reaches them by default."""
+    files = render([cpu_model("m", 1, 0)], K8sOptions(repo_image="r"))
+    triton, gateway = files["deployment.yaml"]["spec"]["template"]["spec"]["containers"]
+    assert "--http-address=127.0.0.1" in triton["command"] and "--grpc-address=127.0.0.1" in triton["command"]
+    assert "--metrics-address=0.0.0.0" in triton["command"]  # else it follows --http-address
+    assert [p["name"] for p in triton["ports"]] == ["metrics"]
+    assert [p["name"] for p in files["service.yaml"]["spec"]["ports"]] == ["gateway", "metrics"]
+    assert {e["port"] for e in files["servicemonitor.yaml"]["spec"]["endpoints"]} == {"gateway", "metrics"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert probed_url(triton[probe]).startswith(f"http://127.0.0.1:{TRITON_PORTS.http}/v2/health/")
+    assert f"127.0.0.1:{TRITON_PORTS.grpc}" in gateway["command"]
+    assert_consistent(files)
+
+
+def test_expose_triton_puts_its_ports_on_the_service():
+    files = render([cpu_model("m", 1, 0)], K8sOptions(repo_image="r", expose_triton=True))
+    for obj in kubernetes_objects(files):
+        assert_valid(obj)
+    assert_consistent(files)
+    triton = files["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    assert triton["command"] == TRITON_COMMAND  # every interface, as compose.yaml runs it
+    assert [p["name"] for p in triton["ports"]] == ["http", "grpc", "metrics"]
+    service_ports = {p["name"]: p["port"] for p in files["service.yaml"]["spec"]["ports"]}
+    assert service_ports == {"gateway": GATEWAY_PORT, "http": TRITON_PORTS.http, "grpc": TRITON_PORTS.grpc,
+                             "metrics": TRITON_PORTS.metrics}
 
 
 def test_the_schema_check_is_strict():

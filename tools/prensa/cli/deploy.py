@@ -41,6 +41,7 @@ def k8s(
     prometheus_url: Annotated[str, typer.Option(help="Prometheus that prometheus-adapter queries.")] = "http://kube-prometheus-stack-prometheus.monitoring.svc",
     prometheus_port: Annotated[int, typer.Option(help="Its port.")] = 9090,
     monitor_label: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE label the Prometheus Operator selects ServiceMonitors by; repeatable.")] = None,
+    expose_triton: Annotated[bool, typer.Option(help="Bind Triton's HTTP and gRPC to every pod interface and put them on the Service; they have no authentication (docs/kubernetes.md).")] = False,
 ) -> None:
     """Kubernetes manifests: Triton + gateway pods, Service, ServiceMonitor, queue-time autoscaler."""
     labels = {"monitor_labels": parse_labels(monitor_label)} if monitor_label else {}
@@ -48,7 +49,7 @@ def k8s(
         options = K8sOptions(repo_image=repo_image, repo_claim=repo_pvc, namespace=namespace, name=name,
                              registry=registry, gpus=gpus, memory=memory, min_replicas=min_replicas,
                              max_replicas=max_replicas, target_queue_ms=target_queue_ms, prometheus_url=prometheus_url,
-                             prometheus_port=prometheus_port, **labels)
+                             prometheus_port=prometheus_port, expose_triton=expose_triton, **labels)
         models = read_repository(repo)
         files = render(models, options)
     except ValueError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import typing
 from collections.abc import Callable
 from dataclasses import Field, dataclass, fields
@@ -18,11 +19,14 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 import uvicorn
 
-from prensa.gateway.settings import Flag, GatewaySettings, setting
+from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
 
 R = TypeVar("R")
 PANEL = "Gateway"  # the --help panel of the gateway options of serve and up
 EXCLUSIVE = ("default_prompt", "default_prompt_name")  # settings that exclude each other
+# click reads a variable set to "" as unset; for these that would serve without what the operator
+# meant to set (PRENSA_API_KEY= is no key, hence no authentication), so "" reaches the settings' check.
+EMPTY_MEANS_EMPTY = ("api_key",)
 TYPES = typing.get_type_hints(GatewaySettings)
 
 
@@ -103,11 +107,17 @@ def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
     for item in offered:
         value = values.pop(item.name)
         given[item.name] = tuple(value or ()) if repeatable(item) else value
+        if item.name in EMPTY_MEANS_EMPTY and value is None and os.environ.get(envvar(flag_name(item))) == "":
+            given[item.name] = ""
     if all(given[name] is not None for name in EXCLUSIVE):
         raise typer.BadParameter("they exclude each other (flags or PRENSA_* variables): give a prompt text or a "
                                  "prompt name, not both",
                                  param_hint=" / ".join(f"'{flag_name(i)}'" for i in offered if i.name in EXCLUSIVE))
-    return GatewaySettings(**given)
+    try:
+        return GatewaySettings(**given)
+    except InvalidSetting as exc:  # an empty PRENSA_API_KEY= as much as an empty --api-key
+        flag = next(flag_name(item) for item in offered if item.name == exc.name)
+        raise typer.BadParameter(str(exc), param_hint=f"'{flag}' / {envvar(flag)}") from exc
 
 
 def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -138,11 +148,16 @@ def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[...,
 
 
 def gateway_server(settings: GatewaySettings, host: str, port: int) -> uvicorn.Server:
-    """A uvicorn server for the gateway; `run()` blocks, `should_exit = True` stops it."""
+    """A uvicorn server for the gateway; `run()` blocks, `should_exit = True` stops it, giving
+    in-flight requests `graceful_timeout_s` before cancelling them. Its connections are
+    prensa.gateway.server's protocol: read and write timeouts, header and connection limits."""
     from prensa.gateway.app import create_app
+    from prensa.gateway.server import ConnectionLimits, protocol_class
 
     return uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
-                                         access_log=False, timeout_keep_alive=settings.keep_alive_s))
+                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,
+                                         http=protocol_class(ConnectionLimits.of(settings)),
+                                         timeout_graceful_shutdown=settings.graceful_timeout_s))
 
 
 def run_server(server: uvicorn.Server) -> bool:

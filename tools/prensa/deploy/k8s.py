@@ -5,6 +5,12 @@ Each pod runs Triton and the gateway side by side, the gateway calling its own T
 replicas. Separate gateway and Triton Deployments would pin each gateway's long-lived gRPC
 channel (one HTTP/2 connection) to a single Triton pod, so added Triton replicas would sit idle.
 
+Triton's HTTP and gRPC endpoints have no authentication, so in the pod they bind loopback,
+where only the gateway (which checks the API key) reaches them, and the Service carries the
+gateway alone unless `expose_triton` asks for Triton's ports too. Triton's metrics endpoint
+(read-only counters) binds every interface and stays on the Service: Prometheus scrapes it per pod
+for the autoscaling metric, and the gateway does not relay Triton's series.
+
 The HorizontalPodAutoscaler scales on the time requests wait in Triton's queues before an
 encoder runs them, per pod, which prometheus-adapter computes from two counters Triton exports:
 queueing is what clients feel, while a GPU server's CPU use says little about its load.
@@ -36,6 +42,12 @@ GATEWAY_IMAGE = f"prensa-gateway:{version('prensa')}"
 MODELS_PATH = "/models"
 TRITON_COMMAND = ["tritonserver", f"--model-repository={MODELS_PATH}", "--strict-readiness=true",
                   "--exit-on-error=true", "--log-verbose=0"]
+# In a pod, beside compose.yaml's command (where the gateway reaches Triton from another container).
+LOOPBACK = "127.0.0.1"
+# Triton binds metrics where it binds HTTP unless told otherwise.
+TRITON_LOOPBACK = [f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", "--metrics-address=0.0.0.0"]
+# Probes run inside the container (kubelet's httpGet cannot reach loopback), as compose.yaml's healthcheck.
+PROBE_SCRIPT = "import urllib.request; urllib.request.urlopen('http://{host}:{port}{path}', timeout=4)"
 SHM_GB = 4  # Python-backend stages exchange tensors through /dev/shm
 STARTUP_BUDGET_S = 15 * 60  # compose.yaml's start_period: a first start may build TensorRT engines
 
@@ -136,6 +148,7 @@ class K8sOptions:
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc"
     prometheus_port: int = 9090
     monitor_labels: tuple[tuple[str, str], ...] = (("release", "kube-prometheus-stack"),)
+    expose_triton: bool = False  # Triton's HTTP and gRPC on every pod interface and on the Service
 
     def __post_init__(self) -> None:
         if (self.repo_image is None) == (self.repo_claim is None):
@@ -169,6 +182,18 @@ def _http_probe(path: str, port: str, period_s: int, failures: int) -> Manifest:
             "timeoutSeconds": 5}
 
 
+def _triton_probe(path: str, period_s: int, failures: int) -> Manifest:
+    script = PROBE_SCRIPT.format(host=LOOPBACK, port=TRITON_PORTS.http, path=path)
+    return {"exec": {"command": ["python3", "-c", script]}, "periodSeconds": period_s,
+            "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def triton_ports(options: K8sOptions) -> list[tuple[str, int]]:
+    """Triton's ports reachable from outside the pod, by name."""
+    exposed = [("http", TRITON_PORTS.http), ("grpc", TRITON_PORTS.grpc)] if options.expose_triton else []
+    return [*exposed, ("metrics", TRITON_PORTS.metrics)]
+
+
 def _triton_container(models: list[ServedModel], options: K8sOptions) -> Manifest:
     gpus = pod_gpus(models, options)
     cores = max(sum(stage.cores for model in models for stage in model.stages), 1)
@@ -183,16 +208,14 @@ def _triton_container(models: list[ServedModel], options: K8sOptions) -> Manifes
     return {
         "name": "triton",
         "image": options.image(TRITON_IMAGE),
-        "command": TRITON_COMMAND,
-        "ports": [{"name": "http", "containerPort": TRITON_PORTS.http},
-                  {"name": "grpc", "containerPort": TRITON_PORTS.grpc},
-                  {"name": "metrics", "containerPort": TRITON_PORTS.metrics}],
+        "command": TRITON_COMMAND if options.expose_triton else TRITON_COMMAND + TRITON_LOOPBACK,
+        "ports": [{"name": name, "containerPort": port} for name, port in triton_ports(options)],
         "resources": {"requests": requests, "limits": limits},
         # Ready once every model loaded and ran its warmup (--strict-readiness); the startup probe
         # holds liveness off while engines build, as compose.yaml's start_period does.
-        "startupProbe": _http_probe("/v2/health/ready", "http", 10, STARTUP_BUDGET_S // 10),
-        "readinessProbe": _http_probe("/v2/health/ready", "http", 5, 3),
-        "livenessProbe": _http_probe("/v2/health/live", "http", 10, 6),
+        "startupProbe": _triton_probe("/v2/health/ready", 10, STARTUP_BUDGET_S // 10),
+        "readinessProbe": _triton_probe("/v2/health/ready", 5, 3),
+        "livenessProbe": _triton_probe("/v2/health/live", 10, 6),
         "volumeMounts": mounts,
     }
 
@@ -201,7 +224,7 @@ def _gateway_container(options: K8sOptions) -> Manifest:
     return {
         "name": "gateway",
         "image": options.image(GATEWAY_IMAGE),
-        "command": ["prensa", "gateway", "--triton-url", f"127.0.0.1:{TRITON_PORTS.grpc}", "--repo", MODELS_PATH,
+        "command": ["prensa", "gateway", "--triton-url", f"{LOOPBACK}:{TRITON_PORTS.grpc}", "--repo", MODELS_PATH,
                     "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)],
         "ports": [{"name": "gateway", "containerPort": GATEWAY_PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
@@ -252,8 +275,9 @@ def deployment(models: list[ServedModel], options: K8sOptions) -> Manifest:
 
 
 def service(options: K8sOptions) -> Manifest:
-    ports = [("gateway", GATEWAY_PORT), ("http", TRITON_PORTS.http), ("grpc", TRITON_PORTS.grpc),
-             ("metrics", TRITON_PORTS.metrics)]
+    """The gateway, Triton's metrics for the ServiceMonitor, and Triton's HTTP and gRPC only when
+    `expose_triton` asks: they answer anyone who reaches them."""
+    ports = [("gateway", GATEWAY_PORT), *triton_ports(options)]
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -20,6 +20,14 @@ class Flag:
     gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
 
 
+class InvalidSetting(ValueError):
+    """A value no gateway should run with; `name` is the GatewaySettings field, for the CLI to name its flag."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 def setting(default: Any, help: str, *, flag: str | None = None, gateway_only: bool = False) -> Any:
     """A field with its default and command-line flag."""
     return field(default=default, metadata={"flag": Flag(help, flag, gateway_only)})
@@ -55,6 +63,33 @@ class GatewaySettings:
     default_prompt: str | None = setting(
         None, "Text prepended to every embedding input of requests that name no prompt; exclusive with "
         "--default-prompt-name.")
+    # Slow or hostile clients (prensa.gateway.server): each connection holds a file descriptor and
+    # its buffers, and uvicorn bounds neither how long a request may take to arrive nor how long
+    # an unread answer may sit in memory.
+    request_read_timeout_s: float = setting(
+        30.0, "Seconds a request (line, headers and body) may take to arrive, counted from the connection opening "
+        "or the request's first byte; slower clients get 408 or are disconnected.", flag="--request-read-timeout")
+    write_timeout_s: float = setting(
+        30.0, "Seconds a client may read nothing of its answer before it is disconnected and the answer freed.",
+        flag="--write-timeout")
+    max_header_size: int = setting(65_536, "Max bytes of a request's URL and headers (431 above).")
+    max_connections: int | None = setting(
+        None, "Open client connections before new ones get 503 and are closed; default and ceiling: the "
+        "file-descriptor limit (ulimit -n) less 64 kept for the gateway's own files and sockets.")
+    # uvicorn's own default waits for every request however long its client takes.
+    graceful_timeout_s: float = setting(
+        5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
+        flag="--graceful-timeout")
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
+                                            "--api-key and PRENSA_API_KEY unset")
+        for name in ("request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
+                     "max_connections"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InvalidSetting(name, f"must be positive, got {value}")
 
     @property
     def triton_urls(self) -> list[str]:
