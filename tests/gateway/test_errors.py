@@ -18,6 +18,10 @@ from tritonclient.utils import InferenceServerException
     ("StatusCode.UNAVAILABLE", "Exceeds maximum queue size", ErrorKind.OVERLOADED, 429),
     ("StatusCode.INTERNAL", "Failed to process the request(s) for model 'm_encode'", ErrorKind.BACKEND, 424),
     ("StatusCode.INVALID_ARGUMENT", "unexpected shape for input 'text'", ErrorKind.BACKEND, 424),
+    # a stage whose stub died, and a model unloaded while `prensa serve` reloads it
+    ("StatusCode.INTERNAL", "in ensemble 'm', Stub process 'm_encode_0_0' is not healthy.", ErrorKind.UNHEALTHY, 503),
+    ("StatusCode.NOT_FOUND", "Request for unknown model: 'm' has no available versions", ErrorKind.UNHEALTHY, 503),
+    ("StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found", ErrorKind.BACKEND, 424),
 ])
 def test_triton_errors_map_to_tei_kinds(status, message, kind, code):
     error = translate_error(InferenceServerException(message, status), "127.0.0.1:8001", 30)

@@ -61,7 +61,7 @@ def test_health_up_never_there_and_gone(http, triton, start_gateway):
     nowhere = start_gateway(triton_url=f"127.0.0.1:{free_port()}")
     unhealthy = httpx.get(f"{nowhere}/health")
     assert unhealthy.status_code == 503
-    assert unhealthy.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
+    assert unhealthy.json()["error_type"] == "Unhealthy" and unhealthy.json()["error"].startswith("unhealthy")
     refused = httpx.post(f"{nowhere}/embed", json={"inputs": "ok"})
     assert refused.status_code == 503 and refused.json()["error_type"] == "Unhealthy"
     relay = TcpForwarder(triton.grpc_url)

@@ -8,6 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from prensa.triton.launcher import TritonOptions
 from prensa.triton.supervisor import RestartPolicy, Supervisor
 
 
@@ -16,6 +17,7 @@ class StandIn:
 
     def __init__(self, log_path: Path, seconds: float) -> None:
         self.log_path, self.seconds, self.starts = log_path, seconds, 0
+        self.options = TritonOptions(log_path.parent)
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 from dataclasses import replace
@@ -27,7 +28,7 @@ HttpPort = Annotated[int, typer.Option(envvar="PRENSA_HTTP_PORT", help="Triton H
 GrpcPort = Annotated[int, typer.Option(envvar="PRENSA_GRPC_PORT", help="Triton gRPC port.")]
 MetricsPort = Annotated[int, typer.Option(envvar="PRENSA_METRICS_PORT", help="Triton Prometheus metrics port.")]
 LogVerbose = Annotated[int, typer.Option(envvar="PRENSA_LOG_VERBOSE", help="Triton --log-verbose level.")]
-ControlMode = Annotated[str, typer.Option(envvar="PRENSA_MODEL_CONTROL_MODE", help="Triton --model-control-mode: none, explicit or poll.")]
+ControlMode = Annotated[str, typer.Option(envvar="PRENSA_MODEL_CONTROL_MODE", help="Triton --model-control-mode. explicit: every model loaded at start, and a stage whose Python stub dies is reloaded alone; none or poll: such a stage restarts Triton.")]
 WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRENSA_GATEWAY", rich_help_panel=PANEL,
                                            help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
 RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
@@ -63,14 +64,15 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
                policy: RestartPolicy = RestartPolicy(), settings: GatewaySettings = GatewaySettings()) -> None:
     """Start Triton, wait until every model is ready, print endpoints, keep it running (restarts
     per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once.
-    With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside."""
-    triton = TritonProcess(options)
+    With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
+    On a signal the gateway drains first, then Triton; each gets --graceful-timeout."""
+    triton = TritonProcess(replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s))))
     console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
-    triton.start()
     supervisor = Supervisor(triton, policy, say)
     for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the supervisor then returns
         signal.signal(signum, lambda *_: supervisor.stop())
     try:
+        triton.start()
         triton.wait_ready()
     except TritonStartError as exc:
         triton.stop()

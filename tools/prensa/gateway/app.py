@@ -126,7 +126,7 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
         if registry.models and prompt and not any(prompt in m.prompts for m in registry.models.values()):
             await client.close()
             raise RuntimeError(f"--default-prompt-name {prompt}: no served model has a prompt of that name")
-        client.start_probing(lambda: sorted(registry.models))
+        client.start_probing(lambda: sorted(registry.triton_models()))
         permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
         app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
         yield

@@ -6,7 +6,9 @@ where the tokenizer file is. A fused model (`pipeline: fused`) is all of that in
 takes token ids and returns encoder outputs itself. The registry is rebuilt by `refresh()`: at
 startup, and lazily while it is empty (the gateway started before Triton) or when a request names
 a model it does not know (Triton loaded it later), at most once a second; unchanged tokenizer
-files are kept.
+files are kept. A refresh never drops a model that is only down for a while (a stage reloading,
+Triton restarting): a model goes only when Triton no longer lists it, or says it was unloaded
+while all of its stages are ready.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
-from prensa.gateway.triton_client import TritonClient
+from prensa.gateway.triton_client import READY, TritonClient
 from prensa.manifest import read_dense_ranges
 from prensa.stages import contract
 from prensa.triton.config import config_parameters
@@ -33,6 +35,7 @@ from prensa.triton.repo import Pipeline, served_pipeline
 
 log = logging.getLogger("prensa.gateway")
 REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
+UNLOADED = ("UNAVAILABLE", "unloaded")  # (state, reason) in Triton's index of a model unloaded on purpose
 
 
 class Capability(str, Enum):
@@ -80,6 +83,11 @@ class ServedModel:
     @property
     def pool_model(self) -> str:
         return f"{self.name}_pool"
+
+    @property
+    def triton_models(self) -> tuple[str, ...]:
+        """Every Triton model a request to this one may reach."""
+        return (self.name,) if self.fused else (self.name, f"{self.name}_tokenize", self.encode_model, self.pool_model)
 
     @property
     def needs_pairs(self) -> bool:
@@ -180,34 +188,69 @@ def named_model(query: str | None, body: str | None) -> str | None:
     return query or body or None
 
 
+def coming_back(model: ServedModel, states: dict[str, tuple[str, str]]) -> bool:
+    """Whether a served model that Triton cannot serve now is down for a while, not gone: it was not
+    unloaded itself, or it was only because one of its stages went down."""
+    if model.name not in states:
+        return False
+    stages = [states.get(name, ("",))[0] for name in model.triton_models if name != model.name]
+    return states[model.name] != UNLOADED or any(state != READY for state in stages)
+
+
 class Registry:
     def __init__(self, client: TritonClient, repo: Path, default_model: str | None) -> None:
         self.client = client
         self.repo = repo
         self.default_model = default_model
         self.models: dict[str, ServedModel] = {}
+        self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
         self._last_attempt = 0.0
 
     async def refresh(self) -> None:
-        """Re-read every ready ensemble (or fused model) that carries a prensa task."""
+        """Re-read every ready ensemble (or fused model) that carries a prensa task; keep the known
+        ones that are down for now."""
         async with self._lock:
             self._last_attempt = time.monotonic()
-            names = await self.client.ready_models()
+            states = await self.client.model_states()
+            names = [name for name, (state, _) in states.items() if state == READY]
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
             ensembles = [c for c in configs if served_pipeline(c) is not None]
             models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
-            self.models = {m.name: m for m in sorted(models, key=lambda m: m.name)}
+            fresh = {m.name: m for m in models}
+            down = {name: m for name, m in self.models.items() if name not in fresh and coming_back(m, states)}
+            self.models = {m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)}
+            self.down = set(down)
         log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model")
+        if down:
+            log.warning("%s not ready in Triton for now; kept", ", ".join(down))
+
+    def triton_models(self) -> dict[str, str]:
+        """Every Triton model the served ones reach, each mapped to the served model it belongs to."""
+        return {stage: model.name for model in self.models.values() for stage in model.triton_models}
+
+    async def unready(self) -> str | None:
+        """What keeps a served model from answering now (its stages are named), or None."""
+        stages = self.triton_models()
+        down = await self.client.unready(sorted(stages))
+        if not down:
+            return None
+        return (f"{', '.join(sorted({stages[s] for s in down}))} cannot answer now "
+                f"(not ready in Triton: {', '.join(down)})")
 
     def _may_refresh(self) -> bool:
         return time.monotonic() - self._last_attempt >= REFRESH_INTERVAL_S
 
     async def ensure(self) -> None:
-        """Retry an empty registry (Triton was down or still loading), at most once a second."""
-        if not self.models and self._may_refresh():
-            await self.refresh()
+        """Retry an empty registry (Triton was down or still loading) or one holding models that
+        were down, at most once a second."""
+        if (not self.models or self.down) and self._may_refresh():
+            try:
+                await self.refresh()
+            except GatewayError:
+                if not self.models:
+                    raise
         if not self.models:
             raise GatewayError(ErrorKind.UNHEALTHY, f"Triton at {self.client.url} serves no prensa model yet")
 
@@ -225,6 +268,8 @@ class Registry:
             if capability is not None and not model.can(capability):
                 raise validation(f"model `{name}` (task {model.task}) does not provide {capability.value}")
             return model
+        if self.default_model and self.default_model not in self.models:  # never answer with another model
+            raise GatewayError(ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now")
         candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
         default = self.models.get(self.default_model or "")
         if default is not None and default in candidates:

@@ -53,7 +53,7 @@ class ReplicaPool:
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            await self.is_ready(self._models())
+            await self.unready(self._models())
 
     def _pick(self, tried: set[int]) -> int | None:
         candidates = [i for i, r in enumerate(self.replicas) if i not in tried and r.healthy]
@@ -89,20 +89,22 @@ class ReplicaPool:
                 failure = exc
         raise failure or GatewayError(ErrorKind.UNHEALTHY, "no Triton replica answered")
 
-    async def ready_models(self) -> list[str]:
-        return await self._first_answer(lambda client: client.ready_models())
+    async def model_states(self) -> dict[str, tuple[str, str]]:
+        return await self._first_answer(lambda client: client.model_states())
 
     async def config(self, model: str) -> model_config_pb2.ModelConfig:
         return await self._first_answer(lambda client: client.config(model))
 
-    async def is_ready(self, models: Sequence[str]) -> bool:
-        """Ready when at least one replica serves every model: the gateway can answer."""
-        states = await asyncio.gather(*(r.client.is_ready(models) for r in self.replicas))
-        for replica, ready in zip(self.replicas, states):
+    async def unready(self, models: Sequence[str]) -> list[str]:
+        """Those of `models` no replica can serve now (all of them while none answers); a replica
+        is healthy while it serves every one."""
+        answers = await asyncio.gather(*(r.client.unready(models) for r in self.replicas))
+        for replica, unready in zip(self.replicas, answers):
+            ready = unready == []
             if ready != replica.healthy:
                 log.warning("Triton replica %s is %s", replica.client.url, "back" if ready else "down")
             replica.healthy = ready
-        return any(states)
+        return [m for m in models if all(unready is None or m in unready for unready in answers)]
 
     async def close(self) -> None:
         if self._probe_task:

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, RootModel
 
-from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.json_routes import validate_body
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
@@ -305,21 +305,21 @@ async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
     })
 
 
-UNHEALTHY = b'{"error":"unhealthy","error_type":"Unhealthy"}'
-
-
-@open_router.get("/health", summary="200 when Triton and every served model are ready, else 503")
+@open_router.get("/health", summary="200 when Triton and every stage of every served model are ready, else 503 "
+                                    "naming what is not")
 @open_router.get("/", include_in_schema=False)
 @open_router.get("/ping", include_in_schema=False)
 async def health(http: GatewayRequest) -> Response:
     gw = http.gateway
     try:
         await gw.registry.ensure()
-    except GatewayError:
-        return Response(UNHEALTHY, status_code=503, media_type="application/json")
-    if await gw.client.is_ready(list(gw.registry.models)):
+        problem = await gw.registry.unready()
+    except GatewayError as exc:
+        problem = exc.message
+    if problem is None:
         return Response(status_code=200)
-    return Response(UNHEALTHY, status_code=503, media_type="application/json")
+    error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
+    return Response(error_body(error, "/health"), status_code=error.status, media_type="application/json")
 
 
 @open_router.get("/metrics", summary="Prometheus metrics (TEI names)")

@@ -1,7 +1,8 @@
 """Every call the gateway makes to Triton, over one reused gRPC aio channel.
 
-Triton's gRPC errors become `GatewayError`s here: unreachable or too slow -> Unhealthy (503),
-a full Triton queue -> Overloaded (429), anything else Triton reports -> Backend (424). Without
+Triton's gRPC errors become `GatewayError`s here: unreachable or too slow, a stage whose Python
+stub died or a model being reloaded (see `prensa.triton.healing`) -> Unhealthy (503), a full
+Triton queue -> Overloaded (429), anything else Triton reports -> Backend (424). Without
 `wait_for_ready`, gRPC fails at once while the channel cannot connect, so a dead Triton costs a
 request milliseconds, not the timeout; the channel retries the connection at least once a second
 (gRPC's own backoff grows to two minutes), so a restarted Triton is used again within a second.
@@ -23,6 +24,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from prensa.gateway.errors import ErrorKind, GatewayError
 
 T = TypeVar("T")
+READY = "READY"  # a model's state in Triton's repository index when it can serve
 
 # Channel options: tritonclient's message size limit (2**31 - 1; passing options replaces its
 # defaults) and reconnection attempts at most `RECONNECT_MS` apart.
@@ -39,6 +41,9 @@ CHANNEL_OPTIONS = [
 # exception's message; anything that still looks like an absolute file path is masked too.
 TRACEBACK = re.compile(r"\s*(Traceback \(most recent call last\)|At:\s*\n).*", re.DOTALL)
 FILE_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+-]+){2,}/?")
+# A stage that cannot answer for now: its stub process died, or the model is unloaded for a reload.
+STAGE_DOWN = re.compile(r"Stub process '(?P<stub>[^']+)' is not healthy|"
+                        r"unknown model: '(?P<model>[^']+)' has no available versions")
 
 
 def texts_tensor(texts: Sequence[str]) -> np.ndarray:
@@ -60,6 +65,9 @@ def translate_error(exc: InferenceServerException, url: str, timeout_s: float) -
         return GatewayError(ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s")
     if "maximum queue size" in message:  # a stage's bounded queue rejected the request
         return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
+    if down := STAGE_DOWN.search(message):
+        return GatewayError(ErrorKind.UNHEALTHY, f"Triton's {down['stub'] or down['model']} cannot answer now "
+                                                 "(its process died, or it is being reloaded)")
     if status.endswith("UNAVAILABLE"):
         return GatewayError(ErrorKind.UNHEALTHY, f"Triton is unreachable at {url}")
     return GatewayError(ErrorKind.BACKEND, f"Backend error: {message}")
@@ -85,23 +93,26 @@ class TritonClient:
             raise translate_error(exc, self.url, self.timeout_s) from None
         return {name: result.as_numpy(name) for name in outputs}
 
-    async def ready_models(self) -> list[str]:
+    async def model_states(self) -> dict[str, tuple[str, str]]:
+        """Every model in Triton's repository index: its state (READY, LOADING, UNAVAILABLE, ...) and
+        Triton's reason for it."""
         index = await self._probe(self._client.get_model_repository_index(client_timeout=self.probe_timeout_s))
-        return [model.name for model in index.models if model.state == "READY"]
+        return {model.name: (model.state, model.reason) for model in index.models}
 
     async def config(self, model: str) -> model_config_pb2.ModelConfig:
         return (await self._probe(self._client.get_model_config(model, client_timeout=self.probe_timeout_s))).config
 
-    async def is_ready(self, models: Sequence[str]) -> bool:
-        """Server ready and every model in `models` ready; False rather than raising."""
+    async def unready(self, models: Sequence[str]) -> list[str] | None:
+        """Those of `models` Triton cannot serve now, from one index call; None while Triton
+        itself is unreachable or not live. (Server readiness would not do: under strict readiness
+        one model down makes the whole server unready.)"""
         try:
-            if not await self._client.is_server_ready(client_timeout=self.probe_timeout_s):
-                return False
-            states = await asyncio.gather(
-                *(self._client.is_model_ready(m, client_timeout=self.probe_timeout_s) for m in models))
-        except InferenceServerException:
-            return False
-        return all(states)
+            if not await self._client.is_server_live(client_timeout=self.probe_timeout_s):
+                return None
+            states = await self.model_states()
+        except (InferenceServerException, GatewayError):
+            return None
+        return [m for m in models if states.get(m, ("",))[0] != READY]
 
     async def _probe(self, call: Awaitable[T]) -> T:
         try:

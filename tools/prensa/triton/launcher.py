@@ -4,15 +4,23 @@ The wheel carries Triton 2.51, the Python backend library and one backend stub p
 minor version. Triton expects the stub beside `libtriton_python.so`, so we assemble a small
 backend directory under the user's cache once. The stub imports packages from the `python3`
 first on PATH, hence the current interpreter's `bin/` goes first there.
+
+Triton runs in its own session (a Ctrl-C reaches prensa, which decides how Triton stops), so it
+would outlive a prensa killed with SIGKILL: the kernel's parent-death signal kills it then, and its
+stubs, which watch their parent, follow within a second. It starts in explicit model-control mode
+with every model loaded, so that one model can be reloaded (`prensa.triton.healing`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import importlib.util
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,11 +28,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import tritonclient.http as httpclient
 
 # Lines Triton logs as errors on every machine without a GPU.
 CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
 CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a process gets when the thread that forked it ends
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class TritonStartError(RuntimeError):
@@ -44,8 +55,14 @@ class TritonOptions:
     host: str = "127.0.0.1"
     ports: TritonPorts = field(default_factory=TritonPorts)
     log_verbose: int = 0
-    model_control_mode: str = "none"
+    model_control_mode: str = "explicit"  # every model loaded at start, each one reloadable
     strict_readiness: bool = True
+    exit_timeout_s: int = 5  # in-flight requests get this long after SIGTERM (Triton's default: 30)
+
+    @property
+    def reloadable(self) -> bool:
+        """Whether one model can be reloaded through Triton's model-control API."""
+        return self.model_control_mode == "explicit"
 
 
 def _pytriton_root() -> Path:
@@ -104,12 +121,42 @@ def triton_command(options: TritonOptions) -> list[str]:
         f"--metrics-address={options.host}",
         f"--metrics-port={ports.metrics}",
         f"--model-control-mode={options.model_control_mode}",
+        *(["--load-model=*"] if options.reloadable else []),
+        f"--exit-timeout-secs={options.exit_timeout_s}",
         f"--log-verbose={options.log_verbose}",
         f"--strict-readiness={str(options.strict_readiness).lower()}",
         "--exit-on-error=true",
         "--allow-sagemaker=false",
         "--allow-vertex-ai=false",
     ]
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who listens on `host:port` ("tritonserver (pid 123)"), "another process" when it cannot be
+    told, or None when the port is free."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
+        try:
+            probe.bind((host, port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    for connection in psutil.net_connections("inet"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+            try:
+                return f"{psutil.Process(connection.pid).name()} (pid {connection.pid})"
+            except psutil.NoSuchProcess:
+                continue
+    return "another process"
+
+
+def die_with_parent() -> None:
+    """In the forked child, before exec: SIGKILL when prensa dies; if it already has, exit now."""
+    parent = os.getppid()
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class TritonProcess:
@@ -132,17 +179,30 @@ class TritonProcess:
     def metrics_url(self) -> str:
         return f"http://{self.options.host}:{self.options.ports.metrics}/metrics"
 
+    def check_ports(self) -> None:
+        """Fail before starting when a port is taken: Triton would load every model first and only
+        then fail to bind, while whatever holds the port answers the readiness check."""
+        ports = self.options.ports
+        for role, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+            if holder := port_holder(self.options.host, port):
+                orphan = (" - a Triton left running by a prensa that was killed? Stop it, then start again"
+                          if holder.startswith("tritonserver") else "")
+                raise TritonStartError(f"Triton's {role} port {self.options.host}:{port} is taken by {holder}{orphan}")
+
     def start(self) -> None:
+        """Start tritonserver, which dies with the thread calling this (see the module docstring):
+        call it from a thread that outlives Triton, the main thread or the supervisor's."""
+        self.check_ports()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            triton_command(self.options),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=triton_environment(),
-            start_new_session=True,  # Ctrl-C reaches us; we decide how Triton stops
-        )
-        log.close()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                triton_command(self.options),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=triton_environment(),
+                start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - calls prctl only, prepared in the parent
+            )
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -199,15 +259,16 @@ class TritonProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM (Triton drains in-flight requests), then SIGKILL if it lingers. Python-backend
-        stubs of a Triton that died abruptly outlive it; they share its process group and go too."""
+    def stop(self) -> int | None:
+        """SIGTERM (Triton drains in-flight requests for its exit timeout), then SIGKILL if it
+        lingers, as it does when a stub died. Python-backend stubs of a Triton that died abruptly
+        outlive it; they share its process group and go too."""
         if self.process is None:
             return None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=timeout_s)
+                self.process.wait(timeout=self.options.exit_timeout_s + 1.0)
             except subprocess.TimeoutExpired:
                 pass
         self.reap_group()

@@ -6,20 +6,24 @@ stayed up for `healthy_after_s` counts as healthy again, so one crash a day neve
 give-up; `limit` quick failures in a row (a repository that no longer loads, a port taken by
 someone else) end `prensa serve` with a non-zero exit, for the service manager above to see.
 Whether the first start works is the caller's business: a model that fails to load then is a
-configuration error, reported at once, not retried.
+configuration error, reported at once, not retried. While Triton runs, a `StageWatch` reloads any
+model whose Python-backend stub died.
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prensa.triton.healing import StageWatch
 from prensa.triton.launcher import TritonProcess, TritonStartError
 
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
+WATCH_INTERVAL_S = 0.5  # how often the stubs are looked at: a dead one is found within this
 
 
 @dataclass(frozen=True)
@@ -53,17 +57,34 @@ class Supervisor:
         self._stopping.set()
         self.triton.terminate()
 
+    def watch(self) -> int:
+        """Wait for Triton to exit, healing its stages meanwhile; its exit code."""
+        assert self.triton.process is not None
+        stages = StageWatch(self.triton, self.say)
+        stopped_at: float | None = None
+        while True:
+            try:
+                return self.triton.process.wait(timeout=WATCH_INTERVAL_S)
+            except subprocess.TimeoutExpired:
+                if not self._stopping.is_set():
+                    stages.check()
+                    continue
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > self.triton.options.exit_timeout_s + 1.0:
+                    self.triton.reap_group()  # past its exit timeout: a dead stub holds it
+
     def run(self) -> int:
-        """Supervise until `stop()` (0, or Triton's own code if it did not exit cleanly) or until
-        the policy gives up (non-zero)."""
+        """Supervise until `stop()` (0) or until the policy gives up (non-zero)."""
         assert self.triton.process is not None, "start Triton first"
         failures = 0
         started = time.monotonic()
         while True:
-            code = self.triton.process.wait()
+            code = self.watch()
             self.triton.reap_group()  # stubs of a killed Triton would live on beside the next one
-            if self._stopping.is_set():
-                return 0 if code in CLEAN_EXITS else code
+            if self._stopping.is_set():  # stopped as asked, even if it took a SIGKILL past its exit timeout
+                if code not in CLEAN_EXITS:
+                    self.say(f"tritonserver stopped ({describe_exit(code)})")
+                return 0
             ran_s = time.monotonic() - started
             failures = 1 if ran_s >= self.policy.healthy_after_s else failures + 1
             kept = self.triton.log_path.with_name(self.triton.log_path.name + ".previous")
@@ -82,10 +103,10 @@ class Supervisor:
             if self._stopping.wait(delay):
                 return 0
             started = time.monotonic()
-            self.triton.start()
-            if self._stopping.is_set():  # a signal between the wait and the start: that Triton stops too
-                self.triton.terminate()
             try:
+                self.triton.start()
+                if self._stopping.is_set():  # a signal between the wait and the start: that Triton stops too
+                    self.triton.terminate()
                 self.triton.wait_ready()
             except TritonStartError as exc:
                 if not self._stopping.is_set():

@@ -1,0 +1,144 @@
+"""Stopping `prensa serve`: SIGTERM under load, with a dead stage or with a client sending its body
+a byte a second exits 0 within the grace period (`GRACE_S`) plus `SLACK_S`, leaving no process
+behind; SIGKILL of prensa takes Triton and its stubs with it; a start that finds Triton's ports held
+by such a leftover says who holds them instead of serving through it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.repo import ServingOptions
+
+from tests.conftest import free_port
+from tests.reliability.conftest import build_repo, stop_tree, wait_until
+from tests.reliability.test_faults import PRENSA, Serve
+from tests.reliability.test_healing import TEXT, kill_stub
+
+pytestmark = pytest.mark.triton
+GRACE_S = 3.0
+SLACK_S = 5.0  # process exits, Triton's own exit and the stubs noticing it, on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, exports):
+    return build_repo(exports, ["minilm"], tmp_path_factory.mktemp("shutdown") / "repo", ServingOptions())
+
+
+def started(repo, tmp_path) -> tuple[Serve, list[psutil.Process]]:
+    serve = Serve(repo, tmp_path / "serve.log", "--graceful-timeout", str(GRACE_S))
+    serve.wait_healthy(120)
+    return serve, psutil.Process(serve.process.pid).children(recursive=True)
+
+
+def stop_within(serve: Serve, family: list[psutil.Process], sig: int = signal.SIGTERM) -> tuple[int, float]:
+    """Send `sig`, wait for prensa to exit and for every process it started to be gone; (code, seconds)."""
+    sent = time.monotonic()
+    serve.process.send_signal(sig)
+    code = serve.process.wait(timeout=GRACE_S + SLACK_S + 30)
+    wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family),
+               GRACE_S + SLACK_S, "every process of prensa gone")
+    return code, time.monotonic() - sent
+
+
+def test_sigterm_under_load(repo, tmp_path):
+    serve, family = started(repo, tmp_path)
+    try:
+        statuses: list[int | str] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(base_url=serve.url, timeout=30) as client:
+                while not stop.is_set():
+                    try:
+                        statuses.append(client.post("/embed", json={"inputs": [TEXT] * 8}).status_code)
+                    except httpx.TransportError:  # the listener is closed: no new connection
+                        statuses.append("refused")
+                        time.sleep(0.05)
+
+        workers = [threading.Thread(target=load) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        time.sleep(1.0)
+        code, seconds = stop_within(serve, family)
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+        print(f"\nSIGTERM under load: exit {code} after {seconds:.1f} s")
+        assert code == 0, serve.output()
+        assert seconds < GRACE_S + SLACK_S
+        assert 200 in statuses and set(statuses) <= {200, 503, "refused"}, set(statuses)
+    finally:
+        stop_tree(serve.process)
+
+
+def test_sigterm_with_a_dead_stage(repo, tmp_path):
+    serve, family = started(repo, tmp_path)
+    try:
+        kill_stub(serve.triton_pid(), "minilm_encode")
+        code, seconds = stop_within(serve, family)
+        print(f"\nSIGTERM with a dead stage: exit {code} after {seconds:.1f} s")
+        assert code == 0, serve.output()
+        assert seconds < GRACE_S + SLACK_S
+    finally:
+        stop_tree(serve.process)
+
+
+def test_sigterm_with_a_slow_client(repo, tmp_path):
+    serve, family = started(repo, tmp_path)
+    try:
+        host, port = serve.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        stop = threading.Event()
+
+        def trickle() -> None:  # one byte a second, for longer than the test lasts
+            while not stop.wait(1.0):
+                try:
+                    sock.send(b" ")
+                except OSError:
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(1.5)
+        code, seconds = stop_within(serve, family)
+        stop.set()
+        sock.close()
+        print(f"\nSIGTERM with a slow client: exit {code} after {seconds:.1f} s")
+        assert code == 0, serve.output()
+        assert seconds < GRACE_S + SLACK_S
+    finally:
+        stop_tree(serve.process)
+
+
+def test_sigkill_takes_triton_along(repo, tmp_path):
+    serve, family = started(repo, tmp_path)
+    try:
+        assert serve.triton_pid() is not None and len(family) > 2, "Triton and its stubs"
+        code, seconds = stop_within(serve, family, signal.SIGKILL)
+        print(f"\nSIGKILL of prensa: Triton and {len(family) - 1} stubs gone {seconds:.1f} s later")
+        assert code == -signal.SIGKILL
+    finally:
+        for process in family:  # a failed test must not leave them either
+            if process.is_running():
+                process.kill()
+        stop_tree(serve.process)
+
+
+def test_ports_held_by_a_leftover_triton_are_named(repo, tmp_path):
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    with TritonProcess(TritonOptions(repo, ports=ports), log_path=tmp_path / "leftover.log") as leftover:
+        run = subprocess.run([PRENSA, "serve", "--repo", str(repo), "--http-port", str(ports.http),
+                              "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                              "--gateway-port", str(free_port())], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1
+        said = " ".join((run.stdout + run.stderr).split())
+        assert f"port 127.0.0.1:{ports.http} is taken by tritonserver (pid {leftover.process.pid})" in said, said
+        assert "Triton is ready" not in said
