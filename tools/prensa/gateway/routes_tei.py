@@ -9,6 +9,7 @@ multi-vectors. Each inference route is an `Operation`, so TEI's default routes (
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -18,6 +19,7 @@ import numpy as np
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, RootModel
+from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.json_routes import validate_body
@@ -50,7 +52,7 @@ from prensa.gateway.responses import (
     record_success,
 )
 from prensa.gateway.service import Timings, gather
-from prensa.gateway.tokenization import as_items, check_token_ids, simple_tokens
+from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
@@ -254,16 +256,26 @@ default_router.add_api_route(VERTEX_ROUTE, vertex, methods=["POST"], response_mo
                              summary="Vertex AI: instances in, predictions out")
 
 
+def _tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> Response:
+    """`/tokenize`'s answer, built in a thread: a large body takes seconds to tokenize and serialise."""
+    return json_response(tokens_json(tokenizer, texts, add_special_tokens))
+
+
+def _decoded(tokenizer: Tokenizer, batch: list[list[int]], id_limit: int, skip_special_tokens: bool) -> Response:
+    """`/decode`'s answer, built in a thread: checking and decoding a 2 MB body of ids takes a while too."""
+    for ids in batch:
+        check_token_ids(ids, id_limit)
+    return json_response(tokenizer.decode_batch(batch, skip_special_tokens=skip_special_tokens))
+
+
 @router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokenize with the model's tokenizer")
 async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-    if not texts:
-        raise GatewayError(ErrorKind.EMPTY, "`inputs` cannot be empty")
+    gw.service.check_batch(len(texts))
     texts = prompted(served, gw.settings, list(texts), request.prompt_name)
-    tokenizer = served.require_tokenizer()
-    return json_response([simple_tokens(tokenizer, text, request.add_special_tokens) for text in texts])
+    return await asyncio.to_thread(_tokens, served.require_tokenizer(), texts, request.add_special_tokens)
 
 
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
@@ -271,10 +283,9 @@ async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
-    tokenizer = served.require_tokenizer()
-    for ids in batch:
-        check_token_ids(ids, served.token_id_limit)
-    return json_response(tokenizer.decode_batch(batch, skip_special_tokens=request.skip_special_tokens))
+    gw.service.check_batch(len(batch))
+    return await asyncio.to_thread(_decoded, served.require_tokenizer(), batch, served.token_id_limit,
+                                   request.skip_special_tokens)
 
 
 def model_info(model: ServedModel) -> dict[str, object]:

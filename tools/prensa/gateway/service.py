@@ -6,9 +6,11 @@ gateway produced (see `tokenization`) to `<name>_encode`, then the encoder outpu
 `<name>_pool` (a fused model takes the token ids itself: one call), so left truncation, token-id
 inputs and truncated pairs are pooled by the same stage code as everything else. The token path
 is taken only when the text path would give a different answer; a request whose inputs all fit
-goes the text path even when the gateway had to count its tokens. Inputs are cut into chunks of
-at most the model's `max_batch_size` (and the client batch limit) and the chunks go to Triton
-concurrently, where the dynamic batcher merges them again.
+goes the text path even when the gateway had to count its tokens. Texts longer than the model's
+window are first cut to what it reads (`tokenization.bound_texts`), so that neither path tokenizes
+a long text once per input or pair. Inputs are cut into chunks of at most the model's
+`max_batch_size` (and the client batch limit) and the chunks go to Triton concurrently, where the
+dynamic batcher merges them again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tokenization import Item, TokenRows, Truncation, first_fills_pair, tokenize_items
+from prensa.gateway.tokenization import (
+    Item,
+    TokenRows,
+    Truncation,
+    bound_texts,
+    first_fills_pair,
+    has_long_texts,
+    tokenize_items,
+)
 from prensa.gateway.triton_client import TritonClient, texts_tensor
 from prensa.stages import contract, load_stage
 
@@ -79,12 +89,17 @@ async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
 
 
-def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
-    """An empty batch is `Empty` (400); an empty input or too many of them is `Validation` (422)."""
-    if not items:
+def check_batch(size: int, batch_limit: int, split: bool) -> None:
+    """An empty batch is `Empty` (400); more inputs than the limit is `Validation` (422)."""
+    if not size:
         raise GatewayError(ErrorKind.EMPTY, "`inputs` cannot be empty")
-    if len(items) > batch_limit and not split:
-        raise GatewayError(ErrorKind.VALIDATION, f"batch size {len(items)} > maximum allowed batch size {batch_limit}")
+    if size > batch_limit and not split:
+        raise GatewayError(ErrorKind.VALIDATION, f"batch size {size} > maximum allowed batch size {batch_limit}")
+
+
+def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
+    """`check_batch`, and an empty input is `Validation` (422)."""
+    check_batch(len(items), batch_limit, split)
     if any(len(item) == 0 for item in items):
         raise validation("`inputs` cannot be empty")
 
@@ -101,6 +116,10 @@ class Service:
 
     def check(self, items: Sequence[Item]) -> None:
         check_items(items, self.settings.max_client_batch_size, self.settings.split_large_batches)
+
+    def check_batch(self, size: int) -> None:
+        """The batch limit alone, for routes where an empty input is valid (`/tokenize`, `/decode`)."""
+        check_batch(size, self.settings.max_client_batch_size, self.settings.split_large_batches)
 
     def _chunks(self, model: ServedModel, count: int) -> list[slice]:
         size = max(1, min(model.max_batch_size, self.settings.max_client_batch_size))
@@ -129,6 +148,12 @@ class Service:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
         texts_only = all(isinstance(item, str) for item in items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
+            # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
+            started = time.perf_counter()
+            items, pairs = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
+                                                   truncation.direction)
+            timings.tokenization_s += time.perf_counter() - started
         # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
         needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs)
         rows = None

@@ -6,14 +6,26 @@ gateway tokenizes itself (with the stage's own tokenizer file) when a request ne
 text pairs whose first text alone leaves no room (the stage's `only_second` strategy fails there)
 and `/embed_all`. Truncation keeps the special tokens: content is cut, then the post-processor adds
 them back, exactly as `tokenizers` does when truncation is enabled.
+
+A text longer than the model's window in characters (`window_chars`) is first cut to the whole
+words that hold one token more than the window (`bound_texts`), once per distinct text and from a
+tokenization of a bounded piece of it, before anything tokenizes it per input or per pair: a long
+rerank query then costs one bounded tokenization instead of one whole tokenization per passage,
+here and in Triton's tokenize stage. What needs every token of a long text (the count a
+`truncate: false` refusal names, `/tokenize`) tokenizes it a piece at a time (`_content_pieces`).
+Both rest on pre-tokenizers splitting on local context: the tokens of words the tokenizer has
+seen whole, away from where a piece starts, are those of the whole text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import chain, islice
 
 import numpy as np
+import orjson
 from tokenizers import Encoding, Tokenizer
 
 from prensa.gateway.errors import validation
@@ -98,6 +110,188 @@ def too_long(max_length: int, given: int) -> Exception:
     return validation(f"`inputs` must have less than {max_length} tokens. Given: {given}")
 
 
+CHARS_PER_TOKEN = 8  # a generous bound on the characters of one token of natural text
+
+
+def window_chars(tokens: int) -> int:
+    """Texts up to this many characters for a window of `tokens` are tokenized as they are; longer
+    ones are measured in pieces of this size (doubled while a piece holds too few whole words)."""
+    return max(tokens, 1) * CHARS_PER_TOKEN
+
+
+def _measuring(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer`, or a copy without its post-processor when that trims offsets (ByteLevel, RoBERTa):
+    the cuts need each token's offsets as the pre-tokenizer made them. Content ids are the same."""
+    processor = tokenizer.post_processor
+    if processor is None or b'"trim_offsets":true' not in processor.__getstate__():
+        return tokenizer
+    return _untrimmed(tokenizer)
+
+
+@lru_cache(maxsize=8)  # a few tokenizers, and the ones a reload of a changed file replaced
+def _untrimmed(tokenizer: Tokenizer) -> Tokenizer:
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.post_processor = None
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def _content(tokenizer: Tokenizer, text: str) -> Encoding:
+    return _measuring(tokenizer).encode(text, add_special_tokens=False)
+
+
+def _word_start(words: list[int | None], token: int) -> int:
+    """The index of the first token of the word that holds `token`."""
+    while token > 0 and words[token - 1] == words[token]:
+        token -= 1
+    return token
+
+
+def _resume(text: str, offsets: list[tuple[int, int]], words: list[int | None], token: int) -> int:
+    """Where tokenizing `text` may start so that `token`, the first of its word, and the tokens after
+    it come out as in the whole text: at a space that starts or precedes that word (tokenizers split
+    there whatever came before, and add no prefix space to a text that starts with one), else two
+    words earlier, whose changed start (a prefix space, a contraction cut off) does not reach it.
+    0 when there is no such place."""
+    start = offsets[token][0]
+    if text[start:start + 1] == " ":
+        return start
+    if text[start - 1:start] == " ":
+        return start - 1
+    for _ in range(2):
+        if token == 0:
+            return 0
+        token = _word_start(words, token - 1)
+    return offsets[token][0]
+
+
+def _word_cut(piece: str, encoding: Encoding, keep: int, direction: str) -> int | None:
+    """Where to cut the tokenized piece so that it keeps the whole words that hold its first `keep`
+    tokens (its last ones on the left): at the start of the next word, so that what lies between two
+    words (spaces, a combining mark the normalizer folded into a token) stays; on the left where
+    tokenizing may start (`_resume`). None when the piece has fewer tokens or that word may run on
+    beyond it (the piece's last word; on the left, when no word before it gives the context)."""
+    words = encoding.word_ids
+    if len(words) < keep:
+        return None
+    if direction == "left":
+        at = _resume(piece, encoding.offsets, words, _word_start(words, len(words) - keep))
+        return at or None
+    last = keep - 1
+    while last + 1 < len(words) and words[last + 1] == words[last]:
+        last += 1
+    return encoding.offsets[last + 1][0] if last + 1 < len(words) else None
+
+
+def _same_tokens(tokenizer: Tokenizer, text: str, reference: Encoding, keep: int, direction: str) -> bool:
+    """Whether `text` gives the `keep` tokens of `reference` the model reads (all of them when fewer)."""
+    ids, expected = _content(tokenizer, text).ids, reference.ids
+    return ids[-keep:] == expected[-keep:] if direction == "left" else ids[:keep] == expected[:keep]
+
+
+def keep_tokens(tokenizer: Tokenizer, text: str, keep: int, direction: str) -> str:
+    """`text`, or the shortest run of its whole words from its start (its end for `left`) holding at
+    least `keep` tokens: what a window of fewer than `keep` tokens reads is the same for both.
+    Measured on a piece of `window_chars(keep)` characters; a piece whose whole words hold fewer
+    tokens (very long words, long runs of spaces) is doubled, up to the whole text. A whole text that
+    still has no such cut (one long word) is cut to one window's piece when that piece gives the
+    same tokens. Texts of at most one window are returned as they are, unmeasured."""
+    window = window_chars(keep)
+    if len(text) <= window:
+        return text
+    size = window
+    while True:
+        whole = size >= len(text)
+        piece = text if whole else text[-size:] if direction == "left" else text[:size]
+        encoding = _content(tokenizer, piece)
+        at = _word_cut(piece, encoding, keep, direction)
+        if at is not None:
+            piece = piece[at:] if direction == "left" else piece[:at]
+        if at is not None or whole:
+            break
+        size *= 2
+    if len(piece) > window:
+        shorter = piece[-window:] if direction == "left" else piece[:window]
+        if _same_tokens(tokenizer, shorter, encoding, keep, direction):
+            return shorter
+    return piece
+
+
+def bound_texts(tokenizer: Tokenizer, items: list[Item], pairs: list[str] | None, max_length: int,
+                direction: str) -> tuple[list[Item], list[str] | None]:
+    """`items` and `pairs` with every text longer than the window cut to what a window of
+    `max_length` tokens reads (`keep_tokens`), once per distinct text; one token more than the
+    window holds is kept, so a cut text is truncated where the whole one is."""
+    keep, limit = max_length + 1, window_chars(max_length + 1)
+    cuts: dict[str, str] = {}
+
+    def cut(item: Item) -> Item:
+        if not isinstance(item, str) or len(item) <= limit:
+            return item
+        if item not in cuts:
+            cuts[item] = keep_tokens(tokenizer, item, keep, direction)
+        return cuts[item]
+
+    return [cut(item) for item in items], [cut(pair) for pair in pairs] if pairs is not None else None
+
+
+def has_long_texts(items: Sequence[Item], pairs: Sequence[str] | None, max_length: int) -> bool:
+    """Whether `bound_texts` would measure anything: short texts cost a length check, no thread."""
+    limit = window_chars(max_length + 1)
+    return any(isinstance(item, str) and len(item) > limit for item in chain(items, pairs or ()))
+
+
+def _content_pieces(tokenizer: Tokenizer, text: str, window: int) -> Iterator[tuple[int, Encoding, range]]:
+    """The content tokens of `text` a piece of about `window` characters at a time, with the memory
+    of tokenizing one piece: (where the piece starts, its encoding, which of its tokens come next in
+    the whole text's). A piece gives the tokens before its last word, which may run on; the next one
+    starts where the tokens from that word on come out as in the whole text (`_resume`). A piece with
+    no whole word past the given tokens, or no place to go on from, is doubled."""
+    origin, given, size = 0, 0, window  # the tokens starting before `given` are given
+    while True:
+        whole = len(text) - origin <= size
+        piece = text[origin:] if whole else text[origin:origin + size]
+        encoding = _content(tokenizer, piece)
+        offsets, words = encoding.offsets, encoding.word_ids
+        first = next((i for i, (start, _) in enumerate(offsets) if origin + start >= given), len(offsets))
+        if whole:
+            yield origin, encoding, range(first, len(offsets))
+            return
+        last = _word_start(words, len(words) - 1)
+        resume = _resume(piece, offsets, words, last) if last > first else 0
+        if resume <= 0:
+            size *= 2
+            continue
+        yield origin, encoding, range(first, last)
+        given, origin, size = origin + offsets[last][0], origin + resume, window
+
+
+def count_tokens(tokenizer: Tokenizer, text: str, window: int) -> int:
+    """The content tokens of `text`, counted in pieces (`_content_pieces`)."""
+    return sum(len(tokens) for _, _, tokens in _content_pieces(tokenizer, text, window))
+
+
+def _refuse_too_long(tokenizer: Tokenizer, firsts: list[str], seconds: list[str] | None, max_length: int) -> None:
+    """Refuse the first input (or pair) with more tokens than `max_length`, naming its count, when
+    some text is longer than the window: each distinct text is counted once, in pieces."""
+    window = window_chars(max_length)
+    if not any(len(text) > window for text in chain(firsts, seconds or ())):
+        return
+    counts: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if text not in counts:
+            counts[text] = count_tokens(tokenizer, text, window)
+        return counts[text]
+
+    specials = tokenizer.num_special_tokens_to_add(seconds is not None)
+    for row, first in enumerate(firsts):
+        content = count(first) + (count(seconds[row]) if seconds is not None else 0)
+        if content > max_length - specials:
+            raise too_long(max_length, content + specials)
+
+
 def _cut(encoding: Encoding, keep: int, direction: str) -> None:
     encoding.truncate(max(keep, 0), direction=direction)
 
@@ -105,7 +299,7 @@ def _cut(encoding: Encoding, keep: int, direction: str) -> None:
 def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[str] | None, max_length: int,
                    truncation: Truncation, id_limit: int) -> TokenRows:
     """Token ids per input, special tokens added to texts (not to token-id inputs, which must lie in
-    [0, `id_limit`)), truncated or refused."""
+    [0, `id_limit`)), truncated or refused. Texts that may be truncated come cut by `bound_texts`."""
     texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
     ids: list[list[int]] = [[] for _ in items]
     type_ids: list[list[int]] = [[] for _ in items]
@@ -121,6 +315,9 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
     if not texts:
         return TokenRows(ids, type_ids, cut)
     assert tokenizer is not None, "callers require a tokenizer for text inputs"
+    if not truncation.enabled:
+        _refuse_too_long(tokenizer, [text for _, text in texts], [pairs[i] for i, _ in texts] if pairs else None,
+                         max_length)
     firsts = tokenizer.encode_batch([text for _, text in texts], add_special_tokens=False)
     seconds = tokenizer.encode_batch([pairs[i] for i, _ in texts], add_special_tokens=False) if pairs else None
     specials = tokenizer.num_special_tokens_to_add(pairs is not None)
@@ -140,27 +337,73 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
     return TokenRows(ids, type_ids, cut)
 
 
-def simple_tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[dict[str, object]]:
-    """TEI's `/tokenize` items: byte offsets into the UTF-8 input; special tokens carry no offsets."""
-    encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+TOKENIZE_WINDOW = 65_536  # characters: `/tokenize` tokenizes a longer text in pieces of about this size
+
+
+def _specials(tokenizer: Tokenizer) -> tuple[list[tuple[int, str, tuple[int, int], bool]], ...]:
+    """The special tokens the post-processor puts before and after a text's content."""
+    encoding = tokenizer.encode("a", add_special_tokens=True)
+    rows = list(zip(encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask)))
+    content = [i for i, (*_, special) in enumerate(rows) if not special]
+    return rows[: content[0]], rows[content[-1] + 1:]
+
+
+def _encoded(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> Iterator[tuple[int, str, tuple[int, int], bool]]:
+    """(id, token, character offsets, special) of each token of `text`'s encoding. A text longer than
+    `TOKENIZE_WINDOW` is tokenized in pieces (`_content_pieces`): a whole 2 MB text takes the
+    tokenizer some 300 MB. Not for tokenizers that trim offsets, whose pieces would not say them."""
+    if len(text) <= TOKENIZE_WINDOW or _measuring(tokenizer) is not tokenizer:
+        encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        yield from zip(encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask))
+        return
+    before, after = _specials(tokenizer) if add_special_tokens else ([], [])
+    yield from before
+    for origin, encoding, tokens in _content_pieces(tokenizer, text, TOKENIZE_WINDOW):
+        ids, names, offsets, specials = encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask
+        for i in tokens:
+            yield ids[i], names[i], (origin + offsets[i][0], origin + offsets[i][1]), bool(specials[i])
+    yield from after
+
+
+def simple_tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> Iterator[dict[str, object]]:
+    """TEI's `/tokenize` items, one at a time: byte offsets into the UTF-8 input; special tokens
+    carry no offsets."""
     data = text.encode("utf-8")
     byte_at = np.cumsum([0, *(len(c.encode("utf-8")) for c in text)]) if not text.isascii() else None
-    tokens = []
-    for token_id, token, (start, stop), special in zip(encoding.ids, encoding.tokens, encoding.offsets,
-                                                       encoding.special_tokens_mask):
+    for token_id, token, (start, stop), special in _encoded(tokenizer, text, add_special_tokens):
         if special:
-            tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            yield {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
             continue
         if byte_at is not None:
             start, stop = int(byte_at[start]), int(byte_at[stop])
-        tokens.append({"id": token_id, "text": data[start:stop].decode("utf-8", errors="replace"), "special": False,
-                       "start": start, "stop": stop})
-    return tokens
+        yield {"id": token_id, "text": data[start:stop].decode("utf-8", errors="replace"), "special": False,
+               "start": start, "stop": stop}
+
+
+TOKENS_PER_SLICE = 4096
+
+
+def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> orjson.Fragment:
+    """`/tokenize`'s answer as JSON, serialized a slice of tokens at a time: a dict for every token
+    of a 2 MB body at once would take several times the memory of the JSON itself."""
+    body = bytearray(b"[")
+    for n, text in enumerate(texts):
+        body += b",[" if n else b"["
+        tokens = simple_tokens(tokenizer, text, add_special_tokens)
+        while chunk := list(islice(tokens, TOKENS_PER_SLICE)):
+            if body[-1:] != b"[":
+                body += b","
+            body += orjson.dumps(chunk)[1:-1]  # the slice's items, without the brackets of its own array
+        body += b"]"
+    body += b"]"
+    return orjson.Fragment(bytes(body))
 
 
 def _windows(tokenizer: Tokenizer, text: str, size: int, count: int) -> list[str]:
     """Up to `count` consecutive pieces of `text` of at most `size` tokens each (special tokens not
-    counted), cut at token boundaries by the tokenizer's character offsets."""
+    counted), cut at token boundaries by the tokenizer's character offsets; a long text is first cut
+    to what the pieces read."""
+    text = keep_tokens(tokenizer, text, size * count + 1, "right")
     offsets = tokenizer.encode(text, add_special_tokens=False).offsets
     if len(offsets) <= size:
         return [text]
@@ -179,5 +422,6 @@ def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[s
 def chunk_texts(tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int) -> list[list[str]]:
     """Each text split into up to `max_chunks` windows that fit beside `query` in a pair of
     `max_length` tokens (Cohere's `max_chunks_per_doc`); a text that fits is one window."""
+    query = keep_tokens(tokenizer, query, max_length + 1, "right")  # a longer query leaves no room either way
     room = max_length - tokenizer.num_special_tokens_to_add(True) - len(tokenizer.encode(query, add_special_tokens=False))
     return [_windows(tokenizer, text, max(room, 1), max_chunks) for text in texts]
