@@ -9,7 +9,14 @@ what crosses each stage boundary.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton: by prensa, and by unit tests of the stages
+    pb_utils = None
 
 # Ensemble inputs: raw UTF-8 text, one element per row; `text_pair` is the second segment
 # (rerank passages, classifier pairs).
@@ -48,3 +55,50 @@ def parameters(model_config: dict[str, Any] | str) -> dict[str, str]:
 def int_list(text: str) -> list[int]:
     """Parse a comma-separated list of ints as written by the repository generator."""
     return [int(item) for item in text.split(",") if item.strip()]
+
+
+# A request Triton marks cancelled (its gRPC client hung up) is answered with this, not computed.
+CANCELLED_MESSAGE = "the request was cancelled: its client is gone"
+# How often, at most, a stage asks Triton again whether one request is cancelled while it computes
+# others: each question is a round trip to the Triton process.
+CANCEL_CHECK_INTERVAL_S = 0.05
+
+
+class Cancelled(Exception):
+    """A request skipped because Triton marked it cancelled: answered with `cancelled_response`."""
+
+
+class CancelCheck:
+    """Whether Triton has marked a request of one `execute` cancelled, asking it at most once per
+    `interval_s` per request (a True answer is kept: a cancelled request stays cancelled).
+
+    Triton's dynamic batcher drops a request cancelled while it waits in the queue, but not one
+    already in a batch handed to the stage (the next batch is formed while the current one runs),
+    and an ensemble marks only the steps it creates after the cancellation, never a step already
+    queued. So stages ask at the start of `execute` and between sub-batches."""
+
+    def __init__(self, requests: Sequence[Any], interval_s: float = CANCEL_CHECK_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.requests = requests
+        self.interval_s = interval_s
+        self.clock = clock
+        self.cancelled: set[int] = set()
+        self.asked_at: dict[int, float] = {}
+
+    def __call__(self, index: int) -> bool:
+        if index in self.cancelled:
+            return True
+        now = self.clock()
+        asked = self.asked_at.get(index)
+        if asked is not None and now - asked < self.interval_s:
+            return False
+        self.asked_at[index] = now
+        if self.requests[index].is_cancelled():
+            self.cancelled.add(index)
+            return True
+        return False
+
+
+def cancelled_response() -> Any:
+    """The answer to a cancelled request: Triton's CANCELLED status, as its own batcher gives."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(CANCELLED_MESSAGE, pb_utils.TritonError.CANCELLED))

@@ -6,7 +6,9 @@ row: a new sub-batch starts when the next row is longer than `length_ratio` x th
 shortest, or when rows x padded length would exceed `max_batch_tokens`. A row longer than the
 budget runs alone. Outputs are scattered back to each request, per-token outputs padded to the
 request's own width. A sub-batch that raises is run again request by request, so only a request
-that fails on its own gets an error response. Config parameters: `onnx_file`,
+that fails on its own gets an error response. A request Triton marks cancelled (its client hung
+up) is answered CANCELLED: asked at the start of `execute` and before each of its sub-batches, so
+rows not yet computed are not computed at all. Config parameters: `onnx_file`,
 `max_batch_tokens`, `length_ratio`, `max_rows`, `pad_id`, `intra_op_threads`,
 `execution_provider` (cpu|cuda), `per_token_outputs`, `allow_spinning` (true|false).
 """
@@ -17,7 +19,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +111,11 @@ class TokenBudgetEncoder:
             raise failed
         return results
 
-    def encode_each(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
-        """Outputs per request, or the exception that request alone raises (see `_run_isolated`)."""
+    def encode_each(self, requests: list[dict[str, np.ndarray]],
+                    cancelled: Callable[[int], bool] = lambda _: False) -> list[dict[str, np.ndarray] | Exception]:
+        """Outputs per request, or the exception that request alone raises (see `_run_isolated`), or
+        `Cancelled` for a request that `cancelled(index)` reports before one of its sub-batches: its
+        remaining rows are not computed."""
         rows = [
             Row(r, i, int(length))
             for r, tensors in enumerate(requests)
@@ -121,6 +126,9 @@ class TokenBudgetEncoder:
             return results
         lengths = np.array([row.length for row in rows])
         for batch in plan_sub_batches(lengths, self.max_batch_tokens, self.length_ratio, self.max_rows):
+            for request in dict.fromkeys(rows[i].request for i in batch):
+                if not isinstance(results[request], Exception) and cancelled(request):
+                    results[request] = contract.Cancelled()
             members = [rows[i] for i in batch if not isinstance(results[rows[i].request], Exception)]
             for group, outputs in self._run_isolated(requests, members):
                 if isinstance(outputs, Exception):
@@ -271,21 +279,27 @@ class TokenCounters:
             pb_utils.Logger.log_warn(f"prensa token counters not updated: {exc}")
 
 
+def encoder_response(result: dict[str, np.ndarray] | Exception):
+    """A request's outputs, CANCELLED for one skipped, or the error it alone raised."""
+    if isinstance(result, contract.Cancelled):
+        return contract.cancelled_response()
+    if isinstance(result, Exception):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"encoder failed: {result}"))
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self.encoder = load_encoder(json.loads(args["model_config"]), Path(args["model_repository"]) / args["model_version"])
         self.token_metrics = TokenCounters(args["model_name"])
 
     def execute(self, requests):
-        tensors = [read_token_inputs(request) for request in requests]  # the config requires ids and mask
+        cancelled = contract.CancelCheck(requests)
+        live = [i for i in range(len(requests)) if not cancelled(i)]
+        tensors = [read_token_inputs(requests[i]) for i in live]  # the config requires ids and mask
         with self.token_metrics.counting(self.encoder):
-            results = self.encoder.encode_each(tensors)
-        return [
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(f"encoder failed: {result}"))
-            if isinstance(result, Exception) else
-            pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
-            for result in results
-        ]
+            results = dict(zip(live, self.encoder.encode_each(tensors, lambda j: cancelled(live[j]))))
+        return [encoder_response(results.get(i, contract.Cancelled())) for i in range(len(requests))]
 
     def finalize(self) -> None:
         self.token_metrics.close()

@@ -5,8 +5,9 @@ busy machine, a context switch or two; a lone short query through the three-stag
 pays that three times. This model runs the same stage code (`prensa_stage_tokenize`,
 `prensa_stage_encode`, `prensa_stage_pool`, copied beside it) in one `execute`: all requests'
 texts are tokenized in one call, every row goes through the token-budget encoder, and each
-request is pooled on its own. It has the ensemble's inputs and outputs, so clients do not know
-which one they call, plus two ways in that the ensemble spreads over its stages: token ids
+request is pooled on its own. A request Triton marks cancelled is answered CANCELLED without
+being computed, as in the encode stage. It has the ensemble's inputs and outputs, so clients do
+not know which one they call, plus two ways in that the ensemble spreads over its stages: token ids
 (`input_ids`, `attention_mask`, optional `token_type_ids`) instead of `text`, and the encoder's
 `last_hidden_state` as an output. That one is returned only to a request that names its outputs
 and leaves some out: a request naming none (Triton then asks for all) gets what the ensemble
@@ -72,25 +73,29 @@ class TritonPythonModel:
         return requested if requested < self.all_outputs else requested - {contract.LAST_HIDDEN_STATE}
 
     def execute(self, requests):
-        tokens = self._tokens(requests)
-        valid = [t for t in tokens if not isinstance(t, Exception)]
+        cancelled = contract.CancelCheck(requests)
+        live = [i for i in range(len(requests)) if not cancelled(i)]
+        tokens = dict(zip(live, self._tokens([requests[i] for i in live])))
+        valid = [i for i in live if not isinstance(tokens[i], Exception)]
         with self.token_metrics.counting(self.encoder):
-            encoded = iter(self.encoder.encode_each(valid))
-        responses = []
-        for request, item in zip(requests, tokens):
-            if isinstance(item, Exception):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {item}")))
-                continue
-            outputs = next(encoded)
-            try:
-                if isinstance(outputs, Exception):
-                    raise RuntimeError(f"encoder failed: {outputs}")
-                values = client_outputs(item, outputs, self._wanted(request), self.pool)
-            except Exception as exc:  # noqa: BLE001 - this request fails alone
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
-                continue
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in values.items()]))
-        return responses
+            results = self.encoder.encode_each([tokens[i] for i in valid], lambda j: cancelled(valid[j]))
+        encoded = dict(zip(valid, results))
+        return [self._response(request, tokens.get(i), encoded.get(i)) for i, request in enumerate(requests)]
+
+    def _response(self, request, tokens: Tensors | Exception | None, encoded: Tensors | Exception | None):
+        """One request's answer: CANCELLED when skipped (`tokens` None: before tokenizing), its own
+        error, or its outputs."""
+        if tokens is None or isinstance(encoded, contract.Cancelled):
+            return contract.cancelled_response()
+        if isinstance(tokens, Exception):
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {tokens}"))
+        try:
+            if isinstance(encoded, Exception):
+                raise RuntimeError(f"encoder failed: {encoded}")
+            values = client_outputs(tokens, encoded, self._wanted(request), self.pool)
+        except Exception as exc:  # noqa: BLE001 - this request fails alone
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+        return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in values.items()])
 
     def finalize(self) -> None:
         self.token_metrics.close()

@@ -1,5 +1,6 @@
-"""Admission: permits per input (try-acquire, never queue), the API key, the JSON content type and
-the body size limit; and the end of a request whose client hung up.
+"""Admission: permits per input (try-acquire, never queue), the rows each ensemble may have in
+Triton at once (`TritonWindow`), the API key, the JSON content type and the body size limit; and
+the end of a request whose client hung up.
 
 The last three are checked in a plain ASGI middleware, before routing and JSON parsing, in
 that order (as TEI): an unauthenticated caller learns nothing else, an oversized body is never
@@ -11,12 +12,21 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, overloaded
+
+T = TypeVar("T")
+
+# Rows an ensemble may have in Triton per replica, in batches of its `max_batch_size`: one per
+# encoder instance computing, and this many more tokenized and waiting, so no instance waits for
+# the gateway.
+ENSEMBLE_SPARE_BATCHES = 1
 
 # Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
 OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -43,6 +53,67 @@ class Permits:
         finally:
             self.in_use -= count
             self._on_change(self.in_use)
+
+
+class TritonWindow:
+    """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
+    first served, and a call whose client hangs up while it waits leaves without reaching Triton.
+
+    Triton 2.51 cancels an ensemble step only when it creates it: a client that hangs up cancels
+    its ensemble request, but the encode step already queued is computed all the same (the
+    Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
+    counted until Triton answers, even for a client that is gone (its call runs on, its answer is
+    dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
+    A call of more rows than `capacity` waits for an empty window and runs alone."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self.in_triton = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._calls: set[asyncio.Future] = set()  # the event loop keeps only weak references to tasks
+
+    async def run(self, rows: int, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` once `rows` fit; it finishes even if the caller is cancelled meanwhile."""
+        rows = min(rows, self.capacity)
+        if self._waiting or self.in_triton + rows > self.capacity:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting.append((rows, turn))
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():  # admitted just before the cancellation
+                    self._release(rows)
+                else:
+                    with suppress(ValueError):
+                        self._waiting.remove((rows, turn))
+                    self._admit()  # it may have held back smaller calls behind it
+                raise
+        else:
+            self.in_triton += rows
+        task = asyncio.ensure_future(call())
+        self._calls.add(task)
+        task.add_done_callback(lambda done: self._finished(done, rows))
+        return await asyncio.shield(task)
+
+    def _finished(self, task: asyncio.Future[T], rows: int) -> None:
+        self._calls.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: nobody awaits the call of a client that is gone
+        self._release(rows)
+
+    def _release(self, rows: int) -> None:
+        self.in_triton -= rows
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._waiting:
+            rows, turn = self._waiting[0]
+            if not turn.cancelled() and self.in_triton + rows > self.capacity:
+                return
+            self._waiting.popleft()
+            if not turn.cancelled():  # a cancelled caller is leaving: it takes nothing
+                self.in_triton += rows
+                turn.set_result(None)
 
 
 def is_json(content_type: str) -> bool:

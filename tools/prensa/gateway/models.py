@@ -61,6 +61,7 @@ class ServedModel:
     max_length: int
     id2label: tuple[str, ...]  # one per logit; LABEL_i when the export names none
     max_batch_size: int  # rows per Triton call
+    encode_instances: int  # encoder instances (per Triton replica), each computing one batch at a time
     max_batch_tokens: int | None
     dense_dim: int | None
     outputs: frozenset[str]  # what the ensemble returns
@@ -163,6 +164,7 @@ async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb
         max_length=int(params["max_length"]),
         id2label=labels,
         max_batch_size=ensemble.max_batch_size or 1,
+        encode_instances=sum(group.count for group in encode.instance_group) or 1,
         max_batch_tokens=int(max_batch_tokens) if max_batch_tokens else None,
         dense_dim=int(dense[0].dims[-1]) if dense else None,
         outputs=frozenset(o.name for o in ensemble.output),

@@ -10,7 +10,8 @@ goes the text path even when the gateway had to count its tokens. Texts longer t
 window are first cut to what it reads (`tokenization.bound_texts`), so that neither path tokenizes
 a long text once per input or pair. Inputs are cut into chunks of at most the model's
 `max_batch_size` (and the client batch limit) and the chunks go to Triton concurrently, where the
-dynamic batcher merges them again.
+dynamic batcher merges them again. Text calls to an ensemble pass its
+`TritonWindow` (see `limits`): what clients that hang up leave Triton to compute stays bounded.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.gateway.limits import Permits
+from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, Permits, TritonWindow
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
 from prensa.gateway.settings import GatewaySettings
@@ -110,6 +111,7 @@ class Service:
         self.client = client
         self.metrics = metrics
         self.permits = permits
+        self.windows: dict[str, TritonWindow] = {}  # per ensemble, see `_text_call`
 
     def truncation(self, truncate: bool | None, direction: str) -> Truncation:
         return Truncation(self.settings.auto_truncate if truncate is None else truncate, direction)
@@ -130,7 +132,17 @@ class Service:
         inputs = {contract.TEXT: texts_tensor(texts)}
         if pairs is not None:
             inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
-        return await self.client.infer(model.name, inputs, outputs)
+        if model.fused:  # a cancelled call is dropped in Triton: by its batcher, or by the model before computing it
+            return await self.client.infer(model.name, inputs, outputs)
+        return await self._window(model).run(len(texts), lambda: self.client.infer(model.name, inputs, outputs))
+
+    def _window(self, model: ServedModel) -> TritonWindow:
+        """An ensemble's `TritonWindow`: what its client hang-ups can leave Triton to compute."""
+        if model.name not in self.windows:
+            replicas = len(getattr(self.client, "replicas", ())) or 1
+            batches = model.encode_instances + ENSEMBLE_SPARE_BATCHES
+            self.windows[model.name] = TritonWindow(batches * model.max_batch_size * replicas)
+        return self.windows[model.name]
 
     async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
                           encoder_only: bool) -> dict[str, np.ndarray]:
