@@ -27,12 +27,14 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import pytest
+from prensa.gateway.limits import ANSWER_BYTES_PER_PERMIT
 from prensa.gateway.server import RESERVED_FDS
 from prensa.gateway.settings import GatewaySettings
 
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until
+from tests.reliability.test_faults import in_flight
 
 pytestmark = pytest.mark.triton
 PRENSA = str(Path(sys.executable).parent / "prensa")
@@ -214,6 +216,24 @@ def test_a_client_that_never_reads_its_answer_is_dropped_and_the_memory_returns(
     assert peak - before > size, "no unread answer ever sat in the gateway's memory"
     assert all(n < size / 2 for n in received), received  # the rest of each answer is gone
     assert after - before < 0.25 * clients * size
+
+
+def test_an_unread_answer_holds_permits_until_it_is_sent(gateway_on):
+    """A 37 MB answer waiting for its client holds one permit per MiB (`ANSWER_BYTES_PER_PERMIT`):
+    with 64 permits, a 32-input request is refused while it waits, admitted once it is gone."""
+    url = gateway_on(max_concurrent_requests=64)
+    body = httpx.Request("POST", "/embed_all", json={"inputs": [LONG_TEXT] * 32}).content
+    with closing(socket.socket()) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port_of(url)))
+        sock.sendall(b"POST /embed_all HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        answer_permits = 35 * 1_000_000 // ANSWER_BYTES_PER_PERMIT  # more than the request's own 32
+        wait_until(lambda: in_flight(url) >= answer_permits, 60, "the unread answer holding permits")
+        short = {"inputs": [f"short text {i}" for i in range(32)]}
+        assert httpx.post(f"{url}/embed", json=short, timeout=30).status_code == 429
+    wait_until(lambda: in_flight(url) == 0, 10, "permits back once the client is gone")
+    assert httpx.post(f"{url}/embed", json=short, timeout=30).status_code == 200
 
 
 def test_a_slow_body_cannot_hold_shutdown(triton):

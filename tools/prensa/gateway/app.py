@@ -81,6 +81,7 @@ class GatewayApp(FastAPI):
         super().__init__(**kwargs)
         self.gateway_settings = settings
         self.state.metrics = metrics
+        self.permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
         self.vertex = vertex
         for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_tei.open_router, vertex):
             self.include_router(router)
@@ -98,7 +99,8 @@ class GatewayApp(FastAPI):
         app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=self.inference_routes,
                                   handlers=self.exception_handlers)
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
-                    on_reject=lambda kind: metrics.request_failure.inc(kind.value), open_paths=self.open_paths)
+                    on_reject=lambda kind: metrics.request_failure.inc(kind.value), permits=self.permits,
+                    open_paths=self.open_paths)
         if settings.cors_allow_origins:
             app = CORSMiddleware(app, allow_origins=list(settings.cors_allow_origins), allow_methods=["GET", "POST"],
                                  allow_headers=["*"], expose_headers=["*"])
@@ -110,7 +112,7 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
     metrics = GatewayMetrics()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
         client = ReplicaPool([TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
                               for url in settings.triton_urls])
         registry = Registry(client, settings.repo, settings.default_model)
@@ -127,8 +129,7 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
             await client.close()
             raise RuntimeError(f"--default-prompt-name {prompt}: no served model has a prompt of that name")
         client.start_probing(lambda: sorted(registry.triton_models()))
-        permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
-        app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, permits), metrics)
+        app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, app.permits), metrics)
         yield
         await client.close()
 

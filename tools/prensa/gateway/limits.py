@@ -1,6 +1,6 @@
-"""Admission: permits per input (try-acquire, never queue), the rows each ensemble may have in
-Triton at once (`TritonWindow`), the API key, the JSON content type and the body size limit; and
-the end of a request whose client hung up.
+"""Admission: permits per input (try-acquire, never queue) and per MiB of an answer being sent,
+the rows each ensemble may have in Triton at once (`TritonWindow`), the API key, the JSON content
+type and the body size limit; and the end of a request whose client hung up.
 
 The last three are checked in a plain ASGI middleware, before routing and JSON parsing, in
 that order (as TEI): an unauthenticated caller learns nothing else, an oversized body is never
@@ -28,6 +28,11 @@ T = TypeVar("T")
 # the gateway.
 ENSEMBLE_SPARE_BATCHES = 1
 
+# An answer holds one permit per this many bytes while it is being sent, in pieces of this size:
+# the app builds a body whole, and it waits until the client reads it (or `--write-timeout` drops
+# the client), so large unread answers count against --max-concurrent-requests.
+ANSWER_BYTES_PER_PERMIT = 1 << 20
+
 # Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
 OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
@@ -46,6 +51,13 @@ class Permits:
         """Take `count` permits for the duration of the block, or raise Overloaded at once."""
         if self.in_use + count > self.capacity:
             raise overloaded()
+        with self.charge(count):
+            yield
+
+    @contextmanager
+    def charge(self, count: int) -> Iterator[None]:
+        """Take `count` permits for the duration of the block even past the capacity: for work
+        already admitted (an answer being sent), which later requests then wait behind."""
         self.in_use += count
         self._on_change(self.in_use)
         try:
@@ -130,9 +142,11 @@ class Guard:
     """ASGI middleware: stamps the arrival time, checks the API key, enforces the body limit."""
 
     def __init__(self, app: ASGIApp, payload_limit: int, api_key: str | None,
-                 on_reject: Callable[[ErrorKind], None], open_paths: frozenset[str] = OPEN_PATHS) -> None:
+                 on_reject: Callable[[ErrorKind], None], permits: Permits,
+                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.payload_limit = payload_limit
+        self.permits = permits
         self.api_key = api_key
         self.on_reject = on_reject
         self.open_paths = open_paths
@@ -200,7 +214,18 @@ class Guard:
             nonlocal answered
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 answered = True  # before the send: its completion may wake the watcher first
-            await send(message)
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if len(body) <= ANSWER_BYTES_PER_PERMIT:
+                await send(message)
+                return
+            # The server writes a body whole and waits for the client only before the next send:
+            # sent a MiB at a time, the answer waits here, counted, not in the connection's buffer.
+            more, view = message.get("more_body", False), memoryview(body)
+            with self.permits.charge(len(body) // ANSWER_BYTES_PER_PERMIT):
+                for start in range(0, len(body), ANSWER_BYTES_PER_PERMIT):
+                    end = start + ANSWER_BYTES_PER_PERMIT
+                    await send({"type": "http.response.body", "body": bytes(view[start:end]),
+                                "more_body": more or end < len(body)})
 
         watcher = asyncio.ensure_future(watch())
         try:
