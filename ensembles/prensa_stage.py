@@ -93,10 +93,13 @@ class CancelCheck:
         if asked is not None and now - asked < self.interval_s:
             return False
         self.asked_at[index] = now
-        if self.requests[index].is_cancelled():
+        try:
+            cancelled = self.requests[index].is_cancelled()
+        except Exception:  # noqa: BLE001 - a failed question must not fail the batch: compute it
+            return False
+        if cancelled:
             self.cancelled.add(index)
-            return True
-        return False
+        return cancelled
 
 
 def cancelled_response() -> Any:

@@ -18,6 +18,7 @@ class StandIn:
     def __init__(self, log_path: Path, seconds: float) -> None:
         self.log_path, self.seconds, self.starts = log_path, seconds, 0
         self.options = TritonOptions(log_path.parent)
+        self.exit_deadline_s = self.options.exit_timeout_s + 1.0
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
 

@@ -57,7 +57,7 @@ class Permits:
     @contextmanager
     def charge(self, count: int) -> Iterator[None]:
         """Take `count` permits for the duration of the block even past the capacity: for work
-        already admitted (an answer being sent), which later requests then wait behind."""
+        already admitted (an answer being sent): later requests get 429 while it lasts."""
         self.in_use += count
         self._on_change(self.in_use)
         try:

@@ -72,9 +72,10 @@ class GatewayMetrics:
     """One registry per app, so several gateways can live in one process (tests).
 
     TEI's names where prensa measures what TEI's measure; `prensa_*` names where the meaning differs:
-    the gateway never queues (Triton does: `nv_inference_queue_duration_us` and
-    `nv_inference_pending_request_count` on Triton's metrics port), so what it can count is inputs in
-    flight and the rows and tokens of each call it makes to Triton, not TEI's queue and next batch."""
+    the gateway has no batching queue (Triton does: `nv_inference_queue_duration_us` and
+    `nv_inference_pending_request_count` on Triton's metrics port; the gateway only holds text calls
+    to an ensemble in its `TritonWindow`), so what it can count is inputs in flight and the rows and
+    tokens of each call it makes to Triton, not TEI's queue and next batch."""
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()

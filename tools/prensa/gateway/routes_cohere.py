@@ -8,7 +8,6 @@ cohere`), so they get Cohere's default and everyone else Jina's.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -46,12 +45,12 @@ async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: l
     cuts documents first; `max_chunks` scores up to that many windows of a long document and keeps
     its best, instead of truncating it."""
     if max_tokens is not None and max_tokens < served.max_length:
-        texts = await asyncio.to_thread(cut_texts, served.require_tokenizer(), texts, max_tokens)
+        texts = await gw.service.tokenizer_work(len(texts), cut_texts, served.require_tokenizer(), texts, max_tokens)
     if not max_chunks:
         values, tokens = await gw.service.scores(served, [query] * len(texts), texts, truncation, False, timings)
         return values[:, 0], int(tokens.sum())
-    windows = await asyncio.to_thread(chunk_texts, served.require_tokenizer(), query, texts, served.max_length,
-                                      max_chunks)
+    windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), query, texts,
+                                              served.max_length, max_chunks)
     flat = [window for pieces in windows for window in pieces]
     values, tokens = await gw.service.scores(served, [query] * len(flat), flat, truncation, False, timings)
     owners = np.repeat(np.arange(len(texts)), [len(pieces) for pieces in windows])
@@ -124,7 +123,7 @@ async def cohere_embed(request: CohereEmbedRequest, http: GatewayRequest, model:
     if request.max_tokens is not None and request.max_tokens < served.max_length:
         tokenizer = served.require_tokenizer()
         content = request.max_tokens - tokenizer.num_special_tokens_to_add(False)
-        items = await asyncio.to_thread(cut_texts, tokenizer, items, content)
+        items = await gw.service.tokenizer_work(len(items), cut_texts, tokenizer, items, content)
     result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate), True,
                                     request.output_dimension, timings)
     tokens = int(result.num_tokens.sum())

@@ -9,7 +9,6 @@ multi-vectors. Each inference route is an `Operation`, so TEI's default routes (
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -273,9 +272,9 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-    gw.service.check_batch(len(texts))
     texts = prompted(served, gw.settings, list(texts), request.prompt_name)
-    return await asyncio.to_thread(_tokens, served.require_tokenizer(), texts, request.add_special_tokens)
+    return await gw.service.tokenizer_work(len(texts), _tokens, served.require_tokenizer(), texts,
+                                           request.add_special_tokens)
 
 
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
@@ -283,9 +282,8 @@ async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
-    gw.service.check_batch(len(batch))
-    return await asyncio.to_thread(_decoded, served.require_tokenizer(), batch, served.token_id_limit,
-                                   request.skip_special_tokens)
+    return await gw.service.tokenizer_work(len(batch), _decoded, served.require_tokenizer(), batch,
+                                           served.token_id_limit, request.skip_special_tokens)
 
 
 def model_info(model: ServedModel) -> dict[str, object]:

@@ -8,8 +8,8 @@ untrusted clients needs and uvicorn lacks.
 - The URL and headers are at most `max_header_size` bytes (431): httptools, unlike h11, has no
   limit of its own. uvicorn picks httptools whenever it is installed, and it is a dependency.
 - An answer the client reads nothing of for `write_timeout_s` is dropped with its connection:
-  the app hands uvicorn a whole body at once, which then waits in the transport's buffer,
-  outside any permit, until the client reads it.
+  what the app sent waits in the transport's buffer until the client reads it (the Guard sends
+  answers above 1 MiB a MiB at a time, holding permits meanwhile: `limits.ANSWER_BYTES_PER_PERMIT`).
 - Past `max_connections` open connections a new one gets 503 and is closed at once. uvicorn's
   `limit_concurrency` answers 503 only once a request's headers arrive, so connections that never
   send them would still take every descriptor and lock the listening socket out of accept().
@@ -146,8 +146,9 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.refused:
             return
         super().on_message_begin()
-        if self.read_deadline is None:  # a later request on a kept-alive connection
-            self.arm_read_deadline()
+        if self.read_deadline is None and (self.cycle is None or self.cycle.response_complete):
+            self.arm_read_deadline()  # a later request on a kept-alive connection, not one pipelined
+            # behind a request still being served (uvicorn stops reading until that one is answered)
 
     def on_url(self, url: bytes) -> None:
         self.header_size += len(url)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -123,6 +123,13 @@ class Service:
         """The batch limit alone, for routes where an empty input is valid (`/tokenize`, `/decode`)."""
         check_batch(size, self.settings.max_client_batch_size, self.settings.split_large_batches)
 
+    async def tokenizer_work(self, inputs: int, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` on `inputs` inputs in a thread, under the batch limit and holding their
+        permits: tokenizer work on a large body takes seconds and memory of its own."""
+        self.check_batch(inputs)
+        with self.permits.hold(inputs):
+            return await asyncio.to_thread(work, *args)
+
     def _chunks(self, model: ServedModel, count: int) -> list[slice]:
         size = max(1, min(model.max_batch_size, self.settings.max_client_batch_size))
         return [slice(start, start + size) for start in range(0, count, size)]
@@ -181,7 +188,7 @@ class Service:
         token_path = rows is not None and (needs_tokens or rows.cut)
         chunks = self._chunks(model, len(items))
         started = time.perf_counter()
-        if timings.queue_s is None:  # parsing, validation and admission: the gateway itself never queues
+        if timings.queue_s is None:  # parsing, validation and admission (a TritonWindow wait counts as inference)
             timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
             self.metrics.queue_duration.observe(timings.queue_s)
         if token_path:

@@ -6,8 +6,9 @@ stubs themselves: each one is a child process of tritonserver whose command line
 directory and its instance. When an instance's stub is gone, the model is unloaded at once (Triton
 then reports it, and the ensembles using it, unavailable, so the gateway's /health names it and its
 requests fail fast with 503) and loaded again, which starts a fresh stub and brings the ensembles
-back with it. That takes explicit model-control mode; under any other mode, or when the reload
-fails, the watch kills Triton and the supervisor starts it again.
+back with it. That takes explicit model-control mode; under any other mode, when the reload
+fails, or when one model needs `MAX_RELOADS` reloads within `RELOAD_WINDOW_S` (a stub that crashes
+again at once), the watch kills Triton and the supervisor starts it again, under its restart policy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ STUB_BINARY = "triton_python_backend_stub"
 # region, sizes, parent pid, backend dir, IPC key, instance name ("<model>_<group>_<index>"), ...
 MODEL_FILE_ARG, INSTANCE_ARG = 1, 8
 RELOAD_TIMEOUT_S = 120.0
+MAX_RELOADS, RELOAD_WINDOW_S = 3, 60.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,14 @@ def live_instances(triton_pid: int) -> dict[str, set[str]]:
 class StageWatch:
     """Compares the stubs of one ready Triton with those it started with; `check()` heals."""
 
-    def __init__(self, triton: TritonProcess, say: Callable[[str], None]) -> None:
+    def __init__(self, triton: TritonProcess, say: Callable[[str], None], stopping: Callable[[], bool]) -> None:
         assert triton.process is not None, "start Triton first"
         self.triton = triton
         self.pid = triton.process.pid
         self.say = say
+        self.stopping = stopping  # once Triton is asked to stop, nothing is reloaded or restarted
         self.expected = live_instances(self.pid)
+        self.reloads: dict[str, list[float]] = {}  # per model, when it was reloaded
 
     def missing(self) -> dict[str, set[str]]:
         """Per model, the instances whose stub has died."""
@@ -79,11 +83,19 @@ class StageWatch:
     def check(self) -> None:
         """Reload every model that lost a stub; restart Triton when that cannot be done."""
         for model, gone in self.missing().items():
+            if self.stopping():
+                return
             started = time.monotonic()
-            self.say(f"the stub of {', '.join(sorted(gone))} died; "
-                     + ("reloading " + model if self.triton.options.reloadable else "restarting tritonserver"))
-            if not self.triton.options.reloadable or not self.reload(model):
-                self.triton.reap_group()  # the supervisor sees Triton exit and starts it again
+            recent = [at for at in self.reloads.get(model, []) if started - at < RELOAD_WINDOW_S]
+            self.reloads[model] = recent
+            reloadable = self.triton.options.reloadable and len(recent) < MAX_RELOADS
+            self.say(f"the stub of {', '.join(sorted(gone))} died"
+                     + (f" ({len(recent) + 1} times in {RELOAD_WINDOW_S:g} s)" if recent else "") + "; "
+                     + ("reloading " + model if reloadable else "restarting tritonserver"))
+            recent.append(started)
+            if not reloadable or not self.reload(model):
+                if not self.stopping():
+                    self.triton.reap_group()  # the supervisor sees Triton exit and starts it again
                 return
             self.say(f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead")
         for model, instances in live_instances(self.pid).items():  # a reload may start more instances
@@ -96,7 +108,8 @@ class StageWatch:
             client.unload_model(model)
             client.load_model(model)
         except Exception as exc:  # noqa: BLE001 - any failure: restart Triton instead
-            self.say(f"reloading {model} failed ({exc}); restarting tritonserver")
+            if not self.stopping():
+                self.say(f"reloading {model} failed ({exc}); restarting tritonserver")
             return False
         finally:
             client.close()

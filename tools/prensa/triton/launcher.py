@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import importlib.util
 import os
@@ -151,9 +152,9 @@ def port_holder(host: str, port: int) -> str | None:
     return "another process"
 
 
-def die_with_parent() -> None:
-    """In the forked child, before exec: SIGKILL when prensa dies; if it already has, exit now."""
-    parent = os.getppid()
+def die_with_parent(parent: int) -> None:
+    """In the forked child, before exec: SIGKILL when prensa (pid `parent`) dies; if it already
+    has, exit now. Calls prctl alone: nothing that could wait on a lock another thread held."""
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
@@ -179,6 +180,11 @@ class TritonProcess:
     def metrics_url(self) -> str:
         return f"http://{self.options.host}:{self.options.ports.metrics}/metrics"
 
+    @property
+    def exit_deadline_s(self) -> float:
+        """How long after SIGTERM Triton is left before SIGKILL: its exit timeout, and a second."""
+        return self.options.exit_timeout_s + 1.0
+
     def check_ports(self) -> None:
         """Fail before starting when a port is taken: Triton would load every model first and only
         then fail to bind, while whatever holds the port answers the readiness check."""
@@ -201,7 +207,7 @@ class TritonProcess:
                 stderr=subprocess.STDOUT,
                 env=triton_environment(),
                 start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - calls prctl only, prepared in the parent
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - prctl only
             )
 
     def log_tail(self, lines: int = 40) -> str:
@@ -268,7 +274,7 @@ class TritonProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=self.options.exit_timeout_s + 1.0)
+                self.process.wait(timeout=self.exit_deadline_s)
             except subprocess.TimeoutExpired:
                 pass
         self.reap_group()

@@ -60,7 +60,7 @@ class Supervisor:
     def watch(self) -> int:
         """Wait for Triton to exit, healing its stages meanwhile; its exit code."""
         assert self.triton.process is not None
-        stages = StageWatch(self.triton, self.say)
+        stages = StageWatch(self.triton, self.say, self._stopping.is_set)
         stopped_at: float | None = None
         while True:
             try:
@@ -70,7 +70,7 @@ class Supervisor:
                     stages.check()
                     continue
                 stopped_at = stopped_at or time.monotonic()
-                if time.monotonic() - stopped_at > self.triton.options.exit_timeout_s + 1.0:
+                if time.monotonic() - stopped_at > self.triton.exit_deadline_s:
                     self.triton.reap_group()  # past its exit timeout: a dead stub holds it
 
     def run(self) -> int:
