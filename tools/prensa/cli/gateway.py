@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import os
 import typing
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 import uvicorn
 
+from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
 
 R = TypeVar("R")
@@ -172,7 +172,7 @@ def run_server(server: uvicorn.Server) -> bool:
 @with_gateway_options(standalone=True)
 def gateway(*, settings: GatewaySettings, address: GatewayAddress) -> None:
     """Serve OpenAI /v1/embeddings and TEI's API (embed, rerank, predict, ...) over Triton gRPC."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.json_output)
     typer.echo(f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}); docs at /docs",
                err=True)
     if not run_server(gateway_server(settings, address.host, address.port)):

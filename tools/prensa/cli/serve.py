@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from prensa.cli.gateway import PANEL, GatewayAddress, gateway_server, run_server, with_gateway_options
+from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline
@@ -50,6 +51,7 @@ def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: Gatew
     503, then carries on."""
     host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
     settings = replace(settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
+    configure_logging(settings.log_level, settings.json_output)
     server = gateway_server(settings, address.host, address.port)
 
     def stop_with_supervisor() -> None:

@@ -18,6 +18,7 @@ from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.json_routes import JsonRoutes
 from prensa.gateway.limits import OPEN_PATHS, Guard, Permits
+from prensa.gateway.logs import ERROR_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.replicas import ReplicaPool
@@ -49,6 +50,7 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
 
 def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
+    setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
     return Response(error_body(error, request.url.path), status_code=error.status, media_type="application/json")
 
 
@@ -72,8 +74,9 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
 
 class GatewayApp(FastAPI):
     """FastAPI behind the gateway's own layers, outermost first: CORS (when configured, so
-    preflights never need the key), the Guard, `JsonRoutes`, then FastAPI's stack (its error,
-    telemetry and body-limit middleware, router and dependency solver) for every other route, so
+    preflights never need the key), `RequestLog` (request ids, a log line each), the Guard,
+    `JsonRoutes`, then FastAPI's stack (its error, telemetry and body-limit middleware, router and
+    dependency solver) for every other route, so
     an inference request passes through none of FastAPI's layers. An exception nothing handles
     still ends as a 500, from uvicorn instead of FastAPI's ServerErrorMiddleware."""
 
@@ -101,6 +104,7 @@ class GatewayApp(FastAPI):
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
                     on_reject=lambda kind: metrics.request_failure.inc(kind.value), permits=self.permits,
                     open_paths=self.open_paths)
+        app = RequestLog(app, enabled=settings.access_log)
         if settings.cors_allow_origins:
             app = CORSMiddleware(app, allow_origins=list(settings.cors_allow_origins), allow_methods=["GET", "POST"],
                                  allow_headers=["*"], expose_headers=["*"])

@@ -20,6 +20,7 @@ from typing import TypeVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, overloaded
+from prensa.gateway.logs import ERROR_KEY
 
 T = TypeVar("T")
 
@@ -161,6 +162,7 @@ class Guard:
         scope.setdefault("state", {})["received"] = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.api_key and not self.is_open(scope) and not key_matches(headers.get("authorization", ""), self.api_key):
+            scope["state"][ERROR_KEY] = "no or wrong API key"
             await self._respond(send, 401, b"", [])
             return
         if scope["method"] == "POST" and not is_json(headers.get("content-type", "")):
@@ -245,6 +247,7 @@ class Guard:
 
     async def _reject(self, scope: Scope, send: Send, error: GatewayError) -> None:
         self.on_reject(error.kind)
+        scope["state"][ERROR_KEY] = error.message
         await self._respond(send, error.status, error_body(error, scope["path"]),
                             [(b"content-type", b"application/json")])
 

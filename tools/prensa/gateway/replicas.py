@@ -61,7 +61,8 @@ class ReplicaPool:
             candidates = [i for i in range(len(self.replicas)) if i not in tried]
         return min(candidates, key=lambda i: self.replicas[i].outstanding, default=None)
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, np.ndarray]:
         tried: set[int] = set()
         failure: GatewayError | None = None
         while (index := self._pick(tried)) is not None:
@@ -69,7 +70,7 @@ class ReplicaPool:
             replica = self.replicas[index]
             replica.outstanding += 1
             try:
-                return await replica.client.infer(model, inputs, outputs)
+                return await replica.client.infer(model, inputs, outputs, request_id)
             except GatewayError as exc:
                 if exc.kind is not ErrorKind.UNHEALTHY:
                     raise

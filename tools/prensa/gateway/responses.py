@@ -14,6 +14,7 @@ import orjson
 from fastapi import Query, Request, Response
 from fastapi.routing import APIRoute
 
+from prensa.gateway.logs import TIMINGS_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.service import Service, Timings
@@ -79,8 +80,11 @@ class GatewayRequest(Request):
 
     @cached_property
     def timings(self) -> Timings:
-        """This request's timings, from when the Guard middleware saw it arrive."""
-        return Timings(received=self.state.received)
+        """This request's timings, from when the Guard middleware saw it arrive; also left in the
+        request's state for its log line (`logs.RequestLog`)."""
+        timings = Timings(received=self.state.received, request_id=self.state.request_id)
+        setattr(self.state, TIMINGS_KEY, timings)
+        return timings
 
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.json_routes import validate_body
+from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_tei import (
@@ -328,6 +329,7 @@ async def health(http: GatewayRequest) -> Response:
     if problem is None:
         return Response(status_code=200)
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
+    setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
     return Response(error_body(error, "/health"), status_code=error.status, media_type="application/json")
 
 

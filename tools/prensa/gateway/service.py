@@ -52,6 +52,9 @@ class Timings:
     """What the response headers report; see the README's gateway section for each field."""
 
     received: float  # perf_counter when the request arrived
+    request_id: str = ""  # see `logs.request_id`; Triton gets it as the inference request's id
+    model: str = ""  # the served model that answered
+    inputs: int = 0
     tokenization_s: float = 0.0
     queue_s: float | None = None
     inference_s: float = 0.0
@@ -135,13 +138,14 @@ class Service:
         return [slice(start, start + size) for start in range(0, count, size)]
 
     async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
-                         outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+                         outputs: tuple[str, ...], request_id: str) -> dict[str, np.ndarray]:
         inputs = {contract.TEXT: texts_tensor(texts)}
         if pairs is not None:
             inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
         if model.fused:  # a cancelled call is dropped in Triton: by its batcher, or by the model before computing it
-            return await self.client.infer(model.name, inputs, outputs)
-        return await self._window(model).run(len(texts), lambda: self.client.infer(model.name, inputs, outputs))
+            return await self.client.infer(model.name, inputs, outputs, request_id)
+        return await self._window(model).run(len(texts),
+                                             lambda: self.client.infer(model.name, inputs, outputs, request_id))
 
     def _window(self, model: ServedModel) -> TritonWindow:
         """An ensemble's `TritonWindow`: what its client hang-ups can leave Triton to compute."""
@@ -152,20 +156,22 @@ class Service:
         return self.windows[model.name]
 
     async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
-                          encoder_only: bool) -> dict[str, np.ndarray]:
+                          encoder_only: bool, request_id: str) -> dict[str, np.ndarray]:
         ids, mask, types = rows.padded(model.pad_id)
         tokens = {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
         encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
         if encoder_only or model.fused:  # a fused model pools too: one call
-            return await self.client.infer(model.encode_model, encoder_inputs, outputs)
-        encoded = await self.client.infer(model.encode_model, encoder_inputs, model.encode_outputs)
+            return await self.client.infer(model.encode_model, encoder_inputs, outputs, request_id)
+        encoded = await self.client.infer(model.encode_model, encoder_inputs, model.encode_outputs, request_id)
         available = {**tokens, **encoded}
-        return await self.client.infer(model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs)
+        return await self.client.infer(model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs,
+                                       request_id)
 
     async def infer(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
                     outputs: tuple[str, ...], timings: Timings, encoder_only: bool = False) -> Inferred:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
         texts_only = all(isinstance(item, str) for item in items)
+        timings.model, timings.inputs = model.name, timings.inputs + len(items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
         if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
             # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
@@ -192,9 +198,10 @@ class Service:
             timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
             self.metrics.queue_duration.observe(timings.queue_s)
         if token_path:
-            calls = [self._token_call(model, rows.select(c), outputs, encoder_only) for c in chunks]
+            calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
         else:
-            calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs) for c in chunks]
+            calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs, timings.request_id)
+                     for c in chunks]
         parts = await gather(calls)
         elapsed = time.perf_counter() - started
         timings.inference_s += elapsed

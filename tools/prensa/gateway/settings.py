@@ -20,6 +20,9 @@ class Flag:
     gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 class InvalidSetting(ValueError):
     """A value no gateway should run with; `name` is the GatewaySettings field, for the CLI to name its flag."""
 
@@ -76,12 +79,18 @@ class GatewaySettings:
     max_connections: int | None = setting(
         None, "Open client connections before new ones get 503 and are closed; default and ceiling: the "
         "file-descriptor limit (ulimit -n) less 64 kept for the gateway's own files and sockets.")
+    log_level: str = setting("info", "Level of prensa's log: debug, info, warning or error.")
+    json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")
+    access_log: bool = setting(True, "One log line per request: route, status, model, inputs, tokens, each stage's "
+                                     "milliseconds, request id and the reason of an error.")
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
         5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
         flag="--graceful-timeout")
 
     def __post_init__(self) -> None:
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise InvalidSetting("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level}")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
                                             "--api-key and PRENSA_API_KEY unset")

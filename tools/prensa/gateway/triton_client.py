@@ -80,7 +80,8 @@ class TritonClient:
         self.probe_timeout_s = probe_timeout_s
         self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_OPTIONS)
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, np.ndarray]:
         tensors = []
         for name, array in inputs.items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
@@ -88,7 +89,7 @@ class TritonClient:
             tensors.append(tensor)
         try:
             result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
-                                              client_timeout=self.timeout_s)
+                                              request_id=request_id, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise translate_error(exc, self.url, self.timeout_s) from None
         return {name: result.as_numpy(name) for name in outputs}

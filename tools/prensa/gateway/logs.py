@@ -1,0 +1,120 @@
+"""Request ids and the gateway's logs: one line per request, as text or JSON lines.
+
+`RequestLog` is the outermost ASGI layer but CORS: it takes the client's `x-request-id` (or the
+trace id of its W3C `traceparent`), makes one up when there is none, echoes it on every response,
+401s and 413s included, and hands it to the routes (the request's `Timings`, then Triton as the
+inference request id). When the response is sent it logs one line with the route, status, model,
+inputs, tokens and each stage's milliseconds, and the reason of a 4xx or 5xx, which the error
+handlers leave in the request's state under `ERROR_KEY`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+import uuid
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+access = logging.getLogger("prensa.access")
+REQUEST_ID_HEADER = b"x-request-id"
+# A client's id is kept when it is short and plain (it goes into logs and headers as it is).
+CLIENT_REQUEST_ID = re.compile(r"[\w.:/+=@-]{1,128}")
+TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+ID_KEY, ERROR_KEY, TIMINGS_KEY = "request_id", "error", "timings"  # in the ASGI scope's "state"
+
+
+def request_id(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's `x-request-id`, else its `traceparent`'s trace id, else a new random id."""
+    given = {name.decode(): value.decode("latin-1") for name, value in headers
+             if name in (REQUEST_ID_HEADER, b"traceparent")}
+    if CLIENT_REQUEST_ID.fullmatch(client := given.get("x-request-id", "")):
+        return client
+    if trace := TRACEPARENT.fullmatch(given.get("traceparent", "").strip().lower()):
+        if trace["trace"] != "0" * 32:
+            return trace["trace"]
+    return uuid.uuid4().hex
+
+
+def _ms(seconds: float | None) -> float:
+    return round((seconds or 0.0) * 1000, 2)
+
+
+class RequestLog:
+    """ASGI middleware: the request id on the way in and out, one log line per request."""
+
+    def __init__(self, app: ASGIApp, enabled: bool) -> None:
+        self.app = app
+        self.enabled = enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        state[ID_KEY] = rid = request_id(scope["headers"])
+        status = 500  # what the client sees when the app raises before answering
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            if self.enabled:
+                self.log(scope, status, time.perf_counter() - started)
+
+    @staticmethod
+    def log(scope: Scope, status: int, seconds: float) -> None:
+        state = scope["state"]
+        fields: dict[str, Any] = {"request_id": state[ID_KEY], "method": scope["method"], "path": scope["path"],
+                                  "status": status, "total_ms": _ms(seconds)}
+        if (timings := state.get(TIMINGS_KEY)) is not None:
+            fields |= {"model": timings.model, "inputs": timings.inputs, "tokens": timings.tokens,
+                       "tokenization_ms": _ms(timings.tokenization_s), "queue_ms": _ms(timings.queue_s),
+                       "inference_ms": _ms(timings.inference_s)}
+        if error := state.get(ERROR_KEY):
+            fields["error"] = error
+        level = logging.WARNING if status >= 500 else logging.INFO
+        access.log(level, "%s %s %d %.1f ms", scope["method"], scope["path"], status, fields["total_ms"],
+                   extra={"fields": fields})
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per record (TEI's `--json-output`): time, level, logger, message and the
+    record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                "target": record.name, "message": record.getMessage(), **getattr(record, "fields", {})}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+class Text(logging.Formatter):
+    """Plain lines; a record's `fields` follow its message as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        return line + "".join(f" {key}={value}" for key, value in fields.items()) if fields else line
+
+
+def configure_logging(level: str, json_output: bool) -> None:
+    """prensa's loggers to stderr at `level`, as JSON lines or text."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if json_output else Text("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("prensa")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
