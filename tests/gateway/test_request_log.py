@@ -14,28 +14,48 @@ pytestmark = pytest.mark.triton
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-def access_lines(caplog, rid: str) -> list[dict]:
-    return [r.fields for r in caplog.records if r.name == "prensa.access" and r.fields["request_id"] == rid]
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
-def test_the_clients_request_id_comes_back_and_is_logged(http, caplog):
-    caplog.set_level(logging.INFO, logger="prensa.access")
+@pytest.fixture
+def access_log():
+    """The access log's records, taken on its own logger: a CLI test may have configured prensa's
+    loggers (`configure_logging`) not to propagate to the root, where pytest's caplog listens."""
+    logger, handler = logging.getLogger("prensa.access"), Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def access_lines(access_log: Records, rid: str) -> list[dict]:
+    return [r.fields for r in access_log.records if r.fields["request_id"] == rid]
+
+
+def test_the_clients_request_id_comes_back_and_is_logged(http, access_log):
     response = http.post("/embed", json={"inputs": ["one text", "two texts"]}, headers={"x-request-id": "rag-42"})
     assert response.status_code == 200 and response.headers["x-request-id"] == "rag-42"
-    (line,) = access_lines(caplog, "rag-42")
+    (line,) = access_lines(access_log, "rag-42")
     assert line["status"] == 200 and line["path"] == "/embed" and line["model"] == "minilm"
     assert line["inputs"] == 2 and line["tokens"] == int(response.headers["x-compute-tokens"]) > 0
     assert line["total_ms"] >= line["inference_ms"] > 0
 
 
-def test_errors_and_rejections_carry_the_id_and_their_reason(http, caplog):
-    caplog.set_level(logging.INFO, logger="prensa.access")
+def test_errors_and_rejections_carry_the_id_and_their_reason(http, access_log):
     invalid = http.post("/embed", json={"inputs": [""]}, headers={"x-request-id": "bad-1"})
     assert invalid.status_code == 422 and invalid.headers["x-request-id"] == "bad-1"
-    assert access_lines(caplog, "bad-1")[0]["error"] == invalid.json()["error"]
+    assert access_lines(access_log, "bad-1")[0]["error"] == invalid.json()["error"]
     not_json = http.post("/embed", content=b"x", headers={"x-request-id": "bad-2", "content-type": "text/plain"})
     assert not_json.status_code == 415 and not_json.headers["x-request-id"] == "bad-2"
-    assert "Content-Type" in access_lines(caplog, "bad-2")[0]["error"]
+    assert "Content-Type" in access_lines(access_log, "bad-2")[0]["error"]
 
 
 def test_a_traceparent_or_nothing_gives_an_id(http):
