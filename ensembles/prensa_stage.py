@@ -85,6 +85,10 @@ class CancelCheck:
         self.cancelled: set[int] = set()
         self.asked_at: dict[int, float] = {}
 
+    def live(self) -> list[int]:
+        """The indexes of the requests not cancelled now: what an `execute` starts computing."""
+        return [index for index in range(len(self.requests)) if not self(index)]
+
     def __call__(self, index: int) -> bool:
         if index in self.cancelled:
             return True

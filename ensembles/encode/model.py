@@ -295,7 +295,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         cancelled = contract.CancelCheck(requests)
-        live = [i for i in range(len(requests)) if not cancelled(i)]
+        live = cancelled.live()
         tensors = [read_token_inputs(requests[i]) for i in live]  # the config requires ids and mask
         with self.token_metrics.counting(self.encoder):
             results = dict(zip(live, self.encoder.encode_each(tensors, lambda j: cancelled(live[j]))))

@@ -74,7 +74,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         cancelled = contract.CancelCheck(requests)
-        live = [i for i in range(len(requests)) if not cancelled(i)]
+        live = cancelled.live()
         tokens = dict(zip(live, self._tokens([requests[i] for i in live])))
         valid = [i for i in live if not isinstance(tokens[i], Exception)]
         with self.token_metrics.counting(self.encoder):

@@ -48,6 +48,14 @@ def stop_within(serve: Serve, family: list[psutil.Process], sig: int = signal.SI
     return code, time.monotonic() - sent
 
 
+def assert_clean_exit(serve: Serve, family: list[psutil.Process], what: str) -> None:
+    """SIGTERM: exit 0 within the grace period and the slack, every process gone."""
+    code, seconds = stop_within(serve, family)
+    print(f"\nSIGTERM {what}: exit {code} after {seconds:.1f} s")
+    assert code == 0, serve.output()
+    assert seconds < GRACE_S + SLACK_S
+
+
 def test_sigterm_under_load(repo, tmp_path):
     serve, family = started(repo, tmp_path)
     try:
@@ -67,13 +75,12 @@ def test_sigterm_under_load(repo, tmp_path):
         for worker in workers:
             worker.start()
         time.sleep(1.0)
-        code, seconds = stop_within(serve, family)
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=30)
-        print(f"\nSIGTERM under load: exit {code} after {seconds:.1f} s")
-        assert code == 0, serve.output()
-        assert seconds < GRACE_S + SLACK_S
+        try:
+            assert_clean_exit(serve, family, "under load")
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join(timeout=30)
         assert 200 in statuses and set(statuses) <= {200, 503, "refused"}, set(statuses)
     finally:
         stop_tree(serve.process)
@@ -83,10 +90,7 @@ def test_sigterm_with_a_dead_stage(repo, tmp_path):
     serve, family = started(repo, tmp_path)
     try:
         kill_stub(serve.triton_pid(), "minilm_encode")
-        code, seconds = stop_within(serve, family)
-        print(f"\nSIGTERM with a dead stage: exit {code} after {seconds:.1f} s")
-        assert code == 0, serve.output()
-        assert seconds < GRACE_S + SLACK_S
+        assert_clean_exit(serve, family, "with a dead stage")
     finally:
         stop_tree(serve.process)
 
@@ -108,12 +112,11 @@ def test_sigterm_with_a_slow_client(repo, tmp_path):
 
         threading.Thread(target=trickle, daemon=True).start()
         time.sleep(1.5)
-        code, seconds = stop_within(serve, family)
-        stop.set()
-        sock.close()
-        print(f"\nSIGTERM with a slow client: exit {code} after {seconds:.1f} s")
-        assert code == 0, serve.output()
-        assert seconds < GRACE_S + SLACK_S
+        try:
+            assert_clean_exit(serve, family, "with a slow client")
+        finally:
+            stop.set()
+            sock.close()
     finally:
         stop_tree(serve.process)
 

@@ -70,7 +70,7 @@ class RequestLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            if self.enabled:
+            if self.enabled and access.isEnabledFor(logging.WARNING if status >= 500 else logging.INFO):
                 self.log(scope, status, time.perf_counter() - started)
 
     @staticmethod

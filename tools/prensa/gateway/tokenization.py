@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from itertools import chain, islice
 
 import numpy as np
@@ -224,14 +224,10 @@ def bound_texts(tokenizer: Tokenizer, items: list[Item], pairs: list[str] | None
     `max_length` tokens reads (`keep_tokens`), once per distinct text; one token more than the
     window holds is kept, so a cut text is truncated where the whole one is."""
     keep, limit = max_length + 1, window_chars(max_length + 1)
-    cuts: dict[str, str] = {}
+    cut_once = cache(lambda text: keep_tokens(tokenizer, text, keep, direction))
 
     def cut(item: Item) -> Item:
-        if not isinstance(item, str) or len(item) <= limit:
-            return item
-        if item not in cuts:
-            cuts[item] = keep_tokens(tokenizer, item, keep, direction)
-        return cuts[item]
+        return cut_once(item) if isinstance(item, str) and len(item) > limit else item
 
     return [cut(item) for item in items], [cut(pair) for pair in pairs] if pairs is not None else None
 
@@ -278,13 +274,7 @@ def _refuse_too_long(tokenizer: Tokenizer, firsts: list[str], seconds: list[str]
     window = window_chars(max_length)
     if not any(len(text) > window for text in chain(firsts, seconds or ())):
         return
-    counts: dict[str, int] = {}
-
-    def count(text: str) -> int:
-        if text not in counts:
-            counts[text] = count_tokens(tokenizer, text, window)
-        return counts[text]
-
+    count = cache(lambda text: count_tokens(tokenizer, text, window))
     specials = tokenizer.num_special_tokens_to_add(seconds is not None)
     for row, first in enumerate(firsts):
         content = count(first) + (count(seconds[row]) if seconds is not None else 0)
