@@ -9,5 +9,6 @@ COPY tools ./tools
 COPY ensembles ./ensembles
 RUN pip install --no-cache-dir --no-deps -e . \
  && pip install --no-cache-dir "numpy>=1.24,<2" "tokenizers>=0.19" "tritonclient[grpc,http]>=2.51" "protobuf>=4" \
-      "typer>=0.12" "rich>=13" fastapi uvicorn uvloop httptools psutil pydantic orjson prometheus-client
+      "typer>=0.12" "rich>=13" fastapi uvicorn uvloop httptools psutil pydantic orjson prometheus-client \
+      opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
 EXPOSE 8080

@@ -44,7 +44,8 @@ def answers(url: str) -> dict[tuple[str, bytes, str], tuple[int, object]]:
         for path in PATHS:
             for query in ("", "?model=nope"):
                 for body in BODIES:
-                    response = client.post(path + query, content=body, headers={"content-type": "application/json"})
+                    response = client.post(path + query, content=body,  # one id: error bodies carry it
+                                           headers={"content-type": "application/json", "x-request-id": "same"})
                     out[path, body, query] = (response.status_code, rounded(response.json()))
     return out
 

@@ -13,6 +13,8 @@ import numpy as np
 import openai
 import pytest
 
+from tests.bodies import error_of
+
 pytestmark = pytest.mark.triton
 
 BATCH = [f"sentence number {i} about the city of Berlin" for i in range(33)]
@@ -21,7 +23,7 @@ BATCH = [f"sentence number {i} about the city of Berlin" for i in range(33)]
 def test_batch_over_the_limit_is_422(http):
     response = http.post("/embed", json={"inputs": BATCH})
     assert response.status_code == 422
-    assert response.json() == {"error": "batch size 33 > maximum allowed batch size 32", "error_type": "Validation"}
+    assert error_of(response) == {"error": "batch size 33 > maximum allowed batch size 32", "error_type": "Validation"}
     assert http.post("/embed", json={"inputs": BATCH[:32]}).status_code == 200
 
 
@@ -124,7 +126,7 @@ def test_burst_over_max_concurrent_requests(start_gateway, direct):
     assert len(admitted) + len(refused) == 16
     assert len(admitted) >= 4 and refused, f"{len(refused)} of 16 refused with 4 permits"
     for i in refused:
-        assert results[i][0].json() == {"error": "Model is overloaded", "error_type": "Overloaded"}
+        assert error_of(results[i][0]) == {"error": "Model is overloaded", "error_type": "Overloaded"}
     slowest_admitted = max(results[i][1] for i in admitted)
     assert all(results[i][1] < slowest_admitted for i in refused), "429 must come at once, without queueing"
     quiet_s = max(seconds for _, seconds in quiet)

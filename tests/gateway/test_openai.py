@@ -8,6 +8,8 @@ import numpy as np
 import openai
 import pytest
 
+from tests.bodies import error_of
+
 pytestmark = pytest.mark.triton
 
 TEXTS = ["What is the capital of Germany?", "Berlin is the capital of Germany.", "ok",
@@ -84,13 +86,13 @@ def test_unknown_model_is_openai_404(client, http):
     with pytest.raises(openai.NotFoundError) as error:
         client.embeddings.create(model="no-such-model", input="ok")
     assert "no-such-model" in error.value.message
-    body = http.post("/v1/embeddings", json={"input": "ok", "model": "no-such-model"}).json()
+    body = error_of(http.post("/v1/embeddings", json={"input": "ok", "model": "no-such-model"}))
     assert set(body) == {"message", "code", "type"} and body["code"] == 404
 
 
 def test_openai_error_shapes(http):
     empty = http.post("/v1/embeddings", json={"input": [], "model": "minilm"})
-    assert empty.status_code == 400 and empty.json() == {"message": "`inputs` cannot be empty", "code": 400,
+    assert empty.status_code == 400 and error_of(empty) == {"message": "`inputs` cannot be empty", "code": 400,
                                                           "type": "Empty"}
     wrong = http.post("/v1/embeddings", json={"input": {"text": "ok"}})
     assert wrong.status_code == 422 and wrong.json()["type"] == "Validation"

@@ -6,6 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.bodies import error_of
+
 pytestmark = pytest.mark.triton
 
 LONG = "Berlin is the capital and largest city of Germany. " * 40  # ~400 minilm tokens, over its 256
@@ -37,10 +39,10 @@ def test_whitespace_only_is_embedded_empty_is_refused(http, direct):
     np.testing.assert_allclose(spaces.json()[0], direct("minilm", ["   "])["dense"][0], atol=1e-6)
     empty_string = http.post("/embed", json={"inputs": ""})
     assert empty_string.status_code == 422
-    assert empty_string.json() == {"error": "Input validation error: `inputs` cannot be empty", "error_type": "Validation"}
+    assert error_of(empty_string) == {"error": "Input validation error: `inputs` cannot be empty", "error_type": "Validation"}
     empty_batch = http.post("/embed", json={"inputs": []})
     assert empty_batch.status_code == 400
-    assert empty_batch.json() == {"error": "`inputs` cannot be empty", "error_type": "Empty"}
+    assert error_of(empty_batch) == {"error": "`inputs` cannot be empty", "error_type": "Empty"}
 
 
 def test_too_long_with_and_without_truncation(http, direct, tokenizer, start_gateway):
@@ -52,7 +54,7 @@ def test_too_long_with_and_without_truncation(http, direct, tokenizer, start_gat
     np.testing.assert_allclose(explicit.json(), truncated.json(), atol=1e-6)
     refused = http.post("/embed", json={"inputs": ["ok", LONG], "truncate": False})
     assert refused.status_code == 422
-    assert refused.json() == {"error": f"Input validation error: `inputs` must have less than 256 tokens. Given: {given}",
+    assert error_of(refused) == {"error": f"Input validation error: `inputs` must have less than 256 tokens. Given: {given}",
                               "error_type": "Validation"}
     strict = start_gateway(auto_truncate=False)
     assert httpx.post(f"{strict}/embed", json={"inputs": LONG}).status_code == 422

@@ -102,6 +102,7 @@ def test_killed_triton_is_restarted_and_the_gateway_carries_on(tmp_path, exports
         assert outcomes[-1][0] == 200, "the same gateway serves again"
         assert re.search(r"tritonserver died \(signal SIGKILL\).*restarting tritonserver in 0.5 s.*ready again",
                          serve.output(), re.DOTALL), serve.output()
+        assert "prensa_triton_restarts_total 1.0" in httpx.get(f"{serve.url}/metrics").text
         assert stop_tree(serve.process) == 0
     finally:
         stop_tree(serve.process)

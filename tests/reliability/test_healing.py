@@ -8,10 +8,11 @@ failure is answered correctly.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -28,6 +29,28 @@ from tests.reliability.test_faults import Serve
 pytestmark = pytest.mark.triton
 HEAL_S = 10.0
 TEXT = "which bridge crosses the river by the old mill?"
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if {"models", "added", "down", "back"} & set(getattr(record, "fields", {})):  # the model list's lines
+            self.records.append(record)
+
+
+@pytest.fixture
+def model_list_log() -> Iterator[Records]:
+    """The gateway's model-list lines, taken on its own logger (see tests/gateway/test_request_log.py)."""
+    logger, handler = logging.getLogger("prensa.gateway"), Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def kill_stub(triton_pid: int, model: str) -> int:
@@ -96,15 +119,17 @@ def test_a_killed_stub_is_reloaded_while_other_models_serve(tmp_path, exports):
         unhealthy = [body["error"] for sent, status, body in checks if status == 503]
         assert unhealthy and all("minilm" in e and "bge-m3" not in e for e in unhealthy), unhealthy
         assert checks[-1][1] == 200
+        assert 'prensa_stage_reloads_total{model="minilm_encode"} 1.0' in httpx.get(f"{serve.url}/metrics").text
         assert serve.process.poll() is None and stop_tree(serve.process) == 0
     finally:
         stop_tree(serve.process)
 
 
-def test_the_model_list_survives_an_outage(tmp_path, exports):
+def test_the_model_list_survives_an_outage(tmp_path, exports, model_list_log):
     """No supervisor here: the stub dies and its model is unloaded (what `prensa serve` does first),
     so Triton reports it down for as long as the test wants. A refresh meanwhile keeps it; a model
-    unloaded on purpose goes."""
+    unloaded on purpose goes. /metrics and the log say each change."""
+    changes = model_list_log
     repo = build_repo(exports, ["minilm", "bge-m3"], tmp_path / "repo", ServingOptions())
     with own_triton(repo, tmp_path / "triton.log") as triton:
         settings = GatewaySettings(triton_url=triton.grpc_url, repo=repo, default_model="minilm")
@@ -115,6 +140,8 @@ def test_the_model_list_survives_an_outage(tmp_path, exports):
             control.unload_model("minilm_encode")
             wait_until(lambda: status_of(f"{url}/health") == 503, 10, "/health 503")
             assert "minilm" in http.get("/health").json()["error"]
+            metrics = http.get("/metrics").text
+            assert 'prensa_model_ready{model="minilm"} 0.0' in metrics and 'prensa_model_ready{model="bge-m3"} 1.0' in metrics
             time.sleep(1.1)  # past the registry's refresh interval
             assert http.post("/embed?model=nope", json={"inputs": TEXT}).status_code == 404  # re-reads Triton
             assert "minilm" in {m["id"] for m in http.get("/v1/models").json()["data"]}
@@ -123,13 +150,18 @@ def test_the_model_list_survives_an_outage(tmp_path, exports):
             control.load_model("minilm_encode")
             wait_until(lambda: status_of(f"{url}/health") == 200, 30, "/health 200 after the reload")
             np.testing.assert_allclose(http.post("/embed", json={"inputs": TEXT}).json()[0], quiet, atol=1e-6)
+            assert 'prensa_model_ready{model="minilm"} 1.0' in http.get("/metrics").text
 
             control.unload_model("bge-m3")  # on purpose: its stages stay loaded
             time.sleep(1.1)
             assert http.post("/embed?model=nope", json={"inputs": TEXT}).status_code == 404
             assert "bge-m3" not in {m["id"] for m in http.get("/v1/models").json()["data"]}
             assert http.get("/health").status_code == 200
+            assert "bge-m3" not in http.get("/metrics").text.split("prensa_model_ready", 1)[1]
         control.close()
+    said = [r.getMessage() for r in changes.records]  # each change once, in order, nothing for a refresh without one
+    assert said == ["serving bge-m3 (m3), minilm (embed)", "minilm not ready in Triton for now; kept",
+                    "minilm ready again", "model list changed: added none; removed bge-m3"], said
 
 
 def test_without_model_control_a_dead_stub_restarts_triton(tmp_path, exports):

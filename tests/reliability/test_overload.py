@@ -12,9 +12,10 @@ from collections import Counter
 import httpx
 import numpy as np
 import pytest
+
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.repo import ServingOptions
-
+from tests.bodies import error_of
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import build_repo, own_triton
 
@@ -50,7 +51,7 @@ def test_full_triton_queue_is_429_and_nothing_hangs(tmp_path, exports):
         assert set(statuses) == {200, 429}, f"a queue of 1 must both admit and refuse: {statuses}"
         for i, (response, _) in enumerate(results):
             if response.status_code == 429:
-                assert response.json() == {"error": "Model is overloaded", "error_type": "Overloaded"}
+                assert error_of(response) == {"error": "Model is overloaded", "error_type": "Overloaded"}
             else:
                 np.testing.assert_allclose(response.json()[0], quiet[i], atol=1e-5)
         slowest = max(seconds for _, seconds in results)

@@ -8,8 +8,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from prensa.triton.launcher import TritonOptions
-from prensa.triton.supervisor import RestartPolicy, Supervisor
+from prensa.triton.launcher import TritonOptions, TritonProcess
+from prensa.triton.supervisor import MAX_ERROR_LINES, RestartPolicy, Supervisor, SupervisorMetrics
 
 
 class StandIn:
@@ -24,8 +24,11 @@ class StandIn:
 
     def start(self) -> None:
         self.starts += 1
+        self._log_read = 0
         self.log_path.write_text(f"E0101 00:00:00.000000 1 server.cc:1] run {self.starts} failed\n")
         self.process = subprocess.Popen(["sleep", str(self.seconds)])
+
+    new_error_lines = TritonProcess.new_error_lines
 
     def wait_ready(self) -> None:
         pass
@@ -72,3 +75,43 @@ def test_a_healthy_run_resets_the_count_and_stop_ends_it(tmp_path):
     thread.join(5)
     assert outcome == [0] and not any("giving up" in s for s in said)
     assert all("quick failure 1 of 1" in s for s in said if s.startswith("restarting"))
+
+
+def test_tritons_new_errors_reach_prensas_log_and_restarts_are_counted(tmp_path):
+    """Error lines Triton writes while it runs are passed on (CPU-only noise and other lines are not,
+    a flood is cut short); each restart counts in prensa_triton_restarts_total."""
+    said: list[str] = []
+    triton = StandIn(tmp_path / "triton.log", seconds=4)
+    metrics = SupervisorMetrics()
+    supervisor = Supervisor(triton, RestartPolicy(limit=1, backoff_s=0.01, healthy_after_s=60), said.append, metrics)
+    thread = threading.Thread(target=supervisor.run)
+    thread.start()
+    while not any("run 1 failed" in s for s in said):  # what the log held when watching began
+        thread.join(0.05)
+    with triton.log_path.open("a") as log:
+        log.write("I0101 00:00:01.000000 1 model.cc:2] loaded\n"
+                  "E0101 00:00:01.000000 1 pb_stub.cc:3] Failed to process the request(s) for model 'minilm_pool'\n"
+                  "E0101 00:00:01.000000 1 metrics.cc:4] Unable to get CUDA device count\n"
+                  "E0101 00:00:01.000000 1 pb_stub.cc:3] half a line")  # not yet ended: not read yet
+    while not any("minilm_pool" in s for s in said):
+        thread.join(0.05)
+        assert thread.is_alive(), said
+    (surfaced,) = [s for s in said if "minilm_pool" in s]
+    assert triton.starts == 1, said
+    assert surfaced.startswith("tritonserver logged:\n") and "loaded" not in surfaced and "CUDA" not in surfaced
+    assert "half a line" not in surfaced
+    with triton.log_path.open("a") as log:
+        log.write("".join(f" {i}\nE0101 00:00:02.000000 1 pb_stub.cc:3] flood {i}" for i in range(50)) + "\n")
+    while not any("flood" in s for s in said):
+        thread.join(0.05)
+    (flood,) = [s for s in said if "flood" in s]
+    assert triton.starts == 1, said
+    assert "half a line 0" in flood and flood.count("flood") == MAX_ERROR_LINES - 1
+    assert f"... {51 - MAX_ERROR_LINES} more error lines in {triton.log_path}" in flood
+    while triton.starts < 2:
+        thread.join(0.05)
+    supervisor.stop()
+    thread.join(5)
+    (died,) = [s for s in said if "died" in s]  # the log's last error lines, the earlier ones counted
+    assert "flood 49" in died and "minilm_pool" not in died and "more error lines in" in died
+    assert metrics.registry.get_sample_value("prensa_triton_restarts_total") == 1

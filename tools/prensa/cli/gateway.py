@@ -11,12 +11,13 @@ import functools
 import inspect
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, fields
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
@@ -147,14 +148,17 @@ def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[...,
     return decorate
 
 
-def gateway_server(settings: GatewaySettings, host: str, port: int) -> uvicorn.Server:
+def gateway_server(settings: GatewaySettings, host: str, port: int,
+                   other_metrics: Sequence[CollectorRegistry] = ()) -> uvicorn.Server:
     """A uvicorn server for the gateway; `run()` blocks, `should_exit = True` stops it, giving
     in-flight requests `graceful_timeout_s` before cancelling them. Its connections are
-    prensa.gateway.server's protocol: read and write timeouts, header and connection limits."""
+    prensa.gateway.server's protocol: read and write timeouts, header and connection limits.
+    `other_metrics` join the gateway's own on its /metrics."""
     from prensa.gateway.app import create_app
     from prensa.gateway.server import ConnectionLimits, protocol_class
 
-    return uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
+    app = create_app(settings, other_metrics=other_metrics)
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                          access_log=False, timeout_keep_alive=settings.keep_alive_s,
                                          http=protocol_class(ConnectionLimits.of(settings)),
                                          timeout_graceful_shutdown=settings.graceful_timeout_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import threading
@@ -19,9 +20,11 @@ from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline
-from prensa.triton.supervisor import RestartPolicy, Supervisor
+from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics
+from prensa.triton.tracing import TracingSetupError, TritonTracing, rate_for, traces_url
 
 console = Console(stderr=True)
+log = logging.getLogger("prensa.triton")
 
 # Each option also reads PRENSA_<FLAG>, as the gateway options do (`prensa.cli.gateway.envvar`).
 Host = Annotated[str, typer.Option(envvar="PRENSA_HOST", help="Address Triton binds; anything but loopback exposes it to the network.")]
@@ -34,25 +37,36 @@ WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRE
                                            help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
 RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
 RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_BACKOFF", help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
+TritonOtlpEndpoint = Annotated[Optional[str], typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
 # The gateway reads tokenizers from Triton's repository, so both default to the same directory.
 DEFAULT_REPO = GatewaySettings.repo
 
 
 def say(message: str) -> None:
-    """Supervisor news on stderr, printed as is (Triton's log lines carry brackets rich would eat)."""
-    console.print(message, markup=False, highlight=False)
+    """Supervisor news (a death, a restart, a reload, Triton's own errors) on prensa's log."""
+    log.warning(message)
+
+
+def triton_tracing(settings: GatewaySettings, triton_endpoint: str | None) -> TritonTracing | None:
+    """Triton's tracing towards the gateway's collector, or None when the gateway does not trace."""
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        url = traces_url(settings.otlp_endpoint, settings.otlp_protocol, triton_endpoint)
+    except TracingSetupError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--triton-otlp-endpoint'") from exc
+    return TritonTracing(url, f"{settings.otlp_service_name}-triton", rate_for(settings.otlp_sample_rate))
 
 
 def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: GatewayAddress,
-                supervising: threading.Thread) -> bool:
+                supervising: threading.Thread, supervisor: SupervisorMetrics) -> bool:
     """Serve the gateway in this thread, on `settings` pointed at this Triton, until a signal (uvicorn
     re-raises it after draining, which then reaches the handler that stops the supervisor) or until the
     supervisor gives up; False if it never started. It outlives Triton restarts: meanwhile it answers
     503, then carries on."""
     host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
     settings = replace(settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
-    configure_logging(settings.log_level, settings.json_output)
-    server = gateway_server(settings, address.host, address.port)
+    server = gateway_server(settings, address.host, address.port, [supervisor.registry])
 
     def stop_with_supervisor() -> None:
         supervising.join()
@@ -68,9 +82,13 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once.
     With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
     On a signal the gateway drains first, then Triton; each gets --graceful-timeout."""
+    configure_logging(settings.log_level, settings.json_output)
     triton = TritonProcess(replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s))))
-    console.print(f"starting tritonserver on {options.repo} (log: {triton.log_path})")
-    supervisor = Supervisor(triton, policy, say)
+    tracing = f"; traces to {options.tracing.url}" if options.tracing else ""
+    log.info("starting tritonserver on %s (its log: %s%s)", options.repo, triton.log_path, tracing,
+             extra={"fields": {"repo": str(options.repo), "triton_log": str(triton.log_path)}})
+    metrics = SupervisorMetrics()
+    supervisor = Supervisor(triton, policy, say, metrics)
     for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the supervisor then returns
         signal.signal(signum, lambda *_: supervisor.stop())
     try:
@@ -78,19 +96,26 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
         triton.wait_ready()
     except TritonStartError as exc:
         triton.stop()
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        if settings.json_output:
+            log.error("%s", exc)
+        else:
+            console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
-    table = Table("endpoint", "address", title="Triton is ready")
-    table.add_row("HTTP (KServe v2)", f"http://{triton.http_url}")
-    table.add_row("gRPC", triton.grpc_url)
-    table.add_row("metrics", triton.metrics_url)
+    endpoints = {"HTTP (KServe v2)": f"http://{triton.http_url}", "gRPC": triton.grpc_url,
+                 "metrics": triton.metrics_url}
     if gateway:
-        table.add_row("gateway (OpenAI + TEI)", f"http://{gateway.host}:{gateway.port}  (docs: /docs)")
-    console.print(table)
+        endpoints["gateway (OpenAI + TEI)"] = f"http://{gateway.host}:{gateway.port}  (docs: /docs)"
+    if settings.json_output:  # one JSON line, not a table in the middle of them
+        log.info("Triton is ready", extra={"fields": {"endpoints": endpoints}})
+    else:
+        table = Table("endpoint", "address", title="Triton is ready")
+        for role, where in endpoints.items():
+            table.add_row(role, where)
+        console.print(table)
     outcome: list[int] = []
     thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
     thread.start()
-    if gateway and not run_gateway(triton, settings, gateway, thread):
+    if gateway and not run_gateway(triton, settings, gateway, thread, metrics):
         supervisor.stop()
         thread.join()
         console.print("[red]error:[/] the gateway did not start (see its log above)")
@@ -114,6 +139,7 @@ def serve(
     model_control_mode: ControlMode = TritonOptions.model_control_mode,
     restart_limit: RestartLimit = RestartPolicy.limit,
     restart_backoff: RestartBackoff = RestartPolicy.backoff_s,
+    triton_otlp_endpoint: TritonOtlpEndpoint = None,
     gateway: WithGateway = True,
     *,
     settings: GatewaySettings,
@@ -123,8 +149,10 @@ def serve(
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode),
-               address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff), settings)
+    options = TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode,
+                            tracing=triton_tracing(settings, triton_otlp_endpoint))
+    run_triton(options, address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
+               settings)
 
 
 @with_gateway_options()
@@ -137,6 +165,7 @@ def up(
     grpc_port: GrpcPort = TritonPorts.grpc,
     metrics_port: MetricsPort = TritonPorts.metrics,
     pipeline: Annotated[Pipeline, typer.Option(envvar="PRENSA_PIPELINE", help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
+    triton_otlp_endpoint: TritonOtlpEndpoint = None,
     gateway: WithGateway = True,
     *,
     settings: GatewaySettings,
@@ -162,5 +191,6 @@ def up(
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
     written = build_repository(sources, repo, ServingOptions(pipeline=pipeline))
     console.print(f"repository {repo}: {', '.join(written)}")
-    run_triton(TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port)), address if gateway else None,
-               settings=settings)
+    options = TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port),
+                            tracing=triton_tracing(settings, triton_otlp_endpoint))
+    run_triton(options, address if gateway else None, settings=settings)

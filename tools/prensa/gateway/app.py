@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
@@ -18,13 +20,14 @@ from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.json_routes import JsonRoutes
 from prensa.gateway.limits import OPEN_PATHS, Guard, Permits
-from prensa.gateway.logs import ERROR_KEY, RequestLog
+from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.responses import Gateway, GatewayRoute
 from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.tracing import Traced, provider
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
@@ -51,7 +54,8 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
 def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
     setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
-    return Response(error_body(error, request.url.path), status_code=error.status, media_type="application/json")
+    return Response(error_body(error, request.url.path, getattr(request.state, ID_KEY, "")), status_code=error.status,
+                    media_type="application/json")
 
 
 async def on_gateway_error(request: Request, error: GatewayError) -> Response:
@@ -74,7 +78,8 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
 
 class GatewayApp(FastAPI):
     """FastAPI behind the gateway's own layers, outermost first: CORS (when configured, so
-    preflights never need the key), `RequestLog` (request ids, a log line each), the Guard,
+    preflights never need the key), `RequestLog` (request ids, a log line each), `Traced` (with
+    --otlp-endpoint: a span each, see `tracing`), the Guard,
     `JsonRoutes`, then FastAPI's stack (its error, telemetry and body-limit middleware, router and
     dependency solver) for every other route, so
     an inference request passes through none of FastAPI's layers. An exception nothing handles
@@ -85,6 +90,8 @@ class GatewayApp(FastAPI):
         self.gateway_settings = settings
         self.state.metrics = metrics
         self.permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
+        metrics.inputs_limit.set(settings.max_concurrent_requests)
+        self.traces = provider(settings) if settings.otlp_endpoint else None
         self.vertex = vertex
         for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_tei.open_router, vertex):
             self.include_router(router)
@@ -104,6 +111,8 @@ class GatewayApp(FastAPI):
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
                     on_reject=lambda kind: metrics.request_failure.inc(kind.value), permits=self.permits,
                     open_paths=self.open_paths)
+        if self.traces is not None:
+            app = Traced(app, self.traces.get_tracer("prensa.gateway"), untraced=self.open_paths)
         app = RequestLog(app, enabled=settings.access_log)
         if settings.cors_allow_origins:
             app = CORSMiddleware(app, allow_origins=list(settings.cors_allow_origins), allow_methods=["GET", "POST"],
@@ -111,9 +120,12 @@ class GatewayApp(FastAPI):
         return app
 
 
-def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ) -> FastAPI:
-    """The gateway; it connects to Triton and reads the served models when it starts."""
+def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ,
+               other_metrics: Sequence[CollectorRegistry] = ()) -> FastAPI:
+    """The gateway; it connects to Triton and reads the served models when it starts. `other_metrics`
+    are rendered on its /metrics after its own (`prensa serve`'s supervisor)."""
     metrics = GatewayMetrics()
+    metrics.others.extend(other_metrics)
 
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
@@ -136,6 +148,8 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
         app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, app.permits), metrics)
         yield
         await client.close()
+        if app.traces is not None:  # the last spans go out (or time out) before the process ends
+            await asyncio.to_thread(app.traces.shutdown)
 
     app = GatewayApp(settings, metrics, vertex_router(environ), title="prensa gateway",
                      summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",

@@ -60,12 +60,15 @@ def is_openai_path(path: str) -> bool:
     return path in OPENAI_PATHS or path.startswith(MODELS_PREFIX)
 
 
-def error_body(error: GatewayError, path: str) -> bytes:
-    """The JSON body for `error` in the shape the route at `path` speaks."""
+def error_body(error: GatewayError, path: str, request_id: str = "") -> bytes:
+    """The JSON body for `error` in the shape the route at `path` speaks, with the request's id
+    (one field more than TEI's and OpenAI's shapes, which their clients ignore)."""
     status, error_type = ERROR_TABLE[error.kind]
-    if is_openai_path(path):
-        return orjson.dumps({"message": error.message, "code": status, "type": error_type})
-    return orjson.dumps({"error": error.message, "error_type": error_type})
+    body: dict[str, object] = ({"message": error.message, "code": status, "type": error_type} if is_openai_path(path)
+                               else {"error": error.message, "error_type": error_type})
+    if request_id:
+        body["request_id"] = request_id
+    return orjson.dumps(body)
 
 
 def overloaded() -> GatewayError:

@@ -20,7 +20,7 @@ from typing import TypeVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, overloaded
-from prensa.gateway.logs import ERROR_KEY
+from prensa.gateway.logs import ERROR_KEY, ID_KEY
 
 T = TypeVar("T")
 
@@ -248,7 +248,7 @@ class Guard:
     async def _reject(self, scope: Scope, send: Send, error: GatewayError) -> None:
         self.on_reject(error.kind)
         scope["state"][ERROR_KEY] = error.message
-        await self._respond(send, error.status, error_body(error, scope["path"]),
+        await self._respond(send, error.status, error_body(error, scope["path"], scope["state"].get(ID_KEY, "")),
                             [(b"content-type", b"application/json")])
 
     @staticmethod

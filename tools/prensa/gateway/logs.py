@@ -4,8 +4,9 @@
 trace id of its W3C `traceparent`), makes one up when there is none, echoes it on every response,
 401s and 413s included, and hands it to the routes (the request's `Timings`, then Triton as the
 inference request id). When the response is sent it logs one line with the route, status, model,
-inputs, tokens and each stage's milliseconds, and the reason of a 4xx or 5xx, which the error
-handlers leave in the request's state under `ERROR_KEY`.
+inputs, tokens and each stage's milliseconds, the reason of a 4xx or 5xx, which the error
+handlers leave in the request's state under `ERROR_KEY`, and the trace id of a traced request
+(`tracing`), to find its trace from its log line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 # A client's id is kept when it is short and plain (it goes into logs and headers as it is).
 CLIENT_REQUEST_ID = re.compile(r"[\w.:/+=@-]{1,128}")
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
-ID_KEY, ERROR_KEY, TIMINGS_KEY = "request_id", "error", "timings"  # in the ASGI scope's "state"
+# In the ASGI scope's "state": the request id, an error's reason, the Timings, a sampled trace's id.
+ID_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = "request_id", "error", "timings", "trace_id"
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
@@ -84,6 +86,8 @@ class RequestLog:
                        "inference_ms": _ms(timings.inference_s)}
         if error := state.get(ERROR_KEY):
             fields["error"] = error
+        if trace := state.get(TRACE_KEY):
+            fields["trace_id"] = trace
         level = logging.WARNING if status >= 500 else logging.INFO
         access.log(level, "%s %s %d %.1f ms", scope["method"], scope["path"], status, fields["total_ms"],
                    extra={"fields": fields})
@@ -110,9 +114,21 @@ class Text(logging.Formatter):
         return line + "".join(f" {key}={value}" for key, value in fields.items()) if fields else line
 
 
+class Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever `sys.stderr` is when it writes, not the one it was made with."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def configure_logging(level: str, json_output: bool) -> None:
     """prensa's loggers to stderr at `level`, as JSON lines or text."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = Stderr()
     handler.setFormatter(JsonLines() if json_output else Text("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("prensa")
     root.handlers[:] = [handler]

@@ -102,6 +102,14 @@ class GatewayMetrics:
                                      buckets=TOKEN_BUCKETS, registry=r)
         self.inputs_in_flight = Gauge("prensa_inputs_in_flight", "Inputs admitted and not yet answered (permits held)",
                                       registry=r)
+        self.inputs_limit = Gauge("prensa_inputs_limit", "Permits in all (--max-concurrent-requests): inputs in flight "
+                                  "past it get 429", registry=r)
+        # TEI's request histogram has no route label; dashboards want each route's quantiles.
+        self.route_duration = Histogram("prensa_request_duration", "Answered requests' duration, by route (s)",
+                                        ("method",), buckets=DURATION_BUCKETS, registry=r)
+        self.model_ready = Gauge("prensa_model_ready", "1 while Triton can serve every stage of the model, else 0; "
+                                 "read from Triton at each scrape", ("model",), registry=r)
+        self.others: list[CollectorRegistry] = []  # rendered after this one: `prensa serve`'s supervisor
 
     def _family(self, method: str) -> Family | None:
         if method in EMBED_METHODS:
@@ -122,6 +130,13 @@ class GatewayMetrics:
             family.success.inc(method)
             family.durations.observe(duration_s, tokenization_s, queue_s, inference_s)
         self.request_duration.observe(duration_s)
+        self.route_duration.labels(method).observe(duration_s)
+
+    def set_readiness(self, ready: dict[str, bool]) -> None:
+        """`prensa_model_ready` for exactly the served models in `ready`."""
+        self.model_ready.clear()
+        for model, up in ready.items():
+            self.model_ready.labels(model).set(1.0 if up else 0.0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(registry) for registry in (self.registry, *self.others))

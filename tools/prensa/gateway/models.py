@@ -209,6 +209,7 @@ class Registry:
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
         self._last_attempt = 0.0
+        self._logged_once = False  # the first refresh logs the whole list, later ones what changed
 
     async def refresh(self) -> None:
         """Re-read every ready ensemble (or fused model) that carries a prensa task; keep the known
@@ -222,15 +223,37 @@ class Registry:
             models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
             fresh = {m.name: m for m in models}
             down = {name: m for name, m in self.models.items() if name not in fresh and coming_back(m, states)}
+            before, before_down = self.models, self.down
             self.models = {m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)}
             self.down = set(down)
-        log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model")
-        if down:
-            log.warning("%s not ready in Triton for now; kept", ", ".join(down))
+        self._log_changes(before, before_down)
+
+    def _log_changes(self, before: dict[str, ServedModel], before_down: set[str]) -> None:
+        """A line when the model list changes, and one per model going down or coming back; a refresh
+        that changes nothing logs nothing, the first one always says what is served."""
+        added, removed = sorted(set(self.models) - set(before)), sorted(set(before) - set(self.models))
+        gone, back = sorted(self.down - before_down), sorted((before_down - self.down) & set(self.models))
+        if not self._logged_once:
+            self._logged_once = True
+            log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model",
+                     extra={"fields": {"models": list(self.models)}})
+        elif added or removed:
+            log.info("model list changed: added %s; removed %s", ", ".join(added) or "none", ", ".join(removed) or "none",
+                     extra={"fields": {"added": added, "removed": removed}})
+        if gone:
+            log.warning("%s not ready in Triton for now; kept", ", ".join(gone), extra={"fields": {"down": gone}})
+        if back:
+            log.info("%s ready again", ", ".join(back), extra={"fields": {"back": back}})
 
     def triton_models(self) -> dict[str, str]:
         """Every Triton model the served ones reach, each mapped to the served model it belongs to."""
         return {stage: model.name for model in self.models.values() for stage in model.triton_models}
+
+    async def readiness(self) -> dict[str, bool]:
+        """Per served model, whether Triton can serve every one of its stages now."""
+        stages = self.triton_models()
+        down = {stages[stage] for stage in await self.client.unready(sorted(stages))}
+        return {name: name not in down for name in self.models}
 
     async def unready(self) -> str | None:
         """What keeps a served model from answering now (its stages are named), or None."""

@@ -88,3 +88,4 @@ class OpenAIError(BaseModel):
     message: str = Field(description="What went wrong.")
     code: int = Field(description="The HTTP status code.")
     type: str = Field(description="Error kind: Validation, Empty, NotFound, Overloaded, Backend, Unhealthy, ...")
+    request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")

@@ -151,3 +151,4 @@ class Info(ModelInfo):
 class ErrorResponse(BaseModel):
     error: str = Field(description="What went wrong.")
     error_type: str = Field(description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ...")
+    request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")

@@ -19,6 +19,7 @@ from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.service import Service, Timings
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.tracing import stage
 from prensa.gateway.triton_client import TritonClient
 
 # `?model=` on every inference route; the body's `model` field says the same (see `models.named_model`).
@@ -56,8 +57,9 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
             "x-queue-time": _ms(queue),
             "x-inference-time": _ms(timings.inference_s),
         }
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
-                    headers=headers)
+    with stage("serialize"):
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 def record_success(metrics: GatewayMetrics, method: str, timings: Timings) -> None:

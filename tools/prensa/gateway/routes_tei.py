@@ -330,9 +330,12 @@ async def health(http: GatewayRequest) -> Response:
         return Response(status_code=200)
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
     setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
-    return Response(error_body(error, "/health"), status_code=error.status, media_type="application/json")
+    return Response(error_body(error, "/health", http.state.request_id), status_code=error.status,
+                    media_type="application/json")
 
 
 @open_router.get("/metrics", summary="Prometheus metrics (TEI names)")
 async def metrics(http: GatewayRequest) -> Response:
-    return Response(http.gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    gw = http.gateway
+    gw.metrics.set_readiness(await gw.registry.readiness())
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -38,6 +38,7 @@ from prensa.gateway.tokenization import (
     has_long_texts,
     tokenize_items,
 )
+from prensa.gateway.tracing import past_stage, stage
 from prensa.gateway.triton_client import TritonClient, texts_tensor
 from prensa.stages import contract, load_stage
 
@@ -171,13 +172,16 @@ class Service:
                     outputs: tuple[str, ...], timings: Timings, encoder_only: bool = False) -> Inferred:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
         texts_only = all(isinstance(item, str) for item in items)
+        if not timings.inputs:  # the first call of this request: it was read, parsed, validated and admitted
+            past_stage("parse and validate", timings.received)
         timings.model, timings.inputs = model.name, timings.inputs + len(items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
         if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
             # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
             started = time.perf_counter()
-            items, pairs = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
-                                                   truncation.direction)
+            with stage("cut long texts", inputs=len(items)):
+                items, pairs = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
+                                                       truncation.direction)
             timings.tokenization_s += time.perf_counter() - started
         # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
         needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs)
@@ -186,8 +190,9 @@ class Service:
                 pairs is not None and first_fills_pair(model.require_tokenizer(), items, model.max_length)):
             tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
             started = time.perf_counter()
-            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
-                                           model.token_id_limit)
+            with stage("tokenize", inputs=len(items)):
+                rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
+                                               model.token_id_limit)
             elapsed = time.perf_counter() - started
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)

@@ -21,6 +21,7 @@ class Flag:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
 
 class InvalidSetting(ValueError):
@@ -83,6 +84,15 @@ class GatewaySettings:
     json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")
     access_log: bool = setting(True, "One log line per request: route, status, model, inputs, tokens, each stage's "
                                      "milliseconds, request id and the reason of an error.")
+    # Tracing (prensa.gateway.tracing): TEI's two flags, the exporter's protocol and a sampling rate.
+    otlp_endpoint: str | None = setting(
+        None, "OpenTelemetry collector that receives traces, e.g. http://127.0.0.1:4317 (gRPC, as TEI's flag); "
+        "`prensa serve` points Triton's own tracing at it too. Unset: no tracing, at no cost.")
+    otlp_service_name: str = setting("prensa", "service.name of the gateway's spans (Triton's: NAME-triton).")
+    otlp_protocol: str = setting("grpc", "How spans reach --otlp-endpoint: grpc or http/protobuf.")
+    otlp_sample_rate: float = setting(
+        1.0, "Share of requests traced when the client's traceparent does not decide (0 to 1); a client's "
+        "sampled traceparent is always traced.")
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
         5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
@@ -91,6 +101,10 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         if self.log_level.lower() not in LOG_LEVELS:
             raise InvalidSetting("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level}")
+        if self.otlp_protocol not in OTLP_PROTOCOLS:
+            raise InvalidSetting("otlp_protocol", f"must be one of {', '.join(OTLP_PROTOCOLS)}, got {self.otlp_protocol}")
+        if not 0.0 <= self.otlp_sample_rate <= 1.0:
+            raise InvalidSetting("otlp_sample_rate", f"must be between 0 and 1, got {self.otlp_sample_rate}")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
                                             "--api-key and PRENSA_API_KEY unset")

@@ -18,10 +18,12 @@ from typing import TypeVar
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from opentelemetry.trace import SpanKind
 from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from prensa.gateway.errors import ErrorKind, GatewayError
+from prensa.gateway.tracing import stage, triton_headers
 
 T = TypeVar("T")
 READY = "READY"  # a model's state in Triton's repository index when it can serve
@@ -87,11 +89,15 @@ class TritonClient:
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        try:
-            result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
-                                              request_id=request_id, client_timeout=self.timeout_s)
-        except InferenceServerException as exc:
-            raise translate_error(exc, self.url, self.timeout_s) from None
+        with stage(f"triton {model}", SpanKind.CLIENT, **{"rpc.system": "grpc", "rpc.method": "ModelInfer",
+                                                          "server.address": self.url, "prensa.triton_model": model,
+                                                          "prensa.rows": len(next(iter(inputs.values())))}):
+            try:
+                result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
+                                                  request_id=request_id, client_timeout=self.timeout_s,
+                                                  headers=triton_headers())
+            except InferenceServerException as exc:
+                raise translate_error(exc, self.url, self.timeout_s) from None
         return {name: result.as_numpy(name) for name in outputs}
 
     async def model_states(self) -> dict[str, tuple[str, str]]:

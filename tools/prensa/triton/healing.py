@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import tritonclient.http as httpclient
+from prometheus_client import Counter
 
 from prensa.triton.launcher import TritonProcess
 
@@ -66,12 +67,14 @@ def live_instances(triton_pid: int) -> dict[str, set[str]]:
 class StageWatch:
     """Compares the stubs of one ready Triton with those it started with; `check()` heals."""
 
-    def __init__(self, triton: TritonProcess, say: Callable[[str], None], stopping: Callable[[], bool]) -> None:
+    def __init__(self, triton: TritonProcess, say: Callable[[str], None], stopping: Callable[[], bool],
+                 reload_counter: Counter | None = None) -> None:
         assert triton.process is not None, "start Triton first"
         self.triton = triton
         self.pid = triton.process.pid
         self.say = say
         self.stopping = stopping  # once Triton is asked to stop, nothing is reloaded or restarted
+        self.reload_counter = reload_counter  # per model, for /metrics
         self.expected = live_instances(self.pid)
         self.reloads: dict[str, list[float]] = {}  # per model, when it was reloaded
 
@@ -97,6 +100,8 @@ class StageWatch:
                 if not self.stopping():
                     self.triton.reap_group()  # the supervisor sees Triton exit and starts it again
                 return
+            if self.reload_counter is not None:
+                self.reload_counter.labels(model).inc()
             self.say(f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead")
         for model, instances in live_instances(self.pid).items():  # a reload may start more instances
             self.expected.setdefault(model, set()).update(instances)

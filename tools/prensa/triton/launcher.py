@@ -32,11 +32,19 @@ from pathlib import Path
 import psutil
 import tritonclient.http as httpclient
 
+from prensa.triton.tracing import TritonTracing
+
 # Lines Triton logs as errors on every machine without a GPU.
 CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
 CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a process gets when the thread that forked it ends
 LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def is_error_line(line: str) -> bool:
+    """An error Triton logged (a model load failure, a stage's exception), not CPU-only noise."""
+    return ((line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
+            and not any(noise in line for noise in CPU_NOISE))
 
 
 class TritonStartError(RuntimeError):
@@ -59,6 +67,7 @@ class TritonOptions:
     model_control_mode: str = "explicit"  # every model loaded at start, each one reloadable
     strict_readiness: bool = True
     exit_timeout_s: int = 5  # in-flight requests get this long after SIGTERM (Triton's default: 30)
+    tracing: TritonTracing | None = None  # Triton's OpenTelemetry tracing; off by default
 
     @property
     def reloadable(self) -> bool:
@@ -129,6 +138,7 @@ def triton_command(options: TritonOptions) -> list[str]:
         "--exit-on-error=true",
         "--allow-sagemaker=false",
         "--allow-vertex-ai=false",
+        *(options.tracing.args() if options.tracing else []),
     ]
 
 
@@ -167,6 +177,7 @@ class TritonProcess:
         self.options = options
         self.log_path = log_path or CACHE_DIR / "logs" / f"tritonserver-{options.ports.http}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_read = 0  # bytes of this run's log that `new_error_lines` has looked at
 
     @property
     def http_url(self) -> str:
@@ -200,6 +211,7 @@ class TritonProcess:
         call it from a thread that outlives Triton, the main thread or the supervisor's."""
         self.check_ports()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_read = 0
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 triton_command(self.options),
@@ -222,9 +234,19 @@ class TritonProcess:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
-        return "\n".join(line for line in text.splitlines()
-                         if (line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
-                         and not any(noise in line for noise in CPU_NOISE))
+        return "\n".join(filter(is_error_line, text.splitlines()))
+
+    def new_error_lines(self) -> str:
+        """The error lines Triton wrote since the last call (whole lines only); may be empty."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_read)
+                chunk = log.read()
+        except FileNotFoundError:
+            return ""
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self._log_read += len(whole)
+        return "\n".join(filter(is_error_line, whole.decode(errors="replace").splitlines()))
 
     def errors(self) -> str:
         """Triton's error lines, or the end of its log when it logged none."""

@@ -18,12 +18,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
 
 from prensa.triton.healing import StageWatch
 from prensa.triton.launcher import TritonProcess, TritonStartError
 
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 WATCH_INTERVAL_S = 0.5  # how often the stubs are looked at: a dead one is found within this
+MAX_ERROR_LINES = 20  # Triton's error lines passed on per look; a flood of them is counted, not repeated
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,26 @@ class RestartPolicy:
         return min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
 
 
+class SupervisorMetrics:
+    """What the supervisor did, for the gateway's /metrics (`GatewayMetrics.others`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.restarts = Counter("prensa_triton_restarts", "Times tritonserver was started again after it died "
+                                "(or was stopped to heal it)", registry=self.registry)
+        self.reloads = Counter("prensa_stage_reloads", "Models reloaded because a Python-backend stub died",
+                               ("model",), registry=self.registry)
+
+
+def shortened(lines: list[str], log_path: Path, last: bool = False) -> str:
+    """At most MAX_ERROR_LINES of Triton's error lines (the first ones, or the `last`), the others counted."""
+    more = len(lines) - MAX_ERROR_LINES
+    if more <= 0:
+        return "\n".join(lines)
+    rest = f"... {more} more error lines in {log_path}"
+    return "\n".join([rest, *lines[-MAX_ERROR_LINES:]] if last else [*lines[:MAX_ERROR_LINES], rest])
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
@@ -46,10 +70,12 @@ def describe_exit(code: int) -> str:
 class Supervisor:
     """Waits on a started, ready `TritonProcess` and restarts it per the policy until `stop()`."""
 
-    def __init__(self, triton: TritonProcess, policy: RestartPolicy, say: Callable[[str], None]) -> None:
+    def __init__(self, triton: TritonProcess, policy: RestartPolicy, say: Callable[[str], None],
+                 metrics: SupervisorMetrics | None = None) -> None:
         self.triton = triton
         self.policy = policy
         self.say = say
+        self.metrics = metrics or SupervisorMetrics()
         self._stopping = threading.Event()
 
     def stop(self) -> None:
@@ -60,18 +86,23 @@ class Supervisor:
     def watch(self) -> int:
         """Wait for Triton to exit, healing its stages meanwhile; its exit code."""
         assert self.triton.process is not None
-        stages = StageWatch(self.triton, self.say, self._stopping.is_set)
+        stages = StageWatch(self.triton, self.say, self._stopping.is_set, self.metrics.reloads)
         stopped_at: float | None = None
         while True:
             try:
                 return self.triton.process.wait(timeout=WATCH_INTERVAL_S)
             except subprocess.TimeoutExpired:
+                if errors := self.triton.new_error_lines():
+                    self.say_errors(errors.splitlines())
                 if not self._stopping.is_set():
                     stages.check()
                     continue
                 stopped_at = stopped_at or time.monotonic()
                 if time.monotonic() - stopped_at > self.triton.exit_deadline_s:
                     self.triton.reap_group()  # past its exit timeout: a dead stub holds it
+
+    def say_errors(self, lines: list[str]) -> None:
+        self.say("tritonserver logged:\n" + shortened(lines, self.triton.log_path))
 
     def run(self) -> int:
         """Supervise until `stop()` (0) or until the policy gives up (non-zero)."""
@@ -92,7 +123,7 @@ class Supervisor:
             if self.triton.log_path.exists():
                 self.triton.log_path.replace(kept)  # the next start writes a fresh log
             self.say(f"tritonserver died ({describe_exit(code)}) after {ran_s:.0f} s; its log: {kept}"
-                     + (f"\n{errors}" if errors else ""))
+                     + (f"\n{shortened(errors.splitlines(), kept, last=True)}" if errors else ""))
             if failures > self.policy.limit:
                 self.say("not restarting tritonserver (restart limit 0)" if self.policy.limit == 0 else
                          f"giving up: tritonserver failed {failures} times in a row; no restart ran "
@@ -103,6 +134,7 @@ class Supervisor:
             if self._stopping.wait(delay):
                 return 0
             started = time.monotonic()
+            self.metrics.restarts.inc()
             try:
                 self.triton.start()
                 if self._stopping.is_set():  # a signal between the wait and the start: that Triton stops too

@@ -1,0 +1,107 @@
+"""One request, followed from its client to Triton's models: `prensa serve --otlp-endpoint` against a
+collector in the test (tests/otlp_collector.py). The client's `traceparent` and `x-request-id` come
+back in the response, in the request's JSON log line and in the spans, where the gateway's stages
+(parse and validate, tokenize, each Triton call, serialize) and Triton's (the ensemble, each stage,
+its queue and compute) form one trace. A client's unsampled trace leaves no span anywhere."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import httpx
+import pytest
+
+from prensa.triton.repo import ServingOptions
+from tests.otlp_collector import Collector, Span
+from tests.reliability.conftest import build_repo, stop_tree, wait_until
+from tests.reliability.test_faults import Serve
+
+pytestmark = pytest.mark.triton
+TEXT = "which bridge crosses the river by the old mill?"
+LONG = "Berlin is the capital and largest city of Germany. " * 40  # ~400 minilm tokens, over its 256
+
+
+def traceparent(sampled: bool = True) -> tuple[str, str, str]:
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{parent_id}-{'01' if sampled else '00'}", trace_id, parent_id
+
+
+def by_name(spans: list[Span]) -> dict[str, list[Span]]:
+    named: dict[str, list[Span]] = {}
+    for span in spans:
+        named.setdefault(span.name, []).append(span)
+    return named
+
+
+def wait_for_trace(collector: Collector, trace_id: str, names: set[str]) -> dict[str, list[Span]]:
+    wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), 30, f"spans {sorted(names)}")
+    return by_name(collector.of_trace(trace_id))
+
+
+def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # both exporters send within 0.1 s
+    repo = build_repo(exports, ["minilm"], tmp_path / "repo", ServingOptions())
+    with Collector() as collector:
+        serve = Serve(repo, tmp_path / "serve.log", "--default-model", "minilm", "--json-output",
+                      "--otlp-endpoint", collector.grpc_endpoint, "--triton-otlp-endpoint", collector.http_endpoint)
+        try:
+            serve.wait_healthy(120)
+            header, trace_id, client_span = traceparent()
+            response = httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, timeout=30,
+                                  headers={"traceparent": header, "x-request-id": "rag-query-42"})
+            assert response.status_code == 200 and response.headers["x-request-id"] == "rag-query-42"
+
+            spans = wait_for_trace(collector, trace_id, {"POST /embed", "parse and validate", "triton minilm",
+                                                          "serialize", "InferRequest", "minilm", "minilm_tokenize",
+                                                          "minilm_encode", "minilm_pool", "compute"})
+            (root,) = spans["POST /embed"]
+            assert (root.service, root.kind, root.parent_id) == ("prensa", "SERVER", client_span)
+            assert root.attributes["prensa.request_id"] == "rag-query-42"
+            assert root.attributes["http.response.status_code"] == 200 and root.attributes["prensa.model"] == "minilm"
+            for stage in ("parse and validate", "triton minilm", "serialize"):
+                (span,) = spans[stage]
+                assert span.parent_id == root.span_id and span.service == "prensa", stage
+                assert root.start_ns <= span.start_ns <= span.end_ns <= root.end_ns, stage
+            (call,) = spans["triton minilm"]
+            assert call.kind == "CLIENT"
+            # Triton's spans hang under the gateway's call: its gRPC request, the ensemble, each stage.
+            (infer,) = spans["InferRequest"]
+            assert (infer.service, infer.parent_id) == ("prensa-triton", call.span_id)
+            (ensemble,) = spans["minilm"]
+            assert ensemble.parent_id == infer.span_id and ensemble.attributes["triton.request_id"] == "rag-query-42"
+            for stage in ("minilm_tokenize", "minilm_encode", "minilm_pool"):
+                (span,) = spans[stage]
+                assert span.parent_id == ensemble.span_id and "QUEUE_START" in span.events, stage
+            assert {c.parent_id for c in spans["compute"]} == {spans[s][0].span_id for s in
+                                                                ("minilm_tokenize", "minilm_encode", "minilm_pool")}
+
+            # Left truncation of a long text takes the token path: the gateway tokenizes, then calls
+            # encode and pool.
+            header, left_trace, _ = traceparent()
+            assert httpx.post(f"{serve.url}/embed", json={"inputs": LONG, "truncation_direction": "Left"},
+                              headers={"traceparent": header}, timeout=30).status_code == 200
+            left = wait_for_trace(collector, left_trace, {"tokenize", "triton minilm_encode", "triton minilm_pool",
+                                                          "minilm_encode", "minilm_pool"})
+            (left_root,) = left["POST /embed"]
+            assert left["tokenize"][0].parent_id == left_root.span_id
+            assert left["minilm_encode"][0].parent_id in {s.span_id for s in left["InferRequest"]}
+
+            # The client decided not to sample: no span, and Triton is not asked to trace either.
+            header, unsampled, _ = traceparent(sampled=False)
+            quiet = httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, headers={"traceparent": header}, timeout=30)
+            assert quiet.status_code == 200 and quiet.headers["x-request-id"] == unsampled
+            header, later, _ = traceparent()
+            httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, headers={"traceparent": header}, timeout=30)
+            wait_for_trace(collector, later, {"POST /embed", "minilm"})  # what was sent before it has arrived too
+            time.sleep(0.5)
+            assert collector.of_trace(unsampled) == []
+        finally:
+            assert stop_tree(serve.process) == 0, serve.output()[-3000:]
+
+    lines = [json.loads(line) for line in serve.output().splitlines() if line.startswith("{")]
+    (access,) = [line for line in lines if line.get("request_id") == "rag-query-42"]
+    assert access["target"] == "prensa.access" and access["trace_id"] == trace_id and access["status"] == 200
+    assert access["model"] == "minilm" and access["path"] == "/embed"
+    assert any(line["message"].startswith("starting tritonserver") and line["triton_log"] for line in lines)
