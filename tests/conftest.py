@@ -21,10 +21,17 @@ from tests.tiny_models import prompted_copy, tiny_bge_m3, tiny_classifier, tiny_
 FUSED = ("minilm", "bge-m3", "msmarco")
 
 
+HANDED_OUT: set[int] = set()  # the kernel may give a just-closed port again: never twice to this session
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in HANDED_OUT:
+            HANDED_OUT.add(port)
+            return port
 
 
 def counted_since(metrics_url: str, before: dict[str, ModelStats], models: tuple[str, ...], requests: int,
