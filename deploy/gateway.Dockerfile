@@ -1,14 +1,14 @@
-# The prensa gateway: HTTP APIs in front of Triton's gRPC port. It imports no torch, onnx or
-# TensorRT, so the package goes in without its export dependencies and only the serving ones
-# are added. Editable, because prensa reads the stage contract from ensembles/ beside tools/.
+# The prensa gateway: HTTP APIs in front of Triton's gRPC port. The built wheel with its core
+# dependencies only (no extra): no torch, transformers, onnx or TensorRT, which only exports need.
+# The wheel carries the stage contract the gateway reads (prensa/ensembles, package data).
 # Build context: the repository root (compose.yaml sets it).
-FROM python:3.11-slim
-WORKDIR /opt/prensa
+FROM python:3.11-slim AS wheel
+WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY tools ./tools
-COPY ensembles ./ensembles
-RUN pip install --no-cache-dir --no-deps -e . \
- && pip install --no-cache-dir "numpy>=1.24,<2" "tokenizers>=0.19" "tritonclient[grpc,http]>=2.51" "protobuf>=4" \
-      "typer>=0.12" "rich>=13" fastapi uvicorn uvloop httptools psutil pydantic orjson prometheus-client \
-      opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
+COPY tools/prensa ./tools/prensa
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM python:3.11-slim
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir /wheels/prensa-*.whl && rm -rf /wheels
 EXPOSE 8080

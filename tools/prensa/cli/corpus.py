@@ -9,9 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from prensa.corpus.backends import BackendError, BackendSpec
-from prensa.corpus.io import Columns, CorpusError
-from prensa.corpus.local import Job, run_local
+from prensa.cli.extras import require
 
 
 def embed_corpus(
@@ -32,6 +30,11 @@ def embed_corpus(
     cpus_per_worker: Annotated[float, typer.Option(help="Ray: CPUs reserved per actor.")] = 1.0,
 ) -> None:
     """Embed INPUT's texts into Parquet under OUTPUT: dense, sparse and/or ColBERT columns, resumable."""
+    require("corpus", "embed-corpus")
+    from prensa.corpus.backends import BackendError, BackendSpec
+    from prensa.corpus.io import Columns, CorpusError  # pyarrow: the corpus extra
+    from prensa.corpus.local import Job, run_local
+
     console = Console(stderr=True)
     job = Job(input, output, Columns(id_column, text_column), outputs, rows_per_part)
     try:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
 from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.source import SourceError
@@ -35,6 +36,7 @@ def export(
     fuse_ops: Annotated[bool, typer.Option(help="ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
+    require("export", "export")
     dtype = dtype or ("fp16" if export_format is ExportFormat.TENSORRT else "fp32")
     if dtype not in ("fp32", "fp16"):
         raise typer.BadParameter("--dtype must be fp32 or fp16")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prensa.bench.loadtest import SCENARIOS, LoadTestOptions, run_loadtest, write_plot
+from prensa.cli.extras import require
 
 
 def loadtest(
@@ -24,6 +25,7 @@ def loadtest(
     model: Annotated[Optional[str], typer.Option(help="Served model to target; default: the gateway's choice.")] = None,
 ) -> None:
     """Step load with locust, Triton's metrics scraped alongside; writes CSV, HTML, JSON and PNG."""
+    require("bench", "loadtest")
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"scenario must be one of {', '.join(SCENARIOS)}")
     variable = {"sparse": "PRENSA_SPARSE_MODEL", "rerank": "PRENSA_RERANK_MODEL"}.get(scenario, "PRENSA_EMBED_MODEL")

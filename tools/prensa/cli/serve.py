@@ -172,6 +172,7 @@ def up(
     address: GatewayAddress,
 ) -> None:
     """Export (once), build the repository and serve: the whole path in one command."""
+    from prensa.cli.extras import require
     from prensa.defaults import DefaultModel, default_models
     from prensa.export.pipeline import ExportOptions, export_model
     from prensa.manifest import MANIFEST_FILE
@@ -186,6 +187,7 @@ def up(
     for item in chosen:
         out = models_dir / item.name
         if not (out / MANIFEST_FILE).exists():
+            require("export", "up")  # only to export: an existing export is served as it is
             console.print(f"exporting {item.source} -> {out}")
             export_model(ExportOptions(item.source, out, task=item.task))
         sources.append(ModelSource(item.name, out, Manifest.read(out)))

@@ -1,5 +1,5 @@
 """The torch modules traced to ONNX, one per task: each returns exactly the encoder outputs the
-pool stage expects (names in `ensembles/prensa_stage.py`)."""
+pool stage expects (names in `prensa/ensembles/prensa_stage.py`)."""
 
 from __future__ import annotations
 

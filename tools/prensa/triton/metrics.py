@@ -26,7 +26,7 @@ COUNTERS = {
     "prensa_encoder_padded_tokens": "padded_tokens",
 }
 # The encoder stage sends its token counters from a thread, 50 ms after the executes they count
-# (`TokenCounters` in ensembles/encode/model.py); a reader wanting all of them waits this long.
+# (`TokenCounters` in prensa/ensembles/encode/model.py); a reader wanting all of them waits this long.
 TOKEN_COUNTERS_LAG_S = 0.2
 
 

@@ -1,7 +1,7 @@
 """`prensa repo build`: render exported models into a Triton model repository.
 
 Per model `<name>`: `<name>_tokenize`, `<name>_encode`, `<name>_pool` (Python backend, stage code
-copied from `ensembles/`) and the ensemble `<name>` wiring them; or, with the `fused` pipeline,
+copied from `prensa/ensembles/`) and the ensemble `<name>` wiring them; or, with the `fused` pipeline,
 one Python model `<name>` running the same stage code in one process hop (lower latency on CPU).
 Serving knobs live in each `config.pbtxt` as parameters; stage code reads them at load time. The
 `container` target swaps the encoder for a native GPU backend (see `prensa.triton.native`) and
@@ -127,7 +127,7 @@ def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, st
 
 
 def client_outputs(manifest: Manifest) -> list[Tensor]:
-    """What the ensemble returns, by task; the README documents how to decode each."""
+    """What the ensemble returns, by task; docs/api.md (calling Triton directly) says how to decode each."""
     graph = {o.name: o for o in manifest.outputs}
     outputs = []
     if manifest.task in (Task.EMBED, Task.M3):
