@@ -28,6 +28,7 @@ import orjson
 from prensa.bench.workload import RerankCase
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
+from prensa.tensors import texts_tensor
 
 LIMIT_BATCH = 32
 # Calls before a single-query latency is timed, for every system alike: a server just started (and
@@ -189,7 +190,7 @@ class TritonClient:
         tensors = []
         for name, texts in columns.items():
             tensor = module.InferInput(name, [len(texts), 1], "BYTES")
-            tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+            tensor.set_data_from_numpy(texts_tensor(texts))
             tensors.append(tensor)
         return tensors
 

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from prensa.manifest import Manifest, Task
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
+from prensa.tensors import texts_tensor
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters, served_pipeline
 
@@ -106,7 +107,7 @@ class TritonBackend:
 
     def _infer(self, texts: list[str], names: list[str]) -> dict[str, np.ndarray]:
         tensor = grpcclient.InferInput(contract.TEXT, [len(texts), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[text.encode()] for text in texts], dtype=object))
+        tensor.set_data_from_numpy(texts_tensor(texts))
         try:
             result = self.client.infer(self.info.name, [tensor],
                                        outputs=[grpcclient.InferRequestedOutput(name) for name in names])

@@ -1,4 +1,4 @@
-"""The FastAPI app factory: routers, middleware, error handlers and the Triton connection's life."""
+"""The FastAPI app factory: routers, middleware, error handlers and the backend's (Triton's) life."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
+from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.json_routes import JsonRoutes
 from prensa.gateway.limits import OPEN_PATHS, Guard, Permits
@@ -120,17 +121,26 @@ class GatewayApp(FastAPI):
         return app
 
 
+def triton_backend(settings: GatewaySettings) -> Backend:
+    """The default backend: the Tritons of --triton-url, least outstanding requests, health-checked."""
+    return ReplicaPool([TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
+                        for url in settings.triton_urls])
+
+
 def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ,
-               other_metrics: Sequence[CollectorRegistry] = ()) -> FastAPI:
-    """The gateway; it connects to Triton and reads the served models when it starts. `other_metrics`
-    are rendered on its /metrics after its own (`prensa serve`'s supervisor)."""
+               other_metrics: Sequence[CollectorRegistry] = (), backend: BackendFactory | None = None) -> FastAPI:
+    """The gateway; it opens its backend and reads the served models when it starts. `other_metrics`
+    are rendered on its /metrics after its own (`prensa serve`'s supervisor). `backend` builds what
+    answers (see `prensa.gateway.backend`), called in the app's event loop: by default
+    `triton_backend`; `local_backend.InProcessBackend.from_settings` runs `settings.repo` in this
+    process (tests, machines without Triton)."""
     metrics = GatewayMetrics()
     metrics.others.extend(other_metrics)
+    open_backend = backend or triton_backend
 
     @asynccontextmanager
     async def lifespan(app: GatewayApp) -> AsyncIterator[None]:
-        client = ReplicaPool([TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
-                              for url in settings.triton_urls])
+        client = open_backend(settings)
         registry = Registry(client, settings.repo, settings.default_model)
         try:
             await registry.refresh()

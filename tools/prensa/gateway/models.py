@@ -25,9 +25,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tritonclient.grpc import model_config_pb2
 
+from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
-from prensa.gateway.triton_client import READY, TritonClient
 from prensa.manifest import read_dense_ranges
 from prensa.stages import contract
 from prensa.triton.config import config_parameters
@@ -130,7 +130,7 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
-async def read_model(client: TritonClient, repo: Path, ensemble: model_config_pb2.ModelConfig,
+async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
     fused = served_pipeline(ensemble) is Pipeline.FUSED
@@ -200,7 +200,7 @@ def coming_back(model: ServedModel, states: dict[str, tuple[str, str]]) -> bool:
 
 
 class Registry:
-    def __init__(self, client: TritonClient, repo: Path, default_model: str | None) -> None:
+    def __init__(self, client: Backend, repo: Path, default_model: str | None) -> None:
         self.client = client
         self.repo = repo
         self.default_model = default_model

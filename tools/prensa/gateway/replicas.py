@@ -1,7 +1,7 @@
 """Several Triton replicas behind one gateway: least outstanding requests, health-checked.
 
-The pool offers the same calls as `TritonClient`, so the rest of the gateway does not know how
-many replicas there are. A replica that fails with Unhealthy (refused connection, deadline) is
+The pool is a `prensa.gateway.backend.Backend`, as `TritonClient` is, so the rest of the gateway
+does not know how many replicas there are. A replica that fails with Unhealthy (refused connection, deadline) is
 taken out at once and the call is retried on another one, so an admitted request is not lost
 to a replica dying mid-load; a background probe puts it back when it reports ready again.
 Inference errors that are the request's own (424 Backend, 429 Overloaded) are not retried.
@@ -42,6 +42,10 @@ class ReplicaPool:
     @property
     def url(self) -> str:
         return ",".join(r.client.url for r in self.replicas)
+
+    @property
+    def replica_count(self) -> int:
+        return len(self.replicas)
 
     def start_probing(self, models: Callable[[], Sequence[str]]) -> None:
         """Health-check every replica in the background; `models()` (read at each probe) must be ready

@@ -14,13 +14,13 @@ import orjson
 from fastapi import Query, Request, Response
 from fastapi.routing import APIRoute
 
+from prensa.gateway.backend import Backend
 from prensa.gateway.logs import TIMINGS_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.service import Service, Timings
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
-from prensa.gateway.triton_client import TritonClient
 
 # `?model=` on every inference route; the body's `model` field says the same (see `models.named_model`).
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
@@ -31,7 +31,7 @@ class Gateway:
     """What the routes reach through `GatewayRequest.gateway`, built when the app starts."""
 
     settings: GatewaySettings
-    client: TritonClient
+    client: Backend
     registry: Registry
     service: Service
     metrics: GatewayMetrics

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from prensa.gateway.backend import Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, Permits, TritonWindow
 from prensa.gateway.metrics import GatewayMetrics
@@ -39,8 +40,8 @@ from prensa.gateway.tokenization import (
     tokenize_items,
 )
 from prensa.gateway.tracing import past_stage, stage
-from prensa.gateway.triton_client import TritonClient, texts_tensor
 from prensa.stages import contract, load_stage
+from prensa.tensors import texts_tensor
 
 # The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
 # (`normalize: false` on a model that normalises) the gateway pools with the very same code.
@@ -50,7 +51,7 @@ T = TypeVar("T")
 
 @dataclass
 class Timings:
-    """What the response headers report; see the README's gateway section for each field."""
+    """What the response headers report; see docs/api.md's headers for each field."""
 
     received: float  # perf_counter when the request arrived
     request_id: str = ""  # see `logs.request_id`; Triton gets it as the inference request's id
@@ -110,7 +111,7 @@ def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
 
 
 class Service:
-    def __init__(self, settings: GatewaySettings, client: TritonClient, metrics: GatewayMetrics, permits: Permits) -> None:
+    def __init__(self, settings: GatewaySettings, client: Backend, metrics: GatewayMetrics, permits: Permits) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
@@ -151,7 +152,7 @@ class Service:
     def _window(self, model: ServedModel) -> TritonWindow:
         """An ensemble's `TritonWindow`: what its client hang-ups can leave Triton to compute."""
         if model.name not in self.windows:
-            replicas = len(getattr(self.client, "replicas", ())) or 1
+            replicas = max(self.client.replica_count, 1)
             batches = model.encode_instances + ENSEMBLE_SPARE_BATCHES
             self.windows[model.name] = TritonWindow(batches * model.max_batch_size * replicas)
         return self.windows[model.name]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -22,11 +22,13 @@ from opentelemetry.trace import SpanKind
 from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from prensa.gateway.backend import READY
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.tracing import stage, triton_headers
+from prensa.tensors import texts_tensor
 
+__all__ = ["READY", "TritonClient", "public_message", "texts_tensor", "translate_error"]
 T = TypeVar("T")
-READY = "READY"  # a model's state in Triton's repository index when it can serve
 
 # Channel options: tritonclient's message size limit (2**31 - 1; passing options replaces its
 # defaults) and reconnection attempts at most `RECONNECT_MS` apart.
@@ -46,13 +48,6 @@ FILE_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+-]+){2,}/?")
 # A stage that cannot answer for now: its stub process died, or the model is unloaded for a reload.
 STAGE_DOWN = re.compile(r"Stub process '(?P<stub>[^']+)' is not healthy|"
                         r"unknown model: '(?P<model>[^']+)' has no available versions")
-
-
-def texts_tensor(texts: Sequence[str]) -> np.ndarray:
-    """A BYTES column `[n, 1]` of UTF-8 texts."""
-    column = np.empty((len(texts), 1), dtype=object)
-    column[:, 0] = [text.encode("utf-8") for text in texts]
-    return column
 
 
 def public_message(message: str) -> str:
@@ -76,6 +71,10 @@ def translate_error(exc: InferenceServerException, url: str, timeout_s: float) -
 
 
 class TritonClient:
+    """One Triton over gRPC; a `prensa.gateway.backend.Backend`."""
+
+    replica_count = 1
+
     def __init__(self, url: str, timeout_s: float, probe_timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
@@ -120,6 +119,9 @@ class TritonClient:
         except (InferenceServerException, GatewayError):
             return None
         return [m for m in models if states.get(m, ("",))[0] != READY]
+
+    def start_probing(self, models: Callable[[], Sequence[str]]) -> None:
+        """Nothing to do: a lone Triton is tried whatever its health (see `ReplicaPool.start_probing`)."""
 
     async def _probe(self, call: Awaitable[T]) -> T:
         try:
