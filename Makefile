@@ -39,6 +39,8 @@ serve: $(VENV)/.installed-serve
 
 # The fast tier first (the gateway on an in-process backend: seconds), then everything else.
 test: $(VENV)/.installed-test promtool
+	$(PY) -m ruff check tools tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests/fast
 	$(PY) -m pytest -q --ignore=tests/fast
 

@@ -16,7 +16,6 @@ from prensa.triton.metrics import ModelStats, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.tiny_models import prompted_copy, tiny_bge_m3, tiny_classifier, tiny_reranker
 
-
 # Served a second time as one fused model each (`<name>-fused`): the same answers, fewer hops.
 FUSED = ("minilm", "bge-m3", "msmarco")
 

@@ -60,7 +60,7 @@ class Collector:
     def http_endpoint(self) -> str:
         return f"http://127.0.0.1:{self._http.server_address[1]}"
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         self._grpc.start()
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
         return self
@@ -113,7 +113,7 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
 
 def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             if self.path != "/v1/traces":
                 self.send_response(404)

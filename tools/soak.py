@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import itertools
 import random
@@ -38,8 +39,7 @@ import psutil
 from prensa.bench.suite import free_port
 
 PRENSA = Path(sys.executable).parent / "prensa"
-WORDS = ("river bridge city museum night train harbour market winter garden library question answer "
-         "embedding vector search ranking passage query model server memory latency batch token").split()
+WORDS = ["river", "bridge", "city", "museum", "night", "train", "harbour", "market", "winter", "garden", "library", "question", "answer", "embedding", "vector", "search", "ranking", "passage", "query", "model", "server", "memory", "latency", "batch", "token"]
 
 
 def label(process: psutil.Process, root: int) -> str:
@@ -225,10 +225,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.kill()
         process.wait()
     for child in children:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def main() -> int:

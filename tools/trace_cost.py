@@ -29,12 +29,12 @@ TEXT = "which bridge crosses the river by the old mill?"
 
 
 class Drop(trace_service_pb2_grpc.TraceServiceServicer):
-    def Export(self, request, context):  # noqa: N802, ANN001, ANN201 - gRPC's names
+    def Export(self, request, context):  # noqa: N802 - gRPC's names
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 class DropHttp(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.send_response(200)
         self.send_header("content-length", "0")

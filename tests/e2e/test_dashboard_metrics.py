@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from prensa.cli.gateway import gateway_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.supervisor import SupervisorMetrics
-
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -326,7 +326,7 @@ def test_a_real_prometheus_runs_every_dashboard_query_and_alert_rule(triton, sta
         deadline = time.monotonic() + 15
         while True:
             loaded = [r for g in get_json(f"{url}/api/v1/rules")["data"]["groups"] for r in g["rules"]]
-            if loaded and all(r["health"] == "ok" for r in loaded) or time.monotonic() > deadline:
+            if (loaded and all(r["health"] == "ok" for r in loaded)) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert sorted(r["name"] for r in loaded) == sorted(r["alert"] for r in alert_rules())

@@ -22,18 +22,17 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto, helper, numpy_helper
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import GraphOutput, Manifest, Pooling, Task
 from prensa.stages import contract, load_stage
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, pool_parameters
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = ("the a of and is in to city capital germany france berlin paris river dog fox quick brown lazy jumps over "
-         "dense sparse vectors retrieval query passage score rerank model triton batch token text good bad fine "
-         "weather today happy sad . , ? !").split()
+WORDS = ["the", "a", "of", "and", "is", "in", "to", "city", "capital", "germany", "france", "berlin", "paris", "river", "dog", "fox", "quick", "brown", "lazy", "jumps", "over", "dense", "sparse", "vectors", "retrieval", "query", "passage", "score", "rerank", "model", "triton", "batch", "token", "text", "good", "bad", "fine", "weather", "today", "happy", "sad", ".", ",", "?", "!"]
 VOCAB = {token: i for i, token in enumerate([*SPECIALS, *WORDS])}
 HIDDEN = 8
 MAX_LENGTH = 24

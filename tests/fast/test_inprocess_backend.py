@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.local_backend import InProcessBackend
@@ -13,7 +14,6 @@ from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.triton_client import TritonClient
 from prensa.stages import contract
 from prensa.tensors import texts_tensor
-
 from tests.fast.conftest import FUSED, MODELS
 
 

@@ -7,8 +7,8 @@ import base64
 
 import numpy as np
 import pytest
-from prensa.stages import contract
 
+from prensa.stages import contract
 from tests.fast.conftest import FUSED, MAX_LENGTH, MODELS, VOCAB
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Berlin is the capital of Germany", "dense vectors"]

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +15,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from prensa.cli.gateway import gateway_server
-from prensa.gateway.settings import GatewaySettings
 from tokenizers import Tokenizer
 
+from prensa.cli.gateway import gateway_server
+from prensa.gateway.settings import GatewaySettings
 from tests.conftest import free_port
 
 
@@ -138,8 +138,6 @@ class TcpForwarder:
 
     def cut(self) -> None:
         for sock in [self.listener, *self.sockets]:
-            try:
+            with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()

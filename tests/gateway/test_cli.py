@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from prensa.cli import app
 from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from typer.testing import CliRunner
-
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.triton

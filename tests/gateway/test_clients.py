@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prensa.manifest import Manifest
 
+from prensa.manifest import Manifest
 from tests.tiny_models import PROMPTS
 
 pytestmark = pytest.mark.triton

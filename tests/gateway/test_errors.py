@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from tokenizers import Tokenizer
+from tritonclient.utils import InferenceServerException
+
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.tokenization import Truncation, as_items, token_id_limit, tokenize_items
 from prensa.gateway.triton_client import translate_error
-from tokenizers import Tokenizer
-from tritonclient.utils import InferenceServerException
 
 
 @pytest.mark.parametrize(("status", "message", "kind", "code"), [

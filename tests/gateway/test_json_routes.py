@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from prensa.gateway import json_routes
 from prensa.gateway.app import INFERENCE_ROUTES
 from prensa.gateway.service import Service
-
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.triton

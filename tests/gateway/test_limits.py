@@ -33,8 +33,8 @@ def test_split_large_batches(start_gateway, direct):
     assert response.status_code == 200
     expected = np.concatenate([direct("minilm", BATCH[:20])["dense"], direct("minilm", BATCH[20:])["dense"]])
     np.testing.assert_allclose(response.json(), expected, atol=1e-6)
-    sparse = httpx.post(f"{url}/embed_sparse", json={"inputs": BATCH[:10] + ["x " * 50]}, timeout=60).json()
-    reference = direct("bge-m3", BATCH[:10] + ["x " * 50])
+    sparse = httpx.post(f"{url}/embed_sparse", json={"inputs": [*BATCH[:10], "x " * 50]}, timeout=60).json()
+    reference = direct("bge-m3", [*BATCH[:10], "x " * 50])
     for row, terms in enumerate(sparse):  # chunks padded to different widths are merged row by row
         ids = reference["sparse_ids"][row]
         assert [t["index"] for t in terms] == ids[ids >= 0].tolist()

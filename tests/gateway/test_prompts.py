@@ -82,6 +82,6 @@ def test_default_prompt_flags(settings, oracle):
     with running_gateway(replace(settings, default_prompt=PROMPTS["query"])) as url:
         vectors = httpx.post(f"{url}/embed", json={"inputs": TEXTS, "model": MODEL}).json()
         np.testing.assert_allclose(vectors, oracle["query"], atol=1e-5)
-    with pytest.raises(AssertionError, match="did not start"):
-        with running_gateway(replace(settings, default_prompt_name="no-such-prompt")):
-            pass
+    with pytest.raises(AssertionError, match="did not start"), \
+            running_gateway(replace(settings, default_prompt_name="no-such-prompt")):
+        pass

@@ -8,6 +8,7 @@ import logging
 
 import orjson
 import pytest
+
 from prensa.gateway.logs import JsonLines, request_id
 
 pytestmark = pytest.mark.triton

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from prensa.gateway.settings import GatewaySettings
 
+from prensa.gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until

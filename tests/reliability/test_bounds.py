@@ -14,6 +14,8 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from tokenizers import Tokenizer
+
 from prensa.gateway.errors import GatewayError
 from prensa.gateway.tokenization import (
     TOKENIZE_WINDOW,
@@ -23,8 +25,6 @@ from prensa.gateway.tokenization import (
     tokenize_items,
     window_chars,
 )
-from tokenizers import Tokenizer
-
 from tests.bodies import error_of
 from tests.gateway.conftest import need, tokenizer  # noqa: F401 - fixtures shared with tests/gateway
 from tests.tiny_models import xlmr_tokenizer

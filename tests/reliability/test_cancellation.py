@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+
 from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, TritonWindow
 from prensa.gateway.settings import GatewaySettings
 from prensa.stages import contract, load_stage
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import Pipeline, ServingOptions
-from tokenizers import Tokenizer
-
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import build_repo, own_triton, wait_until
 from tests.reliability.test_faults import in_flight, send_and_drop
@@ -173,7 +173,7 @@ def test_window_bounds_rows_in_triton_and_admits_in_order():
         await asyncio.sleep(0.01)
         for gate in gates.values():
             gate.set()
-        return [await t for t in tasks], seen + [window.in_triton]
+        return [await t for t in tasks], [*seen, window.in_triton]
 
     results, seen = asyncio.run(scenario())
     assert results == ["a", "b", "c", "d"]

@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from prensa.triton.repo import ServingOptions
 
+from prensa.triton.repo import ServingOptions
 from tests.conftest import free_port
 from tests.reliability.conftest import build_repo, listens_on_loopback_only, status_of, stop_tree, wait_until
 

@@ -19,9 +19,9 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.http as triton_http
+
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.repo import ServingOptions
-
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import build_repo, own_triton, status_of, stop_tree, wait_until
 from tests.reliability.test_faults import Serve

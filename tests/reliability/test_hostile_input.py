@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from prensa.gateway.errors import is_openai_path
 from prensa.gateway.settings import GatewaySettings
-
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import assert_no_leak
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.routing import BaseRoute, Route
+
 from prensa.cli.gateway import gateway as gateway_command
 from prensa.cli.serve import serve as serve_command
 from prensa.gateway import limits
@@ -20,8 +22,6 @@ from prensa.gateway.app import create_app
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.triton_client import public_message
 from prensa.triton.launcher import TritonOptions, triton_command
-from starlette.routing import BaseRoute, Route
-
 from tests.conftest import free_port
 from tests.reliability.conftest import assert_no_leak, listens_on_loopback_only
 
@@ -62,8 +62,8 @@ def flat_routes(routes: list[BaseRoute]) -> Iterator[Route]:
 
 def test_every_route_but_the_open_ones_needs_the_key(gateway_on):
     """Walks the app's own route table: a route added later without the key fails here."""
-    assert limits.OPEN_PATHS == {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect",
-                                 "/openapi.json"}
+    assert {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect",
+                                 "/openapi.json"} == limits.OPEN_PATHS
     url = gateway_on(api_key=KEY)
     routes = [(method, route.path) for route in flat_routes(create_app(GatewaySettings()).routes)
               for method in route.methods - {"HEAD"}]

@@ -14,9 +14,9 @@ import time
 import httpx
 import psutil
 import pytest
+
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ServingOptions
-
 from tests.conftest import free_port
 from tests.reliability.conftest import build_repo, stop_tree, wait_until
 from tests.reliability.test_faults import PRENSA, Serve

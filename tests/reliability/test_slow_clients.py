@@ -20,17 +20,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import psutil
 import pytest
+
 from prensa.gateway.limits import ANSWER_BYTES_PER_PERMIT
 from prensa.gateway.server import RESERVED_FDS
 from prensa.gateway.settings import GatewaySettings
-
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until
@@ -121,7 +121,7 @@ def gateway_at_fd_limit(triton, tmp_path) -> Iterator[tuple[str, psutil.Process]
         process = subprocess.Popen(
             [PRENSA, "gateway", "--triton-url", triton.grpc_url, "--repo", str(triton.options.repo),
              "--port", str(port), "--default-model", "minilm", "--request-read-timeout", str(READ_S)],
-            stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit_fds)
+            stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit_fds)  # noqa: PLW1509 - before the gateway starts its threads
     url = f"http://127.0.0.1:{port}"
     try:
         def healthy() -> bool:
@@ -149,10 +149,8 @@ def test_half_open_connections_cannot_lock_clients_out_at_the_descriptor_limit(g
 def raw_status(port: int, request: bytes) -> int | None:
     """Send `request` on a fresh connection (the server may close before it is all sent); its status."""
     with closing(socket.create_connection(("127.0.0.1", port))) as sock:
-        try:
+        with suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
         return status_line(read_to_end(sock, timeout_s=15))
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from prensa.stages import load_stage
 from tritonclient.utils import InferenceServerException
 
+from prensa.stages import load_stage
 from tests.reliability.conftest import assert_no_leak
 
 encode = load_stage("encode")

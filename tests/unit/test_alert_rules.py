@@ -97,7 +97,7 @@ def test_every_alert_says_how_bad_and_what_for_whom():
         # An alert on a per-model (or per-kind, per-target) series names it in what it says.
         for label in ("model", "err", "instance"):
             per_model_series = re.search(r"\bprensa_(model_ready|stage_reloads_total)\b", rule["expr"])
-            if re.search(rf"\bby \([^)]*\b{label}\b", rule["expr"]) or label == "model" and per_model_series:
+            if re.search(rf"\bby \([^)]*\b{label}\b", rule["expr"]) or (label == "model" and per_model_series):
                 assert f"$labels.{label}" in rule["annotations"]["summary"], (rule["alert"], label)
 
 

@@ -95,7 +95,7 @@ def test_container_encoder_is_native_on_the_gpu_and_batches_equal_shapes(contain
     warmed = [(w.batch_size, w.inputs["input_ids"].dims[0]) for w in encode.model_warmup]
     assert warmed == warmup_shapes(buckets, encode.max_batch_size) and {(1, b) for b in buckets} <= set(warmed)
     for warmup in encode.model_warmup:  # bucket-shaped samples, one file per input and bucket
-        for name, data in warmup.inputs.items():
+        for _name, data in warmup.inputs.items():
             assert set(data.dims) <= set(buckets) and len(data.dims) == 1
             assert (container_repo / "minilm_encode" / "warmup" / data.input_data_file).stat().st_size == data.dims[0] * 8
     tokenize_config = parse_pbtxt((container_repo / "minilm_tokenize" / "config.pbtxt").read_text())
@@ -108,7 +108,7 @@ def test_container_encoder_is_native_on_the_gpu_and_batches_equal_shapes(contain
 def test_ensemble_feeds_a_native_encoder_exactly_its_graph_inputs(container_repo):
     """XLM-R graphs take no token_type_ids; a native backend refuses inputs its model lacks."""
     ensemble = parse_pbtxt((container_repo / "reranker" / "config.pbtxt").read_text())
-    tokenize_step, encode_step, pool_step = ensemble.ensemble_scheduling.step
+    tokenize_step, encode_step, _pool_step = ensemble.ensemble_scheduling.step
     assert set(encode_step.input_map) == {"input_ids", "attention_mask"}
     assert set(tokenize_step.output_map) == {"input_ids", "attention_mask"}
     encode = parse_pbtxt((container_repo / "reranker_encode" / "config.pbtxt").read_text())

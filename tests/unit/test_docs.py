@@ -158,8 +158,6 @@ def test_relative_links_resolve(page):
             continue
         file, _, anchor = target.partition("#")
         path = (page.parent / file).resolve() if file else page
-        if not path.exists():
-            broken.append(target)
-        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
             broken.append(target)
     assert broken == [], f"{page.name} has links to files or sections that do not exist"

@@ -13,8 +13,20 @@ from typer.testing import CliRunner
 
 from prensa.cli import app
 from prensa.deploy.k8s import (
-    ADAPTER_VALUES, GATEWAY_IMAGE, GATEWAY_PORT, KUSTOMIZE_RESOURCES, QUEUE_METRIC, SHM_GB, TRITON_COMMAND,
-    TRITON_IMAGE, TRITON_PORTS, K8sOptions, ServedModel, Stage, read_repository, render,
+    ADAPTER_VALUES,
+    GATEWAY_IMAGE,
+    GATEWAY_PORT,
+    KUSTOMIZE_RESOURCES,
+    QUEUE_METRIC,
+    SHM_GB,
+    TRITON_COMMAND,
+    TRITON_IMAGE,
+    TRITON_PORTS,
+    K8sOptions,
+    ServedModel,
+    Stage,
+    read_repository,
+    render,
 )
 from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository

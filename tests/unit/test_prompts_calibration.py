@@ -60,7 +60,7 @@ def test_export_keeps_the_prompts_and_their_file(prompted):
 
 
 def test_adopted_onnx_directories_get_prompts_and_calibration(prompted, tmp_path):
-    out, manifest, _ = prompted
+    out, _manifest, _ = prompted
     source = _prompted_copy(out, tmp_path / "onnx", ADOPTED_PROMPTS, None)
     (source / MANIFEST_FILE).unlink()
     (source / CALIBRATION_FILE).unlink()

@@ -24,7 +24,7 @@ def test_stage_configs_batch_bound_queue_and_warm_up(repo):
         policy = config.dynamic_batching.default_queue_policy
         assert policy.max_queue_size == 7 and policy.timeout_action == policy.REJECT
         assert config.model_warmup and config.instance_group[0].count == (2 if stage == "encode" else 1)
-        for name, data in config.model_warmup[0].inputs.items():
+        for _name, data in config.model_warmup[0].inputs.items():
             if data.input_data_file:
                 assert (repo / f"bge-m3_{stage}" / "warmup" / data.input_data_file).stat().st_size > 0
     encode = parse_pbtxt((repo / "bge-m3_encode" / "config.pbtxt").read_text())

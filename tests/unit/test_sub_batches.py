@@ -65,7 +65,7 @@ def test_encoder_returns_each_request_its_own_rows():
     results = encoder.encode(requests)
     for request, result in zip(requests, results):
         hidden = result["last_hidden_state"]
-        assert hidden.shape == request["input_ids"].shape + (2,)
+        assert hidden.shape == (*request["input_ids"].shape, 2)
         np.testing.assert_array_equal(hidden[..., 0], request["input_ids"] * request["attention_mask"])
     assert len(session.calls) > 1  # 30-token rows cannot share a pass with 3-token ones
     assert encoder.padded_tokens >= encoder.real_tokens == sum(int(r["attention_mask"].sum()) for r in requests)

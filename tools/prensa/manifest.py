@@ -6,8 +6,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 MANIFEST_FILE = "prensa.json"
 CALIBRATION_FILE = "calibration.json"  # int8/uint8 embedding ranges; `prensa repo build` puts it beside the tokenizer
@@ -88,7 +90,7 @@ class Manifest:
         return path
 
     @classmethod
-    def read(cls, directory: Path) -> "Manifest":
+    def read(cls, directory: Path) -> Manifest:
         path = directory / MANIFEST_FILE
         if not path.exists():
             raise FileNotFoundError(f"{directory} is not a prensa export (no {MANIFEST_FILE}); run `prensa export` first")
@@ -105,7 +107,7 @@ class Manifest:
         return cls(**data)
 
 
-def read_dense_ranges(directory: Path) -> np.ndarray | None:
+def read_dense_ranges(directory: Path) -> npt.NDArray[Any] | None:
     """The `dense_ranges` of `directory`'s CALIBRATION_FILE as a [2, dim] float32 array, or None
     without one: the export's, or the copy `prensa repo build` puts beside the tokenizer file."""
     path = directory / CALIBRATION_FILE

@@ -3,6 +3,7 @@ metrics are scraped, then one picture of what each step of users got."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from prensa.triton.metrics import ModelStats, difference, scrape
@@ -51,23 +53,21 @@ class MetricsSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 self.samples.append((time.monotonic() - self.started_at, scrape(self.url)))
-            except OSError:
-                pass
             self.stopped.wait(self.interval)
 
 
-def per_step(options: LoadTestOptions, history: Path, samples: list[tuple[float, dict[str, ModelStats]]]) -> list[dict]:
+def per_step(options: LoadTestOptions, history: Path, samples: list[tuple[float, dict[str, ModelStats]]]) -> list[dict[str, Any]]:
     """Aggregate locust's history rows and the Triton scrapes by step (user count)."""
     rows = [r for r in csv.DictReader(history.open()) if r["Name"] == "Aggregated" and r["User Count"] != "0"]
-    steps: dict[int, list[dict]] = {}
+    steps: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         steps.setdefault(int(row["User Count"]), []).append(row)
     summary = []
     for index, (users, group) in enumerate(sorted(steps.items())):
         def mean(column: str) -> float:
-            values = [float(r[column]) for r in group if r[column] not in ("", "N/A")]
+            values = [float(r[column]) for r in group if r[column] not in ("", "N/A")]  # noqa: B023 - called in this iteration
             return sum(values) / len(values) if values else 0.0
 
         start, end = index * options.step_seconds, (index + 1) * options.step_seconds
@@ -82,7 +82,7 @@ def per_step(options: LoadTestOptions, history: Path, samples: list[tuple[float,
     return summary
 
 
-def run_loadtest(options: LoadTestOptions) -> list[dict]:
+def run_loadtest(options: LoadTestOptions) -> list[dict[str, Any]]:
     require_loopback(options.host)
     require_loopback(options.metrics_url)
     options.out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def run_loadtest(options: LoadTestOptions) -> list[dict]:
     return per_step(options, options.out / "locust_stats_history.csv", sampler.samples)
 
 
-def write_plot(summary: list[dict], path: Path, title: str) -> None:
+def write_plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -70,8 +70,8 @@ class StepLoad(LoadTestShape):
     step_seconds = float(os.environ.get("PRENSA_STEP_SECONDS", "20"))
     steps = int(os.environ.get("PRENSA_STEPS", "4"))
 
-    def tick(self):
-        elapsed = self.get_run_time()
+    def tick(self) -> tuple[int, int] | None:
+        elapsed: float = self.get_run_time()  # type: ignore[no-untyped-call]  # locust leaves it unannotated
         if elapsed >= self.step_seconds * self.steps:
             return None
         users = self.step_users * (int(elapsed // self.step_seconds) + 1)

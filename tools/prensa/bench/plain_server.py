@@ -5,6 +5,7 @@ on each request as it arrives (no cross-request batching). Run by `prensa bench`
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -18,17 +19,19 @@ def create_app(model_dir: str, task: str) -> FastAPI:
         model = CrossEncoder(model_dir, device="cpu")
 
         @app.post("/rerank")
-        def rerank(body: dict) -> list[float]:
-            return model.predict([(body["query"], text) for text in body["texts"]]).tolist()
+        def rerank(body: dict[str, Any]) -> list[float]:
+            scores: list[float] = model.predict([(body["query"], text) for text in body["texts"]]).tolist()
+            return scores
     else:
         model = SentenceTransformer(model_dir, device="cpu")
 
         @app.post("/embed")
-        def embed(body: dict) -> list[list[float]]:
-            return model.encode(body["inputs"]).tolist()
+        def embed(body: dict[str, Any]) -> list[list[float]]:
+            vectors: list[list[float]] = model.encode(body["inputs"]).tolist()
+            return vectors
 
     @app.get("/health")
-    def health() -> dict:
+    def health() -> dict[str, Any]:
         return {}
 
     return app

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 
-def limit_throughput(report: dict) -> float:
-    return next(s["runs"][0]["seq_per_s"] for s in report["systems"] if s["name"].startswith("onnxruntime"))
+def limit_throughput(report: dict[str, Any]) -> float:
+    return float(next(s["runs"][0]["seq_per_s"] for s in report["systems"] if s["name"].startswith("onnxruntime")))
 
 
-def add_ratios(report: dict) -> dict:
+def add_ratios(report: dict[str, Any]) -> dict[str, Any]:
     limit = limit_throughput(report)
     for system in report["systems"]:
         for run in system["runs"]:
@@ -22,7 +23,7 @@ def add_ratios(report: dict) -> dict:
     return report
 
 
-def print_table(report: dict, console: Console) -> None:
+def print_table(report: dict[str, Any], console: Console) -> None:
     title = f"{report['task']} · {report['model']} ({report['dtype']}) · {report['workload']['requests']} requests, " \
             f"{report['workload']['mean_tokens']:.0f} tokens/sequence · {report['cpus']} CPUs"
     table = Table("system", "clients", "seq/s", "tok/s", "vs limit", "p50 ms", "p90 ms", "p99 ms", "errors",
@@ -41,11 +42,11 @@ def print_table(report: dict, console: Console) -> None:
                       f"{encoder['queue_ms_per_request']:.1f} ms queued per request")
 
 
-def write_json(report: dict, path: Path) -> None:
+def write_json(report: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def write_plot(report: dict, path: Path) -> None:
+def write_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import (
     HttpClient,
+    InProcessResult,
     OnnxLimit,
     SentenceTransformersInProcess,
     ServerProcess,
@@ -32,7 +34,7 @@ from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
 
 SHORT_QUERY = "how are module attributes looked up?"
-Step = Callable[[str], AbstractContextManager]
+Step = Callable[[str], AbstractContextManager[Any]]
 
 
 @dataclass
@@ -56,10 +58,11 @@ def free_port() -> int:
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) -> Workload:
+def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) -> Workload[Any]:
     encoder = text_encoder(export_dir, manifest)
     if manifest.task is Task.RERANK:
         cases = rerank_cases(options.rerank_queries, options.passages_per_query)
@@ -69,21 +72,22 @@ def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) 
     return Workload([[t] for t in texts], [1] * len(texts), [count_tokens(encoder, [t]) for t in texts])
 
 
-def _flat(workload: Workload) -> list:
+def _flat(workload: Workload[Any]) -> list[Any]:
     return list(workload.items) if isinstance(workload.items[0], RerankCase) else [i[0] for i in workload.items]
 
 
-def _in_process_entry(name: str, result, single_ms: float) -> dict:
+def _in_process_entry(name: str, result: InProcessResult, single_ms: float) -> dict[str, Any]:
     return {"name": name, "kind": "in-process", "single_query_p50_ms": single_ms,
             "runs": [{"concurrency": None, "seq_per_s": result.sequences / result.seconds,
                       "tok_per_s": result.tokens / result.seconds}]}
 
 
-def _drive(client, workload: Workload, task: Task, options: BenchOptions, short) -> dict:
+def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Task, options: BenchOptions,
+           short: list[str] | RerankCase) -> dict[str, Any]:
     send = client.rerank if task is Task.RERANK else client.embed
     single = client.single_latency_ms(short, options.single_repeats)
 
-    async def go() -> dict:
+    async def go() -> dict[str, Any]:
         await client.open()
         try:
             runs = []
@@ -97,8 +101,9 @@ def _drive(client, workload: Workload, task: Task, options: BenchOptions, short)
     return asyncio.run(go())
 
 
-def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, short_item, options: BenchOptions,
-                work: Path, step: Step) -> tuple[list[dict], dict | None]:
+def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any], short_item: list[str] | RerankCase,
+                options: BenchOptions,
+                work: Path, step: Step) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`;
     also the encoder's padding, batching and queueing during the gRPC runs."""
     name, label = "bench", "prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}"
@@ -139,17 +144,18 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload, shor
     return systems, summary
 
 
-def run_bench(options: BenchOptions, step: Step) -> dict:
+def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     export_dir = options.export_dir
     manifest = Manifest.read(export_dir)
     task = manifest.task
     if task not in (Task.EMBED, Task.M3, Task.RERANK):
         raise ValueError(f"prensa bench measures embedders and rerankers; this export is {task.value}")
     workload = build_workload(manifest, export_dir, options)
-    short_item = RerankCase(SHORT_QUERY, ["Module attributes are looked up in the module's namespace dictionary."]) \
+    short_item: list[str] | RerankCase = RerankCase(
+        SHORT_QUERY, ["Module attributes are looked up in the module's namespace dictionary."]) \
         if task is Task.RERANK else [SHORT_QUERY]
-    short_input = (short_item.query, short_item.passages[0]) if task is Task.RERANK else SHORT_QUERY
-    systems: list[dict] = []
+    short_input = (short_item.query, short_item.passages[0]) if isinstance(short_item, RerankCase) else SHORT_QUERY
+    systems: list[dict[str, Any]] = []
     report = {"model": manifest.source, "task": task.value, "dtype": manifest.dtype, "cpus": os.cpu_count(),
               "workload": {"requests": len(workload.items), "sequences": sum(workload.sequences),
                            "mean_tokens": sum(workload.tokens) / max(sum(workload.sequences), 1)},

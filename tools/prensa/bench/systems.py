@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -29,6 +31,9 @@ from prensa.bench.workload import RerankCase
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
+
+if TYPE_CHECKING:
+    import aiohttp
 
 LIMIT_BATCH = 32
 # Calls before a single-query latency is timed, for every system alike: a server just started (and
@@ -79,7 +84,7 @@ class ServerProcess:
                 self.process.wait()
 
 
-def median_ms(call, repeats: int) -> float:
+def median_ms(call: Callable[[], object], repeats: int) -> float:
     """Median wall time of `call` over `repeats` runs, after `WARMUP_CALLS` untimed ones."""
     for _ in range(WARMUP_CALLS):
         call()
@@ -91,14 +96,15 @@ def median_ms(call, repeats: int) -> float:
     return float(np.median(samples))
 
 
-def text_encoder(export_dir: Path, manifest: Manifest):
+def text_encoder(export_dir: Path, manifest: Manifest) -> Any:
     """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
     return load_stage("tokenize").TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
                                               "only_second")
 
 
-def count_tokens(encoder, inputs: list) -> int:
-    return sum(len(e.ids) for e in encoder.encode_requests([list(inputs)])[0])
+def count_tokens(encoder: Any, inputs: list[Any]) -> int:
+    return sum(  # the tokenize stage is loaded at run time: untyped
+       len(e.ids) for e in encoder.encode_requests([list(inputs)])[0])
 
 
 class OnnxLimit:
@@ -117,7 +123,7 @@ class OnnxLimit:
         self.encoder = text_encoder(export_dir, self.manifest)
         self.tokenize = load_stage("tokenize")
 
-    def _run(self, encodings) -> None:
+    def _run(self, encodings: list[Any]) -> None:
         padded = self.tokenize.pad_encodings(encodings, self.manifest.pad_id)
         self.session.run(None, {n: padded[n] for n in self.manifest.inputs})
 
@@ -146,19 +152,19 @@ class SentenceTransformersInProcess:
         self.model = CrossEncoder(str(model_dir), device="cpu") if task is Task.RERANK else \
             SentenceTransformer(str(model_dir), device="cpu")
 
-    def _call(self, inputs) -> None:
+    def _call(self, inputs: list[Any]) -> None:
         if self.task is Task.RERANK:
             self.model.predict(inputs, batch_size=LIMIT_BATCH)
         else:
             self.model.encode(inputs, batch_size=LIMIT_BATCH)
 
-    def run(self, items, encoder) -> InProcessResult:
+    def run(self, items: list[Any], encoder: Any) -> InProcessResult:
         inputs = _pairs(items) if self.task is Task.RERANK else items
         started = time.perf_counter()
         self._call(inputs)
         return InProcessResult(time.perf_counter() - started, len(inputs), count_tokens(encoder, inputs))
 
-    def single_latency_ms(self, text, repeats: int) -> float:
+    def single_latency_ms(self, text: Any, repeats: int) -> float:
         return median_ms(lambda: self._call([text]), repeats)
 
 
@@ -171,7 +177,7 @@ class TritonClient:
 
     def __init__(self, name: str, url: str, model: str) -> None:
         self.name, self.url, self.model = name, url, model
-        self.client = None
+        self.client: Any = None  # tritonclient.grpc.aio.InferenceServerClient once open (untyped)
 
     async def open(self) -> None:
         import tritonclient.grpc.aio as grpcclient
@@ -183,7 +189,7 @@ class TritonClient:
         await self.client.close()
 
     @staticmethod
-    def _inputs(module, item: list[str] | RerankCase) -> list:
+    def _inputs(module: Any, item: list[str] | RerankCase) -> list[Any]:
         """The text tensors of an embed item (its texts) or a rerank case (query x passages)."""
         columns = {contract.TEXT: item} if not isinstance(item, RerankCase) else \
             {contract.TEXT: [item.query] * len(item.passages), contract.TEXT_PAIR: item.passages}
@@ -215,7 +221,7 @@ class HttpClient:
 
     def __init__(self, name: str, base_url: str, model: str, style: str) -> None:
         self.name, self.base_url, self.model, self.style = name, base_url.rstrip("/"), model, style
-        self.session = None
+        self.session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         import aiohttp
@@ -224,12 +230,13 @@ class HttpClient:
                                              timeout=aiohttp.ClientTimeout(total=300))
 
     async def close(self) -> None:
+        assert self.session is not None, "close() before open()"
         await self.session.close()
 
     def _tei_path(self, route: str) -> str:
         return f"{route}?model={self.model}" if self.model else route  # prensa serves several models
 
-    def _request(self, item: list[str] | RerankCase) -> tuple[str, dict]:
+    def _request(self, item: list[str] | RerankCase) -> tuple[str, dict[str, Any]]:
         """Path and JSON body for an embed item (its texts) or a rerank case."""
         if isinstance(item, RerankCase):
             if self.style == "openai":
@@ -241,6 +248,7 @@ class HttpClient:
 
     async def _post(self, item: list[str] | RerankCase) -> None:
         path, body = self._request(item)
+        assert self.session is not None, "a request before open()"
         async with self.session.post(self.base_url + path, json=body) as response:
             await response.read()
             if response.status != 200:
@@ -255,6 +263,7 @@ class HttpClient:
     def single_latency_ms(self, item: list[str] | RerankCase, repeats: int) -> float:
         path, body = self._request(item)
         url = urlsplit(self.base_url)
+        assert url.hostname is not None, f"no host in {self.base_url}"
         connection = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
         payload, headers = orjson.dumps(body), {"content-type": "application/json"}
 

@@ -13,10 +13,12 @@ import itertools
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
-from prensa.bench.load import Workload, closed_loop
+from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.suite import BenchOptions, build_workload, free_port
 from prensa.bench.systems import TritonClient
 from prensa.manifest import Manifest, Task
@@ -50,7 +52,7 @@ class TunePoint:
                        pipeline=self.layout)
 
     @classmethod
-    def of(cls, result: dict) -> TunePoint:
+    def of(cls, result: dict[str, Any]) -> TunePoint:
         """The point a result row of `measure` was measured at."""
         return cls(**{f.name: result[f.name] for f in fields(cls) if f.name in result})
 
@@ -67,8 +69,8 @@ def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
     return [points[0], fused[0]] if quick else points + fused
 
 
-def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrency: int, base: ServingOptions,
-            log_dir: Path) -> dict:
+def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concurrency: int, base: ServingOptions,
+            log_dir: Path) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="prensa-tune-"))
     try:
         build_repository([model], work, point.serving(base))
@@ -77,7 +79,7 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrenc
             client = TritonClient("tune", triton.grpc_url, model.name)
             send = client.rerank if model.manifest.task is Task.RERANK else client.embed
 
-            async def go():
+            async def go() -> LoadResult:
                 await client.open()
                 try:
                     await closed_loop(send, Workload(workload.items[:concurrency], workload.sequences[:concurrency],
@@ -97,7 +99,7 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload, concurrenc
         shutil.rmtree(work, ignore_errors=True)
 
 
-def best_point(results: list[dict]) -> TunePoint:
+def best_point(results: list[dict[str, Any]]) -> TunePoint:
     """Highest throughput without errors; p99 breaks ties within 3%."""
     clean = [r for r in results if r["errors"] == 0] or results
     top = max(r["seq_per_s"] for r in clean)
@@ -106,7 +108,7 @@ def best_point(results: list[dict]) -> TunePoint:
 
 
 def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bool, log_dir: Path,
-         on_result=lambda result: None) -> tuple[TunePoint, list[dict]]:
+         on_result: Callable[[dict[str, Any]], object] = lambda result: None) -> tuple[TunePoint, list[dict[str, Any]]]:
     manifest = Manifest.read(export_dir)
     model = ModelSource(name, export_dir, manifest)
     options = BenchOptions(export_dir, log_dir, texts=requests, rerank_queries=max(requests // 10, 4))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,19 +20,19 @@ from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, Pipeline, ServingOptio
 def bench(
     export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")],
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")] = Path("bench-results"),
-    torch_model: Annotated[Optional[Path], typer.Option(help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights.")] = None,
-    concurrency: Annotated[Optional[list[int]], typer.Option(help="Concurrent clients per run; repeatable.")] = None,
+    torch_model: Annotated[Path | None, typer.Option(help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights.")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="Concurrent clients per run; repeatable.")] = None,
     texts: Annotated[int, typer.Option(help="Embedding requests (one text each) in the workload.")] = 512,
     queries: Annotated[int, typer.Option(help="Rerank requests in the workload.")] = 32,
     passages: Annotated[int, typer.Option(help="Passages per rerank request.")] = 10,
-    infinity: Annotated[Optional[str], typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
+    infinity: Annotated[str | None, typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
     gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
     quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
     instances: Annotated[int, typer.Option(min=1, help="Encoder instances for the prensa runs.")] = DEFAULT_ENCODER_INSTANCES,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,
-    pipeline: Annotated[Optional[list[Pipeline]], typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
+    pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     require("bench", "bench")

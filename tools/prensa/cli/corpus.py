@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,16 +16,16 @@ def embed_corpus(
     input: Annotated[Path, typer.Argument(help="JSONL or Parquet file, or a directory of them, with an id and a text column.")],
     output: Annotated[Path, typer.Argument(help="Directory of Parquet parts; run the same command again to resume.")],
     triton_url: Annotated[str, typer.Option(help="Triton gRPC address of a prensa server.")] = "127.0.0.1:8001",
-    model: Annotated[Optional[str], typer.Option(help="Ensemble to call on Triton (an embed, m3 or splade model).")] = None,
-    export: Annotated[Optional[Path], typer.Option(help="Instead of Triton: run this `prensa export` directory in-process with onnxruntime.")] = None,
-    outputs: Annotated[Optional[str], typer.Option(help="Comma-separated dense, sparse, colbert; default every one the model has but colbert.")] = None,
+    model: Annotated[str | None, typer.Option(help="Ensemble to call on Triton (an embed, m3 or splade model).")] = None,
+    export: Annotated[Path | None, typer.Option(help="Instead of Triton: run this `prensa export` directory in-process with onnxruntime.")] = None,
+    outputs: Annotated[str | None, typer.Option(help="Comma-separated dense, sparse, colbert; default every one the model has but colbert.")] = None,
     id_column: Annotated[str, typer.Option(help="Input column with unique ids.")] = "id",
     text_column: Annotated[str, typer.Option(help="Input column with the texts.")] = "text",
     rows_per_part: Annotated[int, typer.Option(help="Rows per Parquet part: the unit of progress and of work redone after a crash.")] = 2048,
     batch_size: Annotated[int, typer.Option(help="Texts per request; 0 = the served model's max_batch_size.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Triton requests in flight (per Ray worker).")] = 4,
     threads: Annotated[int, typer.Option(help="--export: onnxruntime threads; 0 = every core (on Ray: the worker's CPUs).")] = 0,
-    ray_address: Annotated[Optional[str], typer.Option(help="Run on this Ray cluster (`auto`, `ray://host:10001`), or `local` to start Ray here.")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Run on this Ray cluster (`auto`, `ray://host:10001`), or `local` to start Ray here.")] = None,
     workers: Annotated[int, typer.Option(help="Ray: actors embedding in parallel, each with its own client or session.")] = 2,
     cpus_per_worker: Annotated[float, typer.Option(help="Ray: CPUs reserved per actor.")] = 1.0,
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -27,20 +27,20 @@ def parse_labels(labels: list[str]) -> tuple[tuple[str, str], ...]:
 @app.command()
 def k8s(
     repo: Annotated[Path, typer.Option(help="Model repository rendered by `prensa repo build` (read for model names, stages and instance counts).")] = Path("model_repo"),
-    repo_image: Annotated[Optional[str], typer.Option(help="Image holding the repository at /models (deploy/model-repo.Dockerfile); an init container copies it into each pod.")] = None,
-    repo_pvc: Annotated[Optional[str], typer.Option(help="Instead of --repo-image: a PersistentVolumeClaim holding the repository, mounted read-only.")] = None,
+    repo_image: Annotated[str | None, typer.Option(help="Image holding the repository at /models (deploy/model-repo.Dockerfile); an init container copies it into each pod.")] = None,
+    repo_pvc: Annotated[str | None, typer.Option(help="Instead of --repo-image: a PersistentVolumeClaim holding the repository, mounted read-only.")] = None,
     out: Annotated[Path, typer.Option(help="Directory to write the manifests to.")] = Path("deploy/k8s"),
     namespace: Annotated[str, typer.Option(help="Namespace of every object.")] = "prensa",
     name: Annotated[str, typer.Option(help="Name of the Deployment, Service, autoscaler and monitor.")] = "prensa",
-    registry: Annotated[Optional[str], typer.Option(help="Registry prefix of the Triton and gateway images (compose.yaml's names and tags).")] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="GPUs per pod; default 1 when any stage runs on the GPU, else 0.")] = None,
+    registry: Annotated[str | None, typer.Option(help="Registry prefix of the Triton and gateway images (compose.yaml's names and tags).")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per pod; default 1 when any stage runs on the GPU, else 0.")] = None,
     memory: Annotated[str, typer.Option(help="Memory request and limit of the Triton container (/dev/shm counts against it).")] = "16Gi",
     min_replicas: Annotated[int, typer.Option(help="Fewest pods the autoscaler keeps.")] = 1,
     max_replicas: Annotated[int, typer.Option(help="Most pods the autoscaler starts.")] = 4,
     target_queue_ms: Annotated[float, typer.Option(help="Average encoder queue time per request, per pod, the autoscaler aims at.")] = 50.0,
     prometheus_url: Annotated[str, typer.Option(help="Prometheus that prometheus-adapter queries.")] = "http://kube-prometheus-stack-prometheus.monitoring.svc",
     prometheus_port: Annotated[int, typer.Option(help="Its port.")] = 9090,
-    monitor_label: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE label the Prometheus Operator selects ServiceMonitors by; repeatable.")] = None,
+    monitor_label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE label the Prometheus Operator selects ServiceMonitors by; repeatable.")] = None,
     expose_triton: Annotated[bool, typer.Option(help="Bind Triton's HTTP and gRPC to every pod interface and put them on the Service; they have no authentication (docs/kubernetes.md).")] = False,
 ) -> None:
     """Kubernetes manifests: Triton + gateway pods, Service, ServiceMonitor, queue-time autoscaler."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -22,17 +22,17 @@ console = Console(stderr=True)
 def export(
     source: Annotated[str, typer.Argument(help="Hugging Face model id (e.g. BAAI/bge-m3) or a local model directory.")],
     out: Annotated[Path, typer.Option(help="Directory to write model.onnx, tokenizer files and prensa.json into.")],
-    task: Annotated[Optional[Task], typer.Option(help="What the model does; detected from its files when omitted.")] = None,
-    pooling: Annotated[Optional[Pooling], typer.Option(help="Dense pooling; default from 1_Pooling/config.json, else cls.")] = None,
-    max_length: Annotated[Optional[int], typer.Option(help="Max tokens per text; default from the model's configs.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="fp32 or fp16. Default: fp32 for onnx (fp16 runs fast only on a GPU provider), fp16 for tensorrt.")] = None,
+    task: Annotated[Task | None, typer.Option(help="What the model does; detected from its files when omitted.")] = None,
+    pooling: Annotated[Pooling | None, typer.Option(help="Dense pooling; default from 1_Pooling/config.json, else cls.")] = None,
+    max_length: Annotated[int | None, typer.Option(help="Max tokens per text; default from the model's configs.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="fp32 or fp16. Default: fp32 for onnx (fp16 runs fast only on a GPU provider), fp16 for tensorrt.")] = None,
     dense_only: Annotated[bool, typer.Option(help="bge-m3 without its sparse/ColBERT head files: serve dense only.")] = False,
-    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) to export.")] = None,
-    quantize: Annotated[Optional[str], typer.Option(help="int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.")] = None,
+    revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) to export.")] = None,
+    quantize: Annotated[str | None, typer.Option(help="int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.")] = None,
     export_format: Annotated[ExportFormat, typer.Option("--format", help="onnx, or tensorrt: also build model.plan (needs TensorRT and a CUDA GPU; see docs/gpu.md).")] = ExportFormat.ONNX,
     trt_max_batch: Annotated[int, typer.Option(help="TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).")] = 64,
     trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = 8,
-    trt_opt_length: Annotated[Optional[int], typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
+    trt_opt_length: Annotated[int | None, typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
     fuse_ops: Annotated[bool, typer.Option(help="ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
@@ -48,6 +48,7 @@ def export(
         raise typer.BadParameter("--quantize int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)")
     options = ExportOptions(source, out, task, pooling, max_length, dtype, dense_only, revision, quantize == "int8",
                             export_format, trt_max_batch, trt_opt_batch, trt_opt_length, fuse_ops)
+    failure: SourceError | TensorRTUnavailable | TensorRTError | None
     with step_progress(console) as step:
         try:
             manifest, report = export_model(options, step)

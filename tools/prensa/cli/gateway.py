@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, fields
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 import uvicorn
@@ -52,7 +53,7 @@ def envvar(flag: str) -> str:
 def flag_of(item: Field[Any]) -> Flag:
     if "flag" not in item.metadata:
         raise TypeError(f"{item.name} has no command-line flag: declare it with prensa.gateway.settings.setting")
-    return item.metadata["flag"]
+    return cast(Flag, item.metadata["flag"])
 
 
 def flag_name(item: Field[Any]) -> str:
@@ -76,9 +77,10 @@ def repeatable(item: Field[Any]) -> bool:
 
 
 def _setting_parameter(item: Field[Any], panel: str | None) -> inspect.Parameter:
+    default: Any  # a tuple for a repeatable setting
     flag, annotation, default = flag_name(item), TYPES[item.name], item.default
-    if repeatable(item):  # click hands a list, None when not given
-        annotation, default = Optional[list[typing.get_args(annotation)[0]]], list(default) or None
+    if repeatable(item):  # click hands a list, None when not given (`list[element] | None`, built at run time)
+        annotation, default = types.GenericAlias(list, (typing.get_args(annotation)[0],)) | None, list(default) or None
     decl = f"{flag}/--no-{flag.removeprefix('--')}" if annotation is bool else flag
     return _keyword(item.name, annotation, default, decl, envvar(flag), flag_of(item).help, panel)
 
@@ -104,7 +106,7 @@ def gateway_parameters(standalone: bool) -> list[inspect.Parameter]:
 def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
     """Take the gateway options out of a command's `values` and build the settings from them."""
     offered = gateway_fields(standalone)
-    given = {}
+    given: dict[str, Any] = {}
     for item in offered:
         value = values.pop(item.name)
         given[item.name] = tuple(value or ()) if repeatable(item) else value
@@ -159,9 +161,10 @@ def gateway_server(settings: GatewaySettings, host: str, port: int,
 
     app = create_app(settings, other_metrics=other_metrics)
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,
+                                         # uvicorn hands both to asyncio as they are: fractions of a second hold
+                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
                                          http=protocol_class(ConnectionLimits.of(settings)),
-                                         timeout_graceful_shutdown=settings.graceful_timeout_s))
+                                         timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
 
 
 def run_server(server: uvicorn.Server) -> bool:

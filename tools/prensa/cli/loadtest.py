@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,7 +22,7 @@ def loadtest(
     step_users: Annotated[int, typer.Option(help="Users added per step.")] = 8,
     step_seconds: Annotated[float, typer.Option(help="Seconds per step.")] = 20.0,
     steps: Annotated[int, typer.Option(help="Number of steps (the run lasts steps x step-seconds).")] = 4,
-    model: Annotated[Optional[str], typer.Option(help="Served model to target; default: the gateway's choice.")] = None,
+    model: Annotated[str | None, typer.Option(help="Served model to target; default: the gateway's choice.")] = None,
 ) -> None:
     """Step load with locust, Triton's metrics scraped alongside; writes CSV, HTML, JSON and PNG."""
     require("bench", "loadtest")
@@ -40,7 +40,7 @@ def loadtest(
     table = Table("users", "requests/s", "p50 ms", "p95 ms", "failures/s", "encoder avg batch", "encoder queue ms",
                   title=f"{scenario} step load")
     for step in summary:
-        encoder = next(iter(step["encoders"].values()), {})
+        encoder: dict[str, Any] = next(iter(step["encoders"].values()), {})
         table.add_row(str(step["users"]), f"{step['requests_per_s']:.1f}", f"{step['p50_ms']:.0f}",
                       f"{step['p95_ms']:.0f}", f"{step['failures_per_s']:.2f}",
                       f"{encoder.get('average_batch', 0):.1f}", f"{encoder.get('queue_ms', 0):.1f}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 @contextmanager
-def step_progress(console: Console) -> Iterator:
+def step_progress(console: Console) -> Iterator[Any]:
     """Yields `step(description)`, a context manager that shows one step while it runs."""
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
 

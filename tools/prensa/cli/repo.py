@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from prensa.manifest import Manifest, Pooling
-from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, ModelSource, Pipeline, ServingOptions, Target, build_repository
+from prensa.triton.repo import (
+    DEFAULT_ENCODER_INSTANCES,
+    ModelSource,
+    Pipeline,
+    ServingOptions,
+    Target,
+    build_repository,
+)
 
 app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -34,10 +41,10 @@ def read_model_list(path: Path) -> list[ModelSource]:
 
 @app.command()
 def build(
-    exports: Annotated[Optional[list[str]], typer.Argument(help="Export directories from `prensa export`, as DIR or NAME=DIR.")] = None,
-    models_file: Annotated[Optional[Path], typer.Option("--models", help="TOML file whose [models] table maps names to export directories.")] = None,
+    exports: Annotated[list[str] | None, typer.Argument(help="Export directories from `prensa export`, as DIR or NAME=DIR.")] = None,
+    models_file: Annotated[Path | None, typer.Option("--models", help="TOML file whose [models] table maps names to export directories.")] = None,
     repo: Annotated[Path, typer.Option(help="Model repository to write (models already there are kept).")] = Path("model_repo"),
-    name: Annotated[Optional[str], typer.Option(help="Model name when building a single export.")] = None,
+    name: Annotated[str | None, typer.Option(help="Model name when building a single export.")] = None,
     max_batch_size: Annotated[int, typer.Option(help="Rows per Triton batch (and per client request).")] = 64,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy encoder).")] = 0,
     max_queue_size: Annotated[int, typer.Option(min=0, help="Requests queued per stage before Triton rejects; 0 (default): unbounded, the gateway's --max-concurrent-requests answers 429 instead. A bound costs latency: Triton 2.51 then now and then leaves a request ~0.5 s in the queue.")] = 0,
@@ -45,10 +52,10 @@ def build(
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads per encoder instance; 0 = all cores.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Token budget of one encoder forward pass (rows x padded length).")] = 16384,
     length_ratio: Annotated[float, typer.Option(help="Start a new sub-batch when a row is this many times longer than the shortest.")] = 1.25,
-    pooling: Annotated[Optional[Pooling], typer.Option(help="Override the exported pooling for dense outputs.")] = None,
+    pooling: Annotated[Pooling | None, typer.Option(help="Override the exported pooling for dense outputs.")] = None,
     target: Annotated[Target, typer.Option(help="cpu: Python-backend encoder (pip Triton, `prensa serve`); container: native GPU encoder for the official Triton container (compose.yaml, docs/gpu.md).")] = Target.CPU,
     execution_provider: Annotated[str, typer.Option(help="cpu target: onnxruntime provider of the Python encoder, cpu or cuda (cuda needs onnxruntime-gpu where Triton runs).")] = "cpu",
-    length_buckets: Annotated[Optional[str], typer.Option(help="container target: comma-separated pad lengths (the max length is always the last); default powers of two from 16.")] = None,
+    length_buckets: Annotated[str | None, typer.Option(help="container target: comma-separated pad lengths (the max length is always the last); default powers of two from 16.")] = None,
     onnx_tensorrt: Annotated[bool, typer.Option(help="container target, exports without model.plan: run the onnxruntime backend with TensorRT as its accelerator (fp16, engine cache).")] = False,
     trt_cache_dir: Annotated[str, typer.Option(help="container target with --onnx-tensorrt: engine cache directory inside the container.")] = "/cache/trt",
     pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two process hops fewer per request (cpu target only; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,

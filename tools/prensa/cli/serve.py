@@ -8,7 +8,7 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -37,7 +37,7 @@ WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRE
                                            help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
 RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
 RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_BACKOFF", help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
-TritonOtlpEndpoint = Annotated[Optional[str], typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
+TritonOtlpEndpoint = Annotated[str | None, typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
 # The gateway reads tokenizers from Triton's repository, so both default to the same directory.
 DEFAULT_REPO = GatewaySettings.repo
 
@@ -157,7 +157,7 @@ def serve(
 
 @with_gateway_options()
 def up(
-    model: Annotated[Optional[list[str]], typer.Option(envvar="PRENSA_MODEL", help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
+    model: Annotated[list[str] | None, typer.Option(envvar="PRENSA_MODEL", help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
     models_dir: Annotated[Path, typer.Option(envvar="PRENSA_MODELS_DIR", help="Where exports are written and reused.")] = Path("models"),
     repo: Annotated[Path, typer.Option(envvar="PRENSA_REPO", help="Model repository to build.")] = DEFAULT_REPO,
     host: Host = TritonOptions.host,
@@ -175,8 +175,7 @@ def up(
     from prensa.cli.extras import require
     from prensa.defaults import DefaultModel, default_models
     from prensa.export.pipeline import ExportOptions, export_model
-    from prensa.manifest import MANIFEST_FILE
-    from prensa.manifest import Manifest
+    from prensa.manifest import MANIFEST_FILE, Manifest
     from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 
     chosen = [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model] if model else default_models()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from prensa.triton.metrics import scrape
 
+
 def stats(
     metrics_url: Annotated[str, typer.Option(help="Triton's Prometheus endpoint.")] = "http://127.0.0.1:8002/metrics",
 ) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from prensa.bench.tune import TunePoint, tune as run_tune, write_best
+from prensa.bench.tune import TunePoint, write_best
+from prensa.bench.tune import tune as run_tune
 
 
 def tune(
@@ -26,7 +27,7 @@ def tune(
     table = Table("pipeline", "instances", "threads", "queue delay us", "max batch tokens", "seq/s", "p99 ms", "avg batch",
                   "errors", title=f"tuning {name} at {concurrency} concurrent clients")
 
-    def show(result: dict) -> None:
+    def show(result: dict[str, Any]) -> None:
         console.print(f"  {result['pipeline']}, {result['instances']} x {result['threads'] or 'all'} threads, delay "
                       f"{result['queue_delay_us']} us, budget {result['max_batch_tokens']}: "
                       f"{result['seq_per_s']:.1f} seq/s, p99 {result['p99_ms']:.0f} ms")

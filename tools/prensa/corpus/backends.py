@@ -11,9 +11,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-import numpy as np
+import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -81,7 +81,7 @@ def _rows(batch_size: int, limit: int, name: str) -> int:
 class Backend(Protocol):
     info: ModelInfo
 
-    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
         """Responses for consecutive slices of `texts`, in order."""
 
     def close(self) -> None: ...
@@ -105,7 +105,7 @@ class TritonBackend:
                               _rows(batch_size, config.max_batch_size or 1, model))
         self.pool = ThreadPoolExecutor(max(concurrency, 1))
 
-    def _infer(self, texts: list[str], names: list[str]) -> dict[str, np.ndarray]:
+    def _infer(self, texts: list[str], names: list[str]) -> dict[str, npt.NDArray[Any]]:
         tensor = grpcclient.InferInput(contract.TEXT, [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(texts_tensor(texts))
         try:
@@ -115,7 +115,7 @@ class TritonBackend:
             raise BackendError(f"Triton failed a request of {len(texts)} texts: {exc}") from exc
         return {name: result.as_numpy(name) for name in names}
 
-    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
         names = requested_outputs(kinds)
         return list(self.pool.map(lambda chunk: self._infer(chunk, names), _chunks(texts, self.info.max_rows)))
 
@@ -153,7 +153,7 @@ class OnnxBackend:
             {output.name for output in manifest.outputs if output.per_token})
         self.pool = pool.Pooler.from_parameters(pool_parameters(manifest, options))
 
-    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
         encoded = self.tokenizer.encode_requests(_chunks(texts, self.info.max_rows))
         failed = next((result for result in encoded if isinstance(result, Exception)), None)
         if failed is not None:

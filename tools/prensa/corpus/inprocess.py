@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
@@ -60,13 +61,13 @@ class StageUtils:
     """The slice of `triton_python_backend_utils` prensa's stages use, over plain numpy."""
 
     class Tensor:
-        def __init__(self, name: str, value: np.ndarray) -> None:
+        def __init__(self, name: str, value: npt.NDArray[Any]) -> None:
             self._name, self._value = name, value
 
         def name(self) -> str:
             return self._name
 
-        def as_numpy(self) -> np.ndarray:
+        def as_numpy(self) -> npt.NDArray[Any]:
             return self._value
 
     class TritonError:
@@ -82,10 +83,10 @@ class StageUtils:
             return self._code
 
     class InferenceResponse:
-        def __init__(self, output_tensors: list | None = None, error: Any = None) -> None:
+        def __init__(self, output_tensors: list[Any] | None = None, error: Any = None) -> None:
             self._outputs, self._error = list(output_tensors or []), error
 
-        def output_tensors(self) -> list:
+        def output_tensors(self) -> list[Any]:
             return self._outputs
 
         def has_error(self) -> bool:
@@ -147,7 +148,7 @@ def load_stage_code(stage: str) -> ModuleType:
                                                           if stage == FUSED)]
     for name in names:
         if getattr(sys.modules[name], "pb_utils", None) is None:
-            sys.modules[name].pb_utils = StageUtils
+            setattr(sys.modules[name], "pb_utils", StageUtils)  # noqa: B010 - ModuleType declares no pb_utils
     return module
 
 
@@ -155,7 +156,7 @@ def load_stage_code(stage: str) -> ModuleType:
 class StageRequest:
     """One inference request as a stage's `execute` sees it."""
 
-    inputs: Mapping[str, np.ndarray]
+    inputs: Mapping[str, npt.NDArray[Any]]
     outputs: Sequence[str]
 
     def requested_output_names(self) -> list[str]:
@@ -194,7 +195,7 @@ def stage_of(config: model_config_pb2.ModelConfig) -> str | None:
     return next((s for s in PIPELINE_STAGES if config.name.endswith(f"_{s}")), None)
 
 
-Outcome = dict[str, np.ndarray] | ModelError
+Outcome = dict[str, npt.NDArray[Any]] | ModelError
 
 
 @dataclass
@@ -284,14 +285,14 @@ class ModelRepository:
             raise ModelError(f"Request for unknown model: '{name}' is not found", NOT_FOUND)
         return self.configs[name]
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str]) -> dict[str, npt.NDArray[Any]]:
         """One request; raises its `ModelError`."""
         result = self.infer_many(model, [inputs], outputs)[0]
         if isinstance(result, ModelError):
             raise result
         return result
 
-    def infer_many(self, model: str, requests: Sequence[Mapping[str, np.ndarray]],
+    def infer_many(self, model: str, requests: Sequence[Mapping[str, npt.NDArray[Any]]],
                    outputs: Sequence[str]) -> list[Outcome]:
         """Several requests of `model` at once, each step one `execute` of all of them; each gets
         its outputs or its own error."""
@@ -306,27 +307,32 @@ class ModelRepository:
             results = self.python[model].execute([StageRequest(requests[i], outputs) for i in live])
         for index, result in zip(live, results):
             checked[index] = result
-        return checked  # type: ignore[return-value] - every slot is filled
+        return cast(list[Outcome], checked)  # every slot is filled
 
-    def _ensemble(self, config: model_config_pb2.ModelConfig, requests: list[Mapping[str, np.ndarray]],
+    def _ensemble(self, config: model_config_pb2.ModelConfig, requests: list[Mapping[str, npt.NDArray[Any]]],
                   outputs: Sequence[str]) -> list[Outcome]:
-        tensors: list[dict[str, np.ndarray] | ModelError] = [dict(r) for r in requests]
+        tensors: list[dict[str, npt.NDArray[Any]] | ModelError] = [dict(r) for r in requests]
         for step in config.ensemble_scheduling.step:
             live = [i for i, t in enumerate(tensors) if not isinstance(t, ModelError)]
             if not live:
                 break
-            inputs = [{name: tensors[i][source] for name, source in step.input_map.items() if source in tensors[i]}
-                      for i in live]
+            inputs = []
+            for i in live:
+                current = tensors[i]
+                assert not isinstance(current, ModelError)  # live holds only the requests not failed
+                inputs.append({name: current[source] for name, source in step.input_map.items() if source in current})
             results = self.infer_many(step.model_name, inputs, list(step.output_map))
             for index, result in zip(live, results):
                 if isinstance(result, ModelError):  # Triton's ensemble scheduler names the ensemble
                     tensors[index] = ModelError(f"in ensemble '{config.name}', {result.message}", result.status)
                 else:
-                    tensors[index].update({step.output_map[name]: value for name, value in result.items()})
+                    current = tensors[index]
+                    assert not isinstance(current, ModelError)  # live holds only the requests not failed
+                    current.update({step.output_map[name]: value for name, value in result.items()})
         return [t if isinstance(t, ModelError) else {name: t[name] for name in outputs} for t in tensors]
 
     @staticmethod
-    def _check(config: model_config_pb2.ModelConfig, inputs: Mapping[str, np.ndarray],
+    def _check(config: model_config_pb2.ModelConfig, inputs: Mapping[str, npt.NDArray[Any]],
                outputs: Sequence[str]) -> ModelError | None:
         """Triton's checks before a request reaches a model."""
         name = config.name

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -56,7 +57,7 @@ class CorpusInput:
     format: str  # "json" (one object per line) or "parquet"
 
     @classmethod
-    def find(cls, path: Path) -> "CorpusInput":
+    def find(cls, path: Path) -> CorpusInput:
         if not path.exists():
             raise CorpusError(f"{path} does not exist")
         candidates = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -101,7 +102,7 @@ def require_texts(rows: pa.Table | pa.RecordBatch, columns: Columns) -> None:
         raise CorpusError(f"row {first.as_py()!r} has no {columns.text!r}")
 
 
-def drop_done(batch, done: pa.Array, column: str):
+def drop_done(batch: pa.RecordBatch | pa.Table, done: pa.Array, column: str) -> pa.RecordBatch | pa.Table:
     """`batch` (a record batch or table) without the rows whose `column` value is in `done`."""
     return batch.filter(pc.invert(pc.is_in(batch.column(column), value_set=done)))
 
@@ -125,19 +126,19 @@ def iter_chunks(corpus: CorpusInput, columns: Columns, done: pa.Array, rows: int
         yield pa.Table.from_batches(pending).combine_chunks()
 
 
-def _floats(values: np.ndarray) -> pa.Array:
+def _floats(values: npt.NDArray[Any]) -> pa.Array:
     return pa.array(np.ascontiguousarray(values, dtype=np.float32).ravel())
 
 
-def _offsets(counts: np.ndarray) -> pa.Array:
+def _offsets(counts: npt.NDArray[Any]) -> pa.Array:
     return pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
 
 
-def dense_column(dense: np.ndarray) -> pa.Array:
+def dense_column(dense: npt.NDArray[Any]) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(_floats(dense), dense.shape[1])
 
 
-def sparse_column(ids: np.ndarray, weights: np.ndarray) -> pa.Array:
+def sparse_column(ids: npt.NDArray[Any], weights: npt.NDArray[Any]) -> pa.Array:
     """Padded `sparse_ids` / `sparse_weights` (id -1 = padding) -> one list of {index, value} per row."""
     keep = ids >= 0
     terms = pa.StructArray.from_arrays([pa.array(ids[keep].astype(np.int32)), _floats(weights[keep])],
@@ -145,7 +146,7 @@ def sparse_column(ids: np.ndarray, weights: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(_offsets(keep.sum(axis=1)), terms)
 
 
-def colbert_column(vectors: np.ndarray, num_tokens: np.ndarray) -> pa.Array:
+def colbert_column(vectors: npt.NDArray[Any], num_tokens: npt.NDArray[Any]) -> pa.Array:
     """Per row its `num_tokens - 1` vectors; the zero rows padding the request are dropped."""
     counts = np.maximum(num_tokens.reshape(-1) - 1, 0)
     keep = np.arange(vectors.shape[1])[None, :] < counts[:, None]
@@ -153,7 +154,7 @@ def colbert_column(vectors: np.ndarray, num_tokens: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(_offsets(counts), inner)
 
 
-def response_columns(response: dict[str, np.ndarray], kinds: tuple[str, ...]) -> dict[str, pa.Array]:
+def response_columns(response: dict[str, npt.NDArray[Any]], kinds: tuple[str, ...]) -> dict[str, pa.Array]:
     """One ensemble response (its output tensors by name) as output columns."""
     out: dict[str, pa.Array] = {}
     if "dense" in kinds:
@@ -166,7 +167,7 @@ def response_columns(response: dict[str, np.ndarray], kinds: tuple[str, ...]) ->
     return out
 
 
-def to_table(ids: pa.Array, id_column: str, responses: list[dict[str, np.ndarray]], kinds: tuple[str, ...]) -> pa.Table:
+def to_table(ids: pa.Array, id_column: str, responses: list[dict[str, npt.NDArray[Any]]], kinds: tuple[str, ...]) -> pa.Table:
     """Output rows for `ids`; `responses` cover consecutive slices of them, in order."""
     parts = [response_columns(response, kinds) for response in responses]
     columns = {name: pa.concat_arrays([part[name] for part in parts]) for name in parts[0]}

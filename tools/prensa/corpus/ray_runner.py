@@ -54,7 +54,8 @@ def run_on_ray(job: Job, spec: BackendSpec, address: str, workers: int, cpus_per
     else:  # JSON has no column projection; the actors read the two columns they need
         dataset = ray.data.read_json(files, num_cpus=0)
     if len(work.resume.done):
-        dataset = dataset.map_batches(drop_done, fn_kwargs={"done": work.resume.done, "column": job.columns.id},
+        # Ray's UDF type takes the batch alone; `fn_kwargs` supplies the rest (a wrapper would change the call).
+        dataset = dataset.map_batches(drop_done, fn_kwargs={"done": work.resume.done, "column": job.columns.id},  # type: ignore[arg-type]
                                       batch_format="pyarrow", num_cpus=0)
     # onnxruntime in an actor uses the cores Ray reserved for it, not every core of the node.
     worker_spec = replace(spec, threads=spec.threads or max(int(cpus_per_worker), 1))

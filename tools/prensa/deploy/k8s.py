@@ -22,7 +22,7 @@ import posixpath
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from tritonclient.grpc import model_config_pb2
@@ -103,7 +103,7 @@ def _stage(name: str, config: model_config_pb2.ModelConfig) -> Stage:
 def _accelerator_cache(config: model_config_pb2.ModelConfig) -> str | None:
     for accelerator in config.optimization.execution_accelerators.gpu_execution_accelerator:
         if "trt_engine_cache_path" in accelerator.parameters:
-            return accelerator.parameters["trt_engine_cache_path"]
+            return cast(str, accelerator.parameters["trt_engine_cache_path"])
     return None
 
 

@@ -98,7 +98,7 @@ class CancelCheck:
             return False
         self.asked_at[index] = now
         try:
-            cancelled = self.requests[index].is_cancelled()
+            cancelled: bool = self.requests[index].is_cancelled()
         except Exception:  # noqa: BLE001 - a failed question must not fail the batch: compute it
             return False
         if cancelled:

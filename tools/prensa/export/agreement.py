@@ -8,12 +8,15 @@ could only say +1 or -1.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 MIN_COSINE = 0.999
 
 
-def output_vectors(value: np.ndarray, mask: np.ndarray, per_token: bool) -> np.ndarray:
+def output_vectors(value: npt.NDArray[Any], mask: npt.NDArray[Any], per_token: bool) -> npt.NDArray[Any]:
     """[vectors, features] in float64: what one cosine each is computed over."""
     if per_token:
         value = value[mask.astype(bool)]
@@ -21,7 +24,7 @@ def output_vectors(value: np.ndarray, mask: np.ndarray, per_token: bool) -> np.n
     return rows.reshape(1, -1) if rows.shape[1] == 1 else rows
 
 
-def min_cosine(actual: np.ndarray, expected: np.ndarray, eps: float = 1e-12) -> float:
+def min_cosine(actual: npt.NDArray[Any], expected: npt.NDArray[Any], eps: float = 1e-12) -> float:
     """Smallest row-wise cosine; two all-zero rows agree, one all-zero row does not."""
     dot = (actual * expected).sum(axis=1)
     norms = np.linalg.norm(actual, axis=1) * np.linalg.norm(expected, axis=1)
@@ -30,7 +33,7 @@ def min_cosine(actual: np.ndarray, expected: np.ndarray, eps: float = 1e-12) -> 
     return float(cosine.min()) if cosine.size else 1.0
 
 
-def agreement(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], mask: np.ndarray,
+def agreement(actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArray[Any]], mask: npt.NDArray[Any],
               per_token: set[str]) -> dict[str, tuple[float, float]]:
     """Per output: (min cosine, max |difference|) of `actual` against the fp32 `expected`."""
     figures = {}

@@ -9,15 +9,20 @@ taken from each request's own batch would not be.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.bench.workload import embedding_texts
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.stages import contract, load_stage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DENSE_TASKS = (Task.EMBED, Task.M3)  # the tasks whose clients receive `dense` vectors
 CORPUS_TEXTS = 256
@@ -27,7 +32,7 @@ MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corp
 BATCH_ROWS = 32  # length-sorted, so little padding
 FIGURE = "calibration"  # the export report's line; not "int8 ...", which names the quantised graph's lines
 
-Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # tokenizer output -> graph outputs by name
+Run = Callable[[Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]]  # tokenizer output -> graph outputs by name
 
 
 class CalibrationUnavailable(RuntimeError):
@@ -36,7 +41,7 @@ class CalibrationUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Calibration:
-    ranges: np.ndarray  # [2, dim]: per-dimension minimum, then maximum
+    ranges: npt.NDArray[Any]  # [2, dim]: per-dimension minimum, then maximum
     texts: int
     max_tokens: int
     rows: int  # texts per forward pass
@@ -46,12 +51,12 @@ def calibration_texts() -> list[str]:
     return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
 
 
-def embed_texts(run: Run, tokenizer, texts: list[str], pooling: Pooling, normalize: bool, max_tokens: int,
-                rows: int) -> np.ndarray:
+def embed_texts(run: Run, tokenizer: PreTrainedTokenizerBase, texts: list[str], pooling: Pooling, normalize: bool, max_tokens: int,
+                rows: int) -> npt.NDArray[Any]:
     """Served dense vectors of `texts`, in their order; run `rows` at a time, shortest first."""
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_tokens)[contract.INPUT_IDS]]
     order = np.argsort(lengths, kind="stable")
-    vectors: list[np.ndarray | None] = [None] * len(texts)
+    vectors: list[npt.NDArray[Any] | None] = [None] * len(texts)
     for start in range(0, len(texts), rows):
         chosen = order[start : start + rows]
         encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
@@ -60,18 +65,19 @@ def embed_texts(run: Run, tokenizer, texts: list[str], pooling: Pooling, normali
         dense = load_stage("pool").dense_vectors(hidden, encoded[contract.ATTENTION_MASK], pooling.value, normalize)
         for i, vector in zip(chosen, dense.astype(np.float32)):
             vectors[i] = vector
-    return np.stack(vectors)
+    return np.stack(cast(list[npt.NDArray[Any]], vectors))  # every slot is filled: `order` covers every text
 
 
-def dense_ranges(vectors: np.ndarray) -> np.ndarray:
+def dense_ranges(vectors: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """What sentence-transformers' `quantize_embeddings` computes from `calibration_embeddings`."""
     return np.vstack((vectors.min(axis=0), vectors.max(axis=0)))
 
 
-def calibrate(export_dir: Path, manifest: Manifest, tokenizer) -> Calibration:
+def calibrate(export_dir: Path, manifest: Manifest, tokenizer: PreTrainedTokenizerBase) -> Calibration:
     """Ranges of the export's own graph (the one served: fp32, fp16 or int8) on onnxruntime's CPU
     provider, with rows per pass as the encoder runs them (int8 graphs one row at a time)."""
-    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail, NotImplemented as NoKernel
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
+    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
 
     from prensa.export.quantize import GraphRunner
     from prensa.triton.repo import ServingOptions, encoder_rows
@@ -91,7 +97,7 @@ def calibrate(export_dir: Path, manifest: Manifest, tokenizer) -> Calibration:
     return Calibration(dense_ranges(vectors), CORPUS_TEXTS, max_tokens, rows)
 
 
-def _float32(values: np.ndarray) -> list[float]:
+def _float32(values: npt.NDArray[Any]) -> list[float]:
     """Shortest decimals that read back as the same float32."""
     return [float(str(v)) for v in values.astype(np.float32)]
 

@@ -4,6 +4,7 @@ pool stage expects (names in `prensa/ensembles/prensa_stage.py`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -13,7 +14,8 @@ from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
 
 
-def _call(model: nn.Module, input_ids, attention_mask, token_type_ids):
+def _call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+          token_type_ids: torch.Tensor | None) -> Any:
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if token_type_ids is not None:
         kwargs["token_type_ids"] = token_type_ids
@@ -25,8 +27,9 @@ class HiddenStateGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        return _call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return cast(torch.Tensor, _call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 class M3Graph(nn.Module):
@@ -36,8 +39,9 @@ class M3Graph(nn.Module):
         super().__init__()
         self.model, self.sparse_linear, self.colbert_linear = model, sparse_linear, colbert_linear
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        hidden = _call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden: torch.Tensor = _call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
         return hidden, torch.relu(self.sparse_linear(hidden)).squeeze(-1), self.colbert_linear(hidden)
 
 
@@ -46,8 +50,9 @@ class LogitsGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        return _call(self.model, input_ids, attention_mask, token_type_ids).logits
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return cast(torch.Tensor, _call(self.model, input_ids, attention_mask, token_type_ids).logits)
 
 
 class SpladeGraph(nn.Module):
@@ -57,8 +62,9 @@ class SpladeGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        logits = _call(self.model, input_ids, attention_mask, token_type_ids).logits
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        logits: torch.Tensor = _call(self.model, input_ids, attention_mask, token_type_ids).logits
         weights = torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)
         return weights.max(dim=1).values
 

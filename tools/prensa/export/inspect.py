@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from prensa.export.source import SourceError, SourceModel
 from prensa.manifest import Pooling, Task
@@ -20,7 +21,8 @@ class ModelPlan:
     max_length: int
 
 
-def _read_json(source: SourceModel, relative: str) -> dict | list | None:
+def _read_json(source: SourceModel, relative: str) -> Any:
+    """The file's JSON (an object or a list, as json.loads gives it), None when there is no such file."""
     path = source.path / relative
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -29,7 +31,7 @@ def detect_task(source: SourceModel, architectures: list[str]) -> Task:
     if any(source.has(head) for head in M3_HEADS) or "bge-m3" in source.name.lower():
         return Task.M3
     if any(a.endswith("ForSequenceClassification") for a in architectures):
-        config = _read_json(source, "config.json") or {}
+        config: dict[str, Any] = _read_json(source, "config.json") or {}
         return Task.RERANK if len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
     if any(a.endswith("ForMaskedLM") for a in architectures) and not source.has("modules.json"):
         return Task.SPLADE
@@ -37,7 +39,7 @@ def detect_task(source: SourceModel, architectures: list[str]) -> Task:
 
 
 def detect_pooling(source: SourceModel) -> Pooling | None:
-    config = _read_json(source, "1_Pooling/config.json")
+    config: dict[str, Any] | None = _read_json(source, "1_Pooling/config.json")
     if not config:
         return None
     if config.get("pooling_mode_cls_token"):
@@ -50,14 +52,14 @@ def detect_pooling(source: SourceModel) -> Pooling | None:
 
 
 def detect_normalize(source: SourceModel) -> bool:
-    modules = _read_json(source, "modules.json")
+    modules: list[Any] | None = _read_json(source, "modules.json")
     if modules is None:
         return True  # TEI normalises by default; sentence-transformers configs below say otherwise
     return any(str(m.get("type", "")).endswith("Normalize") for m in modules)
 
 
 def detect_max_length(source: SourceModel, tokenizer_limit: int | None, position_limit: int | None) -> int:
-    st_config = _read_json(source, "sentence_bert_config.json") or {}
+    st_config: dict[str, Any] = _read_json(source, "sentence_bert_config.json") or {}
     if st_config.get("max_seq_length"):
         return int(st_config["max_seq_length"])
     if tokenizer_limit and tokenizer_limit < MAX_SANE_LENGTH:

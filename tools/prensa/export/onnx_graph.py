@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prensa.export.source import SourceError
 from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
+
+if TYPE_CHECKING:
+    import onnx
 
 QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "QuantizeLinear", "ConvInteger"}
 # The graph outputs each task's pool stage reads.
@@ -35,7 +39,7 @@ class GraphInfo:
             raise SourceError(f"model.onnx has outputs {sorted(names)}; a {task.value} model needs {sorted(missing)}")
 
 
-def _dims(value_info) -> list[int | str]:
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in value_info.type.tensor_type.shape.dim]
 
 
@@ -60,7 +64,7 @@ def describe_graph(path: Path) -> GraphInfo:
     return GraphInfo(inputs, outputs, dtype)
 
 
-def task_from_outputs(graph: GraphInfo, config: dict) -> Task:
+def task_from_outputs(graph: GraphInfo, config: dict[str, Any]) -> Task:
     names = {o.name: o for o in graph.outputs}
     if REQUIRED_OUTPUTS[Task.M3] <= names.keys():
         return Task.M3

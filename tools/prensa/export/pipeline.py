@@ -14,8 +14,10 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.export import calibration
 from prensa.export.inspect import ModelPlan, plan_model
@@ -24,6 +26,10 @@ from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import link_graph_files
 from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, Pooling, Task, TensorRTEngine
 from prensa.stages import contract
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 ONNX_FILE = "model.onnx"
 FUSED_FIGURE = "fused ops"  # the report line that says which fusions were kept, or why none
@@ -43,7 +49,7 @@ ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompt
 # sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
 ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
 
-Step = Callable[[str], AbstractContextManager]
+Step = Callable[[str], AbstractContextManager[Any]]
 
 
 class ExportFormat(str, Enum):
@@ -78,17 +84,17 @@ class VerifyReport:
     ok: bool
 
 
-def _no_progress(_: str) -> AbstractContextManager:
+def _no_progress(_: str) -> AbstractContextManager[Any]:
     return nullcontext()
 
 
-def special_ids(tokenizer) -> list[int]:
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids never reported as lexical terms (FlagEmbedding drops cls, eos, pad and unk)."""
     names = ("cls_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "pad_token_id", "unk_token_id")
     return sorted({getattr(tokenizer, n) for n in names if getattr(tokenizer, n, None) is not None})
 
 
-def sample_batch(tokenizer, task: Task, max_length: int) -> dict[str, np.ndarray]:
+def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int) -> dict[str, npt.NDArray[Any]]:
     if task in (Task.RERANK, Task.CLASSIFY):
         queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
         encoded = tokenizer(queries, passages, padding=True, truncation="only_second", max_length=max_length,
@@ -98,7 +104,7 @@ def sample_batch(tokenizer, task: Task, max_length: int) -> dict[str, np.ndarray
     return {k: v.astype(np.int64) for k, v in encoded.items()}
 
 
-def _read_config(source: SourceModel) -> dict:
+def _read_config(source: SourceModel) -> dict[str, Any]:
     return json.loads((source.path / "config.json").read_text()) if source.has("config.json") else {}
 
 
@@ -116,7 +122,7 @@ def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
     return prompts, default
 
 
-def _plan(source: SourceModel, tokenizer, config: dict, options: ExportOptions, task: Task | None) -> ModelPlan:
+def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], options: ExportOptions, task: Task | None) -> ModelPlan:
     pad_offset = (config.get("pad_token_id") or 0) + 1 if config.get("model_type") in ("xlm-roberta", "roberta") else 0
     positions = config.get("max_position_embeddings")
     plan = plan_model(source, list(config.get("architectures") or []), task, options.pooling, options.max_length,
@@ -127,7 +133,7 @@ def _plan(source: SourceModel, tokenizer, config: dict, options: ExportOptions, 
     return plan
 
 
-def _trace(graph, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, np.ndarray], path: Path) -> None:
+def _trace(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, npt.NDArray[Any]], path: Path) -> None:
     import torch
 
     args = tuple(torch.from_numpy(sample[name]) for name in inputs)
@@ -151,7 +157,7 @@ def _to_fp16(source: Path, target: Path) -> None:
     onnx.save(converted, str(target), save_as_external_data=converted.ByteSize() > 2_000_000_000)
 
 
-def run_torch(graph, inputs: list[str], sample: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run_torch(graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]) -> list[npt.NDArray[Any]]:
     """Reference outputs; taken before tracing, which can leave the torch module altered."""
     import torch
 
@@ -160,8 +166,8 @@ def run_torch(graph, inputs: list[str], sample: dict[str, np.ndarray]) -> list[n
     return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
 
 
-def run_onnx(path: Path, inputs: list[str], sample: dict[str, np.ndarray],
-             provider: str = "CPUExecutionProvider") -> dict[str, np.ndarray]:
+def run_onnx(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]],
+             provider: str = "CPUExecutionProvider") -> dict[str, npt.NDArray[Any]]:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=[provider])
@@ -169,8 +175,8 @@ def run_onnx(path: Path, inputs: list[str], sample: dict[str, np.ndarray],
     return {meta.name: value for meta, value in zip(session.get_outputs(), values)}
 
 
-def agreement_report(heading: str, actual: dict[str, np.ndarray], expected: dict[str, np.ndarray],
-                     mask: np.ndarray, outputs: list[GraphOutput], prefix: str = "") -> VerifyReport:
+def agreement_report(heading: str, actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArray[Any]],
+                     mask: npt.NDArray[Any], outputs: list[GraphOutput], prefix: str = "") -> VerifyReport:
     """Cosine against fp32 per output; passes at MIN_COSINE or above."""
     from prensa.export.agreement import MIN_COSINE, agreement
 
@@ -182,12 +188,13 @@ def agreement_report(heading: str, actual: dict[str, np.ndarray], expected: dict
     )
 
 
-def check_fp16(path: Path, inputs: list[str], sample: dict[str, np.ndarray], expected: list[np.ndarray],
+def check_fp16(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]],
                outputs: list[GraphOutput]) -> VerifyReport:
     """The fp16 graph against fp32 torch, on onnxruntime's CUDA provider when there is one, else its
     CPU provider; when neither runs the graph, the check is skipped and the report says why."""
     import onnxruntime as ort
-    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail, NotImplemented as NoKernel
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
+    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
 
     provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers()
                 else "CPUExecutionProvider")
@@ -201,7 +208,7 @@ def check_fp16(path: Path, inputs: list[str], sample: dict[str, np.ndarray], exp
                             sample[contract.ATTENTION_MASK], outputs)
 
 
-def compare_with_torch(actual: dict[str, np.ndarray], expected: list[np.ndarray], mask: np.ndarray,
+def compare_with_torch(actual: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]], mask: npt.NDArray[Any],
                        dtype: str) -> VerifyReport:
     figures, worst = {}, 0.0
     for (name, got), want in zip(actual.items(), expected):
@@ -215,7 +222,7 @@ def compare_with_torch(actual: dict[str, np.ndarray], expected: list[np.ndarray]
                         figures, ok)
 
 
-def check_adopted(actual: dict[str, np.ndarray], outputs: list[GraphOutput], rows: int) -> VerifyReport:
+def check_adopted(actual: dict[str, npt.NDArray[Any]], outputs: list[GraphOutput], rows: int) -> VerifyReport:
     figures, ok = {}, True
     for output in outputs:
         value = actual[output.name]
@@ -225,7 +232,7 @@ def check_adopted(actual: dict[str, np.ndarray], outputs: list[GraphOutput], row
     return VerifyReport("adopted graph run on a sample batch", figures, ok)
 
 
-def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], expected: list[np.ndarray],
+def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]],
                   plain: VerifyReport) -> tuple[dict[str, int], VerifyReport]:
     """Swap in the fused graph when it agrees with torch within the plain graph's tolerance; the
     report says which graph was kept and why."""
@@ -252,7 +259,7 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, np.ndarray], 
     return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
 
 
-def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: ExportOptions, dtype: str,
+def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions, dtype: str,
                   fuse: bool, step: Step) -> tuple[GraphInfo, VerifyReport]:
     from prensa.export.graphs import build_graph
 
@@ -282,7 +289,7 @@ def _export_torch(source: SourceModel, tokenizer, plan: ModelPlan, options: Expo
                                                                   checked.ok)
 
 
-def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
+def _adopt_onnx(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
                 step: Step) -> tuple[GraphInfo, VerifyReport]:
     with step(f"Adopting {ONNX_FILE} ({graph.dtype}) without re-exporting"):
         link_graph_files(source.path, options.out, ONNX_FILE)
@@ -293,7 +300,7 @@ def _adopt_onnx(source: SourceModel, tokenizer, plan: ModelPlan, graph: GraphInf
     return graph, report
 
 
-def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan, options: ExportOptions,
+def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions,
               step: Step) -> tuple[GraphInfo, VerifyReport]:
     """Swap the fp32 graph in `out` for its int8 version; add the agreement figures to the report."""
     from prensa.export.quantize import quantize_with_report
@@ -318,7 +325,7 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan
     return GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops), VerifyReport(report.heading, figures, report.ok)
 
 
-def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer, plan: ModelPlan, options: ExportOptions,
+def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions,
                     step: Step) -> tuple[TensorRTEngine, VerifyReport]:
     """model.plan beside the fp32 model.onnx, checked against it through the TensorRT runtime."""
     from prensa.export import tensorrt
@@ -349,7 +356,7 @@ def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer, plan: Mod
     return engine, VerifyReport(f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok)
 
 
-def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer, options: ExportOptions,
+def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, options: ExportOptions,
                step: Step) -> tuple[str | None, VerifyReport]:
     """calibration.json for a dense export whose graph passed its check; the report's line says how
     it was made, or why there is none."""
@@ -375,7 +382,8 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
-        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)
+        # transformers leaves from_pretrained unannotated; there is no typed way to call it.
+        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
         if not tokenizer.is_fast:
             raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
         config = _read_config(source)

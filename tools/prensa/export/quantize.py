@@ -6,14 +6,20 @@ the figures of both are reported so the choice is visible.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.bench.workload import embedding_texts, rerank_cases
 from prensa.manifest import Pooling, Task
 from prensa.stages import contract, load_stage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 EMBED_SAMPLES = 48
 RERANK_QUERIES, RERANK_PASSAGES = 6, 8
@@ -46,23 +52,23 @@ class GraphRunner:
         self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         self.inputs = inputs
 
-    def __call__(self, encoded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, encoded: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         values = self.session.run(None, {n: encoded[n].astype(np.int64) for n in self.inputs})
         return {meta.name: value for meta, value in zip(self.session.get_outputs(), values)}
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+def _cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    return cast(npt.NDArray[Any], (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12))
 
 
-def _kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+def _kendall_tau(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
     sign_a = np.sign(a[:, None] - a[None, :])
     sign_b = np.sign(b[:, None] - b[None, :])
     upper = np.triu_indices(len(a), 1)
     return float((sign_a[upper] * sign_b[upper]).mean())
 
 
-def _vectors(run: GraphRunner, tokenizer, task: Task, pooling: Pooling | None, max_length: int) -> np.ndarray:
+def _vectors(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None, max_length: int) -> npt.NDArray[Any]:
     pool = load_stage("pool")
     rows = []
     for text in embedding_texts(EMBED_SAMPLES, seed=7):
@@ -78,7 +84,7 @@ def _vectors(run: GraphRunner, tokenizer, task: Task, pooling: Pooling | None, m
     return np.stack(rows)
 
 
-def _rerank_scores(run: GraphRunner, tokenizer, max_length: int) -> list[np.ndarray]:
+def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[npt.NDArray[Any]]:
     scores = []
     for case in rerank_cases(RERANK_QUERIES, RERANK_PASSAGES, seed=7):
         row = []
@@ -89,12 +95,13 @@ def _rerank_scores(run: GraphRunner, tokenizer, max_length: int) -> list[np.ndar
     return scores
 
 
-def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer, task: Task, pooling: Pooling | None,
+def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None,
               max_length: int) -> dict[str, float]:
     if task is Task.RERANK:
-        want, got = _rerank_scores(fp32, tokenizer, max_length), _rerank_scores(int8, tokenizer, max_length)
-        taus = [_kendall_tau(w, g) for w, g in zip(want, got)]
-        top1 = [int(np.argmax(w) == np.argmax(g)) for w, g in zip(want, got)]
+        want_scores = _rerank_scores(fp32, tokenizer, max_length)
+        got_scores = _rerank_scores(int8, tokenizer, max_length)
+        taus = [_kendall_tau(w, g) for w, g in zip(want_scores, got_scores)]
+        top1 = [int(np.argmax(w) == np.argmax(g)) for w, g in zip(want_scores, got_scores)]
         return {"kendall_tau_mean": float(np.mean(taus)), "kendall_tau_min": float(np.min(taus)),
                 "top1_agreement": float(np.mean(top1))}
     want = _vectors(fp32, tokenizer, task, pooling, max_length)
@@ -106,7 +113,7 @@ def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer, task: Task, pooli
     return figures
 
 
-def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer, task: Task,
+def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer: PreTrainedTokenizerBase, task: Task,
                          pooling: Pooling | None, max_length: int) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
     reference = GraphRunner(fp32, inputs)

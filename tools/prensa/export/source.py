@@ -58,7 +58,7 @@ def resolve_source(source: str, revision: str | None = None) -> SourceModel:
 
     try:
         path = Path(snapshot_download(source, revision=revision, allow_patterns=HUB_PATTERNS))
-    except Exception as exc:  # noqa: BLE001 - offline, gated, missing: all need the same advice
+    except Exception as exc:
         raise SourceError(
             f"could not get {source!r} from the Hugging Face Hub or its cache ({type(exc).__name__}); "
             "download it elsewhere and pass the local directory instead"

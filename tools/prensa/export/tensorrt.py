@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.manifest import EngineProfile
+
+if TYPE_CHECKING:
+    import torch
 
 ENGINE_FILE = "model.plan"
 # compose.yaml's Triton (nvcr.io/nvidia/tritonserver:24.10-py3) carries TensorRT 10.5.
@@ -102,10 +107,10 @@ def build_engine(onnx_path: Path, plan_path: Path, profile: EngineProfile) -> st
     if serialized is None:
         raise TensorRTError("TensorRT failed to build the engine; its log above says why")
     plan_path.write_bytes(memoryview(serialized))
-    return trt.__version__
+    return cast(str, trt.__version__)
 
 
-def _torch_dtype(trt_dtype):
+def _torch_dtype(trt_dtype: Any) -> torch.dtype:
     import tensorrt as trt
     import torch
 
@@ -126,12 +131,12 @@ class EngineRunner:
         if self.engine is None:
             raise TensorRTError(f"{plan_path} does not load in TensorRT {trt.__version__} on this GPU")
         self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream()
+        self.stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream() unannotated
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
 
-    def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feed: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         """Host arrays in, host fp32/int arrays out; synchronous."""
         import torch
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
@@ -103,12 +103,13 @@ class GatewayApp(FastAPI):
 
     @property
     def open_paths(self) -> frozenset[str]:
-        return OPEN_PATHS | {r.path for r in self.vertex.routes if "GET" in getattr(r, "methods", ())}
+        return OPEN_PATHS | {cast(GatewayRoute, r).path for r in self.vertex.routes if "GET" in getattr(r, "methods", ())}
 
     def build_middleware_stack(self) -> ASGIApp:
         settings, metrics = self.gateway_settings, self.state.metrics
-        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=self.inference_routes,
-                                  handlers=self.exception_handlers)
+        # Every handler here is a coroutine function: this app's own and FastAPI's defaults.
+        handlers = cast(Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]], self.exception_handlers)
+        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=self.inference_routes, handlers=handlers)
         app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
                     on_reject=lambda kind: metrics.request_failure.inc(kind.value), permits=self.permits,
                     open_paths=self.open_paths)
@@ -164,6 +165,7 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
     app = GatewayApp(settings, metrics, vertex_router(environ), title="prensa gateway",
                      summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",
                      lifespan=lifespan)
-    app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(RequestValidationError, on_invalid_request)
+    # Starlette calls each with the exception class it is registered for.
+    app.add_exception_handler(GatewayError, cast(HTTPExceptionHandler, on_gateway_error))
+    app.add_exception_handler(RequestValidationError, cast(HTTPExceptionHandler, on_invalid_request))
     return app

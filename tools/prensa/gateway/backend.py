@@ -14,9 +14,9 @@ the registry reads every backend's models the same way. Errors are `GatewayError
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-import numpy as np
+import numpy.typing as npt
 from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.settings import GatewaySettings
@@ -36,8 +36,8 @@ class Backend(Protocol):
         flight scale with it (see `limits.TritonWindow`)."""
         ...
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
         """`outputs` of `model` for `inputs` (batch on axis 0); a `GatewayError` when it fails."""
         ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, cast, get_type_hints
 
 import orjson
 from fastapi import Request, Response
@@ -85,7 +85,7 @@ class JsonEndpoint:
         arguments = {self.body: await parse_body(http, self.request_model), self.http: http}
         if self.takes_model:
             arguments[MODEL_PARAMETER] = http.query_params.get(MODEL_PARAMETER)
-        return await self.route.endpoint(**arguments)
+        return cast(Response, await self.route.endpoint(**arguments))
 
 
 class JsonRoutes:
@@ -95,7 +95,7 @@ class JsonRoutes:
     def __init__(self, app: ASGIApp, routes: Iterable[BaseRoute],
                  handlers: Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]]) -> None:
         self.app = app
-        self.endpoints = {route.path: endpoint for route in routes if (endpoint := JsonEndpoint.of(route))}
+        self.endpoints = {endpoint.route.path: endpoint for route in routes if (endpoint := JsonEndpoint.of(route))}
         self.handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

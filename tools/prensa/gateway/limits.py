@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -83,7 +83,7 @@ class TritonWindow:
         self.capacity = max(capacity, 1)
         self.in_triton = 0
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._calls: set[asyncio.Future] = set()  # the event loop keeps only weak references to tasks
+        self._calls: set[asyncio.Future[Any]] = set()  # the event loop keeps only weak references to tasks
 
     async def run(self, rows: int, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` once `rows` fit; it finishes even if the caller is cancelled meanwhile."""
@@ -192,6 +192,7 @@ class Guard:
         cancels it, so its permits and Triton calls are released now rather than when Triton
         answers nobody."""
         serving = asyncio.current_task()
+        assert serving is not None  # a coroutine awaited by the server's request task
         gone = asyncio.Event()
         delivered = answered = cancelled = False
 

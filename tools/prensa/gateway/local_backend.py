@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 from opentelemetry.trace import SpanKind
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
@@ -55,8 +56,8 @@ class InProcessBackend:
         """The error Triton's answer of the same message and status becomes."""
         return translate_error(InferenceServerException(error.message, status=error.status), self.url, self.timeout_s)
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
         with stage(f"in-process {model}", SpanKind.INTERNAL, **{"prensa.triton_model": model,
                                                                 "prensa.rows": len(next(iter(inputs.values())))}):
             try:

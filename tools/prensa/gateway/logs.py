@@ -36,9 +36,8 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
              if name in (REQUEST_ID_HEADER, b"traceparent")}
     if CLIENT_REQUEST_ID.fullmatch(client := given.get("x-request-id", "")):
         return client
-    if trace := TRACEPARENT.fullmatch(given.get("traceparent", "").strip().lower()):
-        if trace["trace"] != "0" * 32:
-            return trace["trace"]
+    if (trace := TRACEPARENT.fullmatch(given.get("traceparent", "").strip().lower())) and trace["trace"] != "0" * 32:
+        return trace["trace"]
     return uuid.uuid4().hex
 
 
@@ -117,7 +116,7 @@ class Text(logging.Formatter):
 class Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """A handler writing to whatever `sys.stderr` is when it writes, not the one it was made with."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

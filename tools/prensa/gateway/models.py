@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 from tokenizers import Tokenizer
 from tritonclient.grpc import model_config_pb2
 
@@ -75,7 +76,7 @@ class ServedModel:
     token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
-    dense_ranges: np.ndarray | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
+    dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
 
     @property
     def encode_model(self) -> str:
@@ -250,9 +251,13 @@ class Registry:
         return {stage: model.name for model in self.models.values() for stage in model.triton_models}
 
     async def readiness(self) -> dict[str, bool]:
-        """Per served model, whether Triton can serve every one of its stages now."""
+        """Per served model, whether Triton can serve every one of its stages now (none can while
+        the backend itself is unreachable)."""
         stages = self.triton_models()
-        down = {stages[stage] for stage in await self.client.unready(sorted(stages))}
+        unready = await self.client.unready(sorted(stages))
+        if unready is None:
+            return dict.fromkeys(self.models, False)
+        down = {stages[stage] for stage in unready}
         return {name: name not in down for name in self.models}
 
     async def unready(self) -> str | None:

@@ -3,7 +3,7 @@ defaults), as pydantic models only."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,7 +62,7 @@ class RerankResponse(BaseModel):
     model: str = Field(description="The served model that answered.")
     results: list[RerankResult] = Field(description="Documents sorted by relevance, best first.")
     usage: Usage = Field(description="Token counts over all (query, document) pairs (Jina).")
-    meta: dict = Field(description="Cohere's `api_version` and `billed_units`.")
+    meta: dict[Any, Any] = Field(description="Cohere's `api_version` and `billed_units`.")
 
 
 class CohereEmbedRequest(BaseModel):
@@ -82,8 +82,8 @@ class CohereEmbedRequest(BaseModel):
 
 class CohereEmbedResponse(BaseModel):
     id: str = Field(description="A fresh id per response.")
-    embeddings: dict[str, list] | list[list[float]] = Field(
+    embeddings: dict[str, list[Any]] | list[list[float]] = Field(
         description="By type (`embeddings_by_type`), or float vectors (`embeddings_floats`, v1 without types).")
     texts: list[str] = Field(description="The inputs, as given.")
-    meta: dict = Field(description="Cohere's `api_version` and `billed_units`.")
+    meta: dict[Any, Any] = Field(description="Cohere's `api_version` and `billed_units`.")
     response_type: Literal["embeddings_floats", "embeddings_by_type"] = Field(description="Which shape `embeddings` has.")

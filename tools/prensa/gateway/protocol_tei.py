@@ -131,7 +131,7 @@ class ModelInfo(BaseModel):
     model_sha: str | None = Field(description="Hub commit, or a content hash of a local directory.")
     model_dtype: str = Field(description="Exported precision.")
     served_model_name: str = Field(description="The name to request.")
-    model_type: dict = Field(description="`{embedding: {pooling}}`, `{classifier: {id2label, label2id}}` or `{reranker: ...}`.")
+    model_type: dict[Any, Any] = Field(description="`{embedding: {pooling}}`, `{classifier: {id2label, label2id}}` or `{reranker: ...}`.")
     task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
     max_input_length: int = Field(description="Max tokens per input, special tokens included.")
     max_batch_tokens: int | None = Field(description="Token budget of one encoder pass in Triton.")

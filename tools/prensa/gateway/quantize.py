@@ -9,8 +9,11 @@ binary/ubinary keep the sign bits, packed eight to a byte (binary offset by -128
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.gateway.errors import validation
 
@@ -18,12 +21,12 @@ RANGED = frozenset({"int8", "uint8"})
 STEPS = 255
 
 
-def base64_float32(vector: np.ndarray) -> str:
+def base64_float32(vector: npt.NDArray[Any]) -> str:
     """Little-endian float32 bytes, base64-encoded (OpenAI's `encoding_format: base64`)."""
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
-def quantize(vectors: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
+def quantize(vectors: npt.NDArray[Any], precision: str, ranges: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
     """`vectors` [n, dim] in `precision` (float, int8, uint8, binary, ubinary)."""
     if precision == "float":
         return vectors
@@ -32,7 +35,7 @@ def quantize(vectors: np.ndarray, precision: str, ranges: np.ndarray | None = No
             raise ValueError("int8 and uint8 need calibration ranges")
         starts = ranges[0]
         steps = np.where(ranges[1] > ranges[0], (ranges[1] - ranges[0]) / STEPS, 1.0)
-        codes = np.clip((vectors - starts) / steps, 0, STEPS)
+        codes: npt.NDArray[Any] = np.clip((vectors - starts) / steps, 0, STEPS)
         return codes.astype(np.uint8) if precision == "uint8" else (codes - 128).astype(np.int8)
     packed = np.packbits(vectors > 0, axis=-1)
     if precision == "ubinary":
@@ -42,7 +45,7 @@ def quantize(vectors: np.ndarray, precision: str, ranges: np.ndarray | None = No
     raise ValueError(f"unknown precision {precision}")
 
 
-def check_ranged(model_name: str, ranges: np.ndarray | None, dim: int, precisions: list[str]) -> None:
+def check_ranged(model_name: str, ranges: npt.NDArray[Any] | None, dim: int, precisions: Sequence[str]) -> None:
     """int8/uint8 need the model's calibration ranges, at the model's full dimension."""
     if not RANGED.intersection(precisions):
         return

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import numpy as np
+import numpy.typing as npt
 from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,7 +39,7 @@ class ReplicaPool:
         self.replicas = [Replica(client) for client in clients]
         self.probe_interval_s = probe_interval_s
         self._models: Callable[[], Sequence[str]] = tuple
-        self._probe_task: asyncio.Task | None = None
+        self._probe_task: asyncio.Task[Any] | None = None
 
     @property
     def url(self) -> str:
@@ -65,8 +67,8 @@ class ReplicaPool:
             candidates = [i for i in range(len(self.replicas)) if i not in tried]
         return min(candidates, key=lambda i: self.replicas[i].outstanding, default=None)
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
         tried: set[int] = set()
         failure: GatewayError | None = None
         while (index := self._pick(tried)) is not None:
@@ -85,7 +87,7 @@ class ReplicaPool:
                 replica.outstanding -= 1
         raise failure or GatewayError(ErrorKind.UNHEALTHY, "no Triton replica answered")
 
-    async def _first_answer(self, call):
+    async def _first_answer(self, call: Callable[[TritonClient], Awaitable[T]]) -> T:
         failure: GatewayError | None = None
         for replica in sorted(self.replicas, key=lambda r: not r.healthy):
             try:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import orjson
 from fastapi import Query, Request, Response
@@ -78,7 +78,7 @@ class GatewayRequest(Request):
 
     @property
     def gateway(self) -> Gateway:
-        return self.app.state.gateway
+        return cast(Gateway, self.app.state.gateway)
 
     @cached_property
     def timings(self) -> Timings:
@@ -105,7 +105,7 @@ class GatewayRoute(APIRoute):
 
         return serve
 
-    async def serve(self, handler: Callable[[Request], Coroutine[Any, Any, Response]],
+    async def serve(self, handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
                     request: GatewayRequest) -> Response:
         return await handler(request)
 
@@ -113,7 +113,7 @@ class GatewayRoute(APIRoute):
 class CountedRoute(GatewayRoute):
     """Counts requests and successes per route (`method` label = the route's name) and times them."""
 
-    async def serve(self, handler: Callable[[Request], Coroutine[Any, Any, Response]],
+    async def serve(self, handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
                     request: GatewayRequest) -> Response:
         metrics = request.gateway.metrics
         metrics.started(self.name)

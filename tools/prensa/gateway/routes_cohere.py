@@ -9,9 +9,11 @@ cohere`), so they get Cohere's default and everyone else Jina's.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter, Response
 
 from prensa.gateway.models import Capability, ServedModel, named_model
@@ -28,7 +30,7 @@ from prensa.gateway.quantize import base64_float32, check_ranged, quantize
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
 from prensa.gateway.routes_openai import ERRORS, truncation_of
 from prensa.gateway.service import Timings
-from prensa.gateway.tokenization import Truncation, chunk_texts, cut_texts
+from prensa.gateway.tokenization import Item, Truncation, chunk_texts, cut_texts
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["Cohere and Jina"])
 COHERE_SDK_HEADER = "x-fern-sdk-name"
@@ -40,7 +42,7 @@ def cohere_meta(version: str, **billed: int) -> dict[str, Any]:
 
 async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: list[str], truncation: Truncation,
                           timings: Timings, max_chunks: int | None = None,
-                          max_tokens: int | None = None) -> tuple[np.ndarray, int]:
+                          max_tokens: int | None = None) -> tuple[npt.NDArray[Any], int]:
     """One relevance score per document (sigmoid of the logit) and the tokens read. `max_tokens`
     cuts documents first; `max_chunks` scores up to that many windows of a long document and keeps
     its best, instead of truncating it."""
@@ -63,7 +65,7 @@ def document_texts(documents: list[str | RerankDocument]) -> list[str]:
     return [d.text if isinstance(d, RerankDocument) else d for d in documents]
 
 
-def ranked(scores: np.ndarray, texts: list[str], top_n: int | None, with_documents: bool) -> list[dict[str, Any]]:
+def ranked(scores: npt.NDArray[Any], texts: list[str], top_n: int | None, with_documents: bool) -> list[dict[str, Any]]:
     results = []
     for index in np.argsort(-scores, kind="stable").tolist()[:top_n]:
         result: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
@@ -103,7 +105,7 @@ async def rerank_v2(request: RerankV2Request, http: GatewayRequest, model: Model
                                max_tokens=request.max_tokens_per_doc)
 
 
-def embeddings_by_type(vectors: np.ndarray, types: list[str], ranges: np.ndarray | None) -> dict[str, Any]:
+def embeddings_by_type(vectors: npt.NDArray[Any], types: Sequence[str], ranges: npt.NDArray[Any] | None) -> dict[str, Any]:
     """Cohere's `embeddings` object: one list of vectors per requested type."""
     out: dict[str, Any] = {}
     for kind in dict.fromkeys(types):  # in request order, once each
@@ -123,7 +125,7 @@ async def cohere_embed(request: CohereEmbedRequest, http: GatewayRequest, model:
     if request.max_tokens is not None and request.max_tokens < served.max_length:
         tokenizer = served.require_tokenizer()
         content = request.max_tokens - tokenizer.num_special_tokens_to_add(False)
-        items = await gw.service.tokenizer_work(len(items), cut_texts, tokenizer, items, content)
+        items = cast("list[Item]", await gw.service.tokenizer_work(len(items), cut_texts, tokenizer, items, content))
     result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate), True,
                                     request.output_dimension, timings)
     tokens = int(result.num_tokens.sum())
@@ -132,6 +134,7 @@ async def cohere_embed(request: CohereEmbedRequest, http: GatewayRequest, model:
         embeddings: Any = result.rows
         response_type = "embeddings_floats"
     else:
+        assert isinstance(result.rows, np.ndarray)  # `dense` answers one array
         embeddings, response_type = embeddings_by_type(result.rows, types, served.dense_ranges), "embeddings_by_type"
     return json_response({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": request.texts, "meta": meta,
                           "response_type": response_type}, timings)

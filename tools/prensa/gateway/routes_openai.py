@@ -4,6 +4,8 @@ these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 
 from prensa.gateway.models import Capability, ServedModel, named_model
@@ -19,7 +21,7 @@ from prensa.gateway.quantize import base64_float32
 from prensa.gateway.responses import CountedRoute, GatewayRequest, GatewayRoute, ModelParam, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
-ERRORS = {status: {"model": OpenAIError} for status in (400, 404, 413, 422, 424, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in (400, 404, 413, 422, 424, 429, 503)}
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["OpenAI"])
 # NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.

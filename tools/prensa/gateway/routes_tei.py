@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, RootModel
+from pydantic import RootModel
 from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
@@ -30,6 +30,7 @@ from prensa.gateway.protocol_tei import (
     EmbedRequest,
     ErrorResponse,
     Info,
+    ModelRequest,
     Prediction,
     PredictRequest,
     Rank,
@@ -55,7 +56,7 @@ from prensa.gateway.service import Timings, gather
 from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
@@ -68,11 +69,11 @@ class Operation:
     """One inference route's work: its body, what it needs of a model, and the JSON it answers."""
 
     name: str  # the route's name, and its `method` label in the metrics
-    request: type[BaseModel]
+    request: type[ModelRequest]
     capability: Capability
     run: Callable[[Any, Gateway, ServedModel, Timings], Awaitable[Any]]
 
-    async def answer(self, request: BaseModel, http: GatewayRequest, query_model: str | None) -> Any:
+    async def answer(self, request: ModelRequest, http: GatewayRequest, query_model: str | None) -> Any:
         """The payload for `request`, on the model it names (or the default one)."""
         gw = http.gateway
         served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
@@ -111,7 +112,7 @@ def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[l
         return [[inputs]], False
     if inputs and isinstance(inputs[0], list):
         return inputs, True
-    return ([inputs] if inputs else []), False
+    return ([cast("list[str]", inputs)] if inputs else []), False
 
 
 async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
@@ -169,7 +170,7 @@ SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _simil
 DEFAULT_OPERATION = {"embed": EMBED, "m3": EMBED, "splade": EMBED_SPARSE, "rerank": PREDICT, "classify": PREDICT}
 
 
-async def _serve(operation: Operation, request: BaseModel, http: GatewayRequest, model: str | None) -> Response:
+async def _serve(operation: Operation, request: ModelRequest, http: GatewayRequest, model: str | None) -> Response:
     return json_response(await operation.answer(request, http, model), http.timings)
 
 
@@ -273,7 +274,7 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-    texts = prompted(served, gw.settings, list(texts), request.prompt_name)
+    texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))  # texts stay texts
     return await gw.service.tokenizer_work(len(texts), _tokens, served.require_tokenizer(), texts,
                                            request.add_special_tokens)
 

@@ -20,9 +20,10 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
@@ -66,19 +67,19 @@ class Timings:
 
 @dataclass
 class Inferred:
-    outputs: dict[str, np.ndarray]
-    num_tokens: np.ndarray  # [n], special tokens included
-    mask: np.ndarray | None = None  # [n, t], encoder-only calls
+    outputs: dict[str, npt.NDArray[Any]]
+    num_tokens: npt.NDArray[Any]  # [n], special tokens included
+    mask: npt.NDArray[Any] | None = None  # [n, t], encoder-only calls
 
 
 @dataclass
 class Embeddings:
-    rows: list[np.ndarray] | np.ndarray  # [n, dim], or one array per input (sparse ids, token vectors)
-    num_tokens: np.ndarray  # [n], special tokens included
-    weights: list[np.ndarray] = field(default_factory=list)  # sparse only: the weight of each id in `rows`
+    rows: list[npt.NDArray[Any]] | npt.NDArray[Any]  # [n, dim], or one array per input (sparse ids, token vectors)
+    num_tokens: npt.NDArray[Any]  # [n], special tokens included
+    weights: list[npt.NDArray[Any]] = field(default_factory=list)  # sparse only: the weight of each id in `rows`
 
 
-def concat_rows(arrays: list[np.ndarray], pad: float) -> np.ndarray:
+def concat_rows(arrays: list[npt.NDArray[Any]], pad: float) -> npt.NDArray[Any]:
     """Concatenate chunk outputs whose axis 1 (tokens, sparse terms) may differ in width."""
     if len(arrays) == 1:
         return arrays[0]
@@ -140,7 +141,7 @@ class Service:
         return [slice(start, start + size) for start in range(0, count, size)]
 
     async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
-                         outputs: tuple[str, ...], request_id: str) -> dict[str, np.ndarray]:
+                         outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
         inputs = {contract.TEXT: texts_tensor(texts)}
         if pairs is not None:
             inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
@@ -158,7 +159,7 @@ class Service:
         return self.windows[model.name]
 
     async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
-                          encoder_only: bool, request_id: str) -> dict[str, np.ndarray]:
+                          encoder_only: bool, request_id: str) -> dict[str, npt.NDArray[Any]]:
         ids, mask, types = rows.padded(model.pad_id)
         tokens = {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
         encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
@@ -187,8 +188,10 @@ class Service:
         # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
         needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs)
         rows = None
+        # Pairs come with texts only (`scores`).
         if needs_tokens or not truncation.enabled or truncation.direction == "left" or (
-                pairs is not None and first_fills_pair(model.require_tokenizer(), items, model.max_length)):
+                pairs is not None and first_fills_pair(model.require_tokenizer(), cast("list[str]", items),
+                                                       model.max_length)):
             tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
             started = time.perf_counter()
             with stage("tokenize", inputs=len(items)):
@@ -204,9 +207,11 @@ class Service:
             timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
             self.metrics.queue_duration.observe(timings.queue_s)
         if token_path:
+            assert rows is not None  # `token_path` says so
             calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
         else:
-            calls = [self._text_call(model, items[c], pairs[c] if pairs else None, outputs, timings.request_id)
+            texts = cast("list[str]", items)  # no `needs_tokens` here: every input is a text
+            calls = [self._text_call(model, texts[c], pairs[c] if pairs else None, outputs, timings.request_id)
                      for c in chunks]
         parts = await gather(calls)
         elapsed = time.perf_counter() - started
@@ -215,6 +220,7 @@ class Service:
         merged = {name: concat_rows([p[name] for p in parts], contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0)
                   for name in outputs}
         if encoder_only:
+            assert rows is not None  # `encoder_only` needs tokens
             num_tokens = np.asarray(rows.lengths, dtype=np.int64)
         else:
             num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
@@ -278,8 +284,8 @@ class Service:
         hidden = result.outputs[contract.LAST_HIDDEN_STATE]
         return Embeddings([hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
 
-    async def scores(self, model: ServedModel, texts: list[str], pairs: list[str | None], truncation: Truncation,
-                     raw_scores: bool, timings: Timings) -> tuple[np.ndarray, np.ndarray]:
+    async def scores(self, model: ServedModel, texts: list[str], pairs: Sequence[str | None], truncation: Truncation,
+                     raw_scores: bool, timings: Timings) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed."""
         self.check(texts)
         if any(pair == "" for pair in pairs):
@@ -293,7 +299,8 @@ class Service:
                   if rows]
         with self.permits.hold(len(texts)):
             results = await gather([
-                self.infer(model, [texts[i] for i in rows], group_pairs, truncation, (name, contract.NUM_TOKENS), timings)
+                self.infer(model, [texts[i] for i in rows], cast("list[str] | None", group_pairs),  # `doubles`: no None
+                           truncation, (name, contract.NUM_TOKENS), timings)
                 for rows, group_pairs in groups])
         width = results[0].outputs[name].shape[1]
         values, tokens = np.zeros((len(texts), width), dtype=np.float32), np.zeros(len(texts), dtype=np.int64)

@@ -23,8 +23,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from itertools import chain, islice
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 from tokenizers import Encoding, Tokenizer
 
@@ -38,8 +40,8 @@ def as_items(inputs: str | list[int] | list[str | list[int]]) -> list[Item]:
     if isinstance(inputs, str):
         return [inputs]
     if inputs and all(isinstance(item, int) for item in inputs):
-        return [list(inputs)]
-    return list(inputs)
+        return [list(cast("list[int]", inputs))]
+    return list(cast("list[Item]", inputs))
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class TokenRows:
     def lengths(self) -> list[int]:
         return [len(row) for row in self.ids]
 
-    def padded(self, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def padded(self, pad_id: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
         """Right-padded `input_ids`, `attention_mask`, `token_type_ids`, as the tokenize stage sends them."""
         width = max(self.lengths, default=0)
         ids = np.full((len(self.ids), width), pad_id, dtype=np.int64)
@@ -186,7 +188,8 @@ def _word_cut(piece: str, encoding: Encoding, keep: int, direction: str) -> int 
 
 def _same_tokens(tokenizer: Tokenizer, text: str, reference: Encoding, keep: int, direction: str) -> bool:
     """Whether `text` gives the `keep` tokens of `reference` the model reads (all of them when fewer)."""
-    ids, expected = _content(tokenizer, text).ids, reference.ids
+    ids: list[int] = _content(tokenizer, text).ids
+    expected: list[int] = reference.ids
     return ids[-keep:] == expected[-keep:] if direction == "left" else ids[:keep] == expected[:keep]
 
 
@@ -229,7 +232,7 @@ def bound_texts(tokenizer: Tokenizer, items: list[Item], pairs: list[str] | None
     def cut(item: Item) -> Item:
         return cut_once(item) if isinstance(item, str) and len(item) > limit else item
 
-    return [cut(item) for item in items], [cut(pair) for pair in pairs] if pairs is not None else None
+    return [cut(item) for item in items], [cast(str, cut(pair)) for pair in pairs] if pairs is not None else None
 
 
 def has_long_texts(items: Sequence[Item], pairs: Sequence[str] | None, max_length: int) -> bool:

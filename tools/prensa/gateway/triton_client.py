@@ -11,12 +11,11 @@ Triton's messages reach clients only without the Python backend's traceback and 
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
+import numpy.typing as npt
 import tritonclient.grpc.aio as grpcaio
 from opentelemetry.trace import SpanKind
 from tritonclient.grpc import InferInput, InferRequestedOutput, model_config_pb2
@@ -81,8 +80,8 @@ class TritonClient:
         self.probe_timeout_s = probe_timeout_s
         self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_OPTIONS)
 
-    async def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
+                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
         tensors = []
         for name, array in inputs.items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ class Tensor:
         return {"name": self.name, "data_type": self.data_type, "dims": self.dims}
 
 
-def string_parameters(values: dict[str, object]) -> ConfigDict:
+def string_parameters(values: Mapping[str, object]) -> ConfigDict:
     return {key: {"string_value": str(value)} for key, value in values.items()}
 
 

@@ -13,6 +13,7 @@ with every model loaded, so that one model can be reloaded (`prensa.triton.heali
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -28,6 +29,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import psutil
 import tritonclient.http as httpclient
@@ -43,7 +45,7 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 
 def is_error_line(line: str) -> bool:
     """An error Triton logged (a model load failure, a stage's exception), not CPU-only noise."""
-    return ((line.startswith("E") and line[1:5].isdigit() or line.startswith("error:"))
+    return (((line.startswith("E") and line[1:5].isdigit()) or line.startswith("error:"))
             and not any(noise in line for noise in CPU_NOISE))
 
 
@@ -154,7 +156,8 @@ def port_holder(host: str, port: int) -> str | None:
             if exc.errno != errno.EADDRINUSE:
                 raise
     for connection in psutil.net_connections("inet"):
-        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+        # A listening inet socket always has a local address: never psutil's empty tuple.
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:  # type: ignore[union-attr]
             try:
                 return f"{psutil.Process(connection.pid).name()} (pid {connection.pid})"
             except psutil.NoSuchProcess:
@@ -255,7 +258,7 @@ class TritonProcess:
     def _metrics_listening(self) -> bool:
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=5.0) as response:  # noqa: S310 - Triton's own port
-                return response.status == 200
+                return cast(bool, response.status == 200)
         except OSError:
             return False
 
@@ -295,10 +298,8 @@ class TritonProcess:
             return None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=self.exit_deadline_s)
-            except subprocess.TimeoutExpired:
-                pass
         self.reap_group()
         return self.process.wait()
 
@@ -307,12 +308,10 @@ class TritonProcess:
         died abruptly outlive it."""
         if self.process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group is already empty
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:  # the group is already empty
-            pass
 
-    def __enter__(self) -> "TritonProcess":
+    def __enter__(self) -> TritonProcess:
         self.start()
         try:
             self.wait_ready()

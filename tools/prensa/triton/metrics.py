@@ -60,7 +60,7 @@ class ModelStats:
         """Tokens computed per real token (1.0 = no padding); None where no encoder counts them."""
         return self.padded_tokens / self.real_tokens if self.real_tokens else None
 
-    def __sub__(self, earlier: "ModelStats") -> "ModelStats":
+    def __sub__(self, earlier: ModelStats) -> ModelStats:
         return ModelStats(self.model, **{f: getattr(self, f) - getattr(earlier, f) for f in COUNTERS.values()})
 
 

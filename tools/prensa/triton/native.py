@@ -20,7 +20,7 @@ def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int
     """Ascending pad lengths ending at `max_length`: the requested ones below it, or powers of two
     from 16. Few buckets mean more merging; each bucket wastes at most half its length on padding."""
     base = requested or tuple(2**k for k in range(SMALLEST_BUCKET.bit_length() - 1, max_length.bit_length()))
-    return sorted({b for b in base if 0 < b < max_length}) + [max_length]
+    return [*sorted({b for b in base if 0 < b < max_length}), max_length]
 
 
 def warmup_shapes(buckets: list[int], max_batch_size: int) -> list[tuple[int, int]]:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tritonclient.grpc import model_config_pb2
 
 from prensa.files import link_graph_files, link_or_copy
@@ -98,7 +101,7 @@ def _string_file(values: list[str]) -> bytes:
 
 
 def _python_stage(name: str, options: ServingOptions, inputs: list[Tensor], outputs: list[Tensor],
-                  parameters: dict[str, object], warmup: dict[str, ConfigDict], instances: int = 1) -> ConfigDict:
+                  parameters: Mapping[str, object], warmup: dict[str, ConfigDict], instances: int = 1) -> ConfigDict:
     return {
         "name": name,
         "backend": "python",
@@ -166,7 +169,7 @@ class ModelRenderer:
             self.buckets = native.length_buckets(self.m.max_length, options.length_buckets)
             self.sample_tokens = self._fit_sample(next(b for b in self.buckets if b >= len(encoding.ids)))
 
-    def _fit_sample(self, width: int) -> dict[str, np.ndarray]:
+    def _fit_sample(self, width: int) -> dict[str, npt.NDArray[Any]]:
         """The warmup sample cut or padded to `width` tokens, as the bucketing tokenizer pads."""
         pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
         return {n: np.pad(v[:width], (0, max(width - v.shape[0], 0)), constant_values=pad[n])

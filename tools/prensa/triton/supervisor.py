@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -38,7 +39,7 @@ class RestartPolicy:
     healthy_after_s: float = 60.0  # a Triton that ran this long resets the count and the delay
 
     def delay(self, failures: int) -> float:
-        return min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
+        return cast(float, min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s))
 
 
 class SupervisorMetrics:

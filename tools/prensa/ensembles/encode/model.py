@@ -23,8 +23,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 import prensa_stage as contract
 
@@ -34,7 +36,7 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 
-def plan_sub_batches(lengths: np.ndarray, max_batch_tokens: int, length_ratio: float, max_rows: int) -> list[np.ndarray]:
+def plan_sub_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, length_ratio: float, max_rows: int) -> list[npt.NDArray[Any]]:
     """Indices of rows per sub-batch, ascending by length; never loops on an over-budget row."""
     order = np.argsort(lengths, kind="stable")
     batches: list[list[int]] = []
@@ -103,16 +105,16 @@ class TokenBudgetEncoder:
         self.padded_tokens = 0  # rows x padded width, summed over forward passes
         self.real_tokens = 0  # tokens under the attention mask
 
-    def encode(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def encode(self, requests: list[dict[str, npt.NDArray[Any]]]) -> list[dict[str, npt.NDArray[Any]]]:
         """Outputs per request; raises the error of the first request that fails."""
         results = self.encode_each(requests)
         failed = next((result for result in results if isinstance(result, Exception)), None)
         if failed is not None:
             raise failed
-        return results
+        return cast(list[dict[str, npt.NDArray[Any]]], results)  # no Exception left: raised above
 
-    def encode_each(self, requests: list[dict[str, np.ndarray]],
-                    cancelled: Callable[[int], bool] = lambda _: False) -> list[dict[str, np.ndarray] | Exception]:
+    def encode_each(self, requests: list[dict[str, npt.NDArray[Any]]],
+                    cancelled: Callable[[int], bool] = lambda _: False) -> list[dict[str, npt.NDArray[Any]] | Exception]:
         """Outputs per request, or the exception that request alone raises (see `_run_isolated`), or
         `Cancelled` for a request that `cancelled(index)` reports before one of its sub-batches: its
         remaining rows are not computed."""
@@ -121,7 +123,7 @@ class TokenBudgetEncoder:
             for r, tensors in enumerate(requests)
             for i, length in enumerate(tensors[contract.ATTENTION_MASK].sum(axis=1))
         ]
-        results: list[dict[str, np.ndarray] | Exception] = [{} for _ in requests]
+        results: list[dict[str, npt.NDArray[Any]] | Exception] = [{} for _ in requests]
         if not rows:
             return results
         lengths = np.array([row.length for row in rows])
@@ -139,8 +141,8 @@ class TokenBudgetEncoder:
                     self._scatter(requests, results, member, {k: v[position] for k, v in outputs.items()})
         return results
 
-    def _run_isolated(self, requests: list[dict[str, np.ndarray]],
-                      members: list[Row]) -> list[tuple[list[Row], dict[str, np.ndarray] | Exception]]:
+    def _run_isolated(self, requests: list[dict[str, npt.NDArray[Any]]],
+                      members: list[Row]) -> list[tuple[list[Row], dict[str, npt.NDArray[Any]] | Exception]]:
         """Run a sub-batch; if it raises (an out-of-vocabulary id, say), run each request's rows of it
         on their own, so the error reaches only the requests that fail alone, not their neighbours."""
         if not members:
@@ -153,7 +155,7 @@ class TokenBudgetEncoder:
         by_request: dict[int, list[Row]] = {}
         for member in members:
             by_request.setdefault(member.request, []).append(member)
-        outcomes: list[tuple[list[Row], dict[str, np.ndarray] | Exception]] = []
+        outcomes: list[tuple[list[Row], dict[str, npt.NDArray[Any]] | Exception]] = []
         for group in by_request.values():
             try:
                 outcomes.append((group, self._run(requests, group)))
@@ -161,7 +163,7 @@ class TokenBudgetEncoder:
                 outcomes.append((group, exc))
         return outcomes
 
-    def _run(self, requests: list[dict[str, np.ndarray]], members: list[Row]) -> dict[str, np.ndarray]:
+    def _run(self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]) -> dict[str, npt.NDArray[Any]]:
         width = max(max(m.length for m in members), 1)
         feed = {
             contract.INPUT_IDS: np.full((len(members), width), self.pad_id, dtype=np.int64),
@@ -176,21 +178,25 @@ class TokenBudgetEncoder:
         values = self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
         return dict(zip(self.output_names, values))
 
-    def _scatter(self, requests, results, member: Row, values: dict[str, np.ndarray]) -> None:
+    def _scatter(self, requests: list[dict[str, npt.NDArray[Any]]],
+                 results: list[dict[str, npt.NDArray[Any]] | Exception], member: Row,
+                 values: dict[str, npt.NDArray[Any]]) -> None:
         shape = requests[member.request][contract.ATTENTION_MASK].shape
+        request_results = results[member.request]
+        assert not isinstance(request_results, Exception)  # members exclude requests already failed
         for name, value in values.items():
-            out = results[member.request].get(name)
+            out = request_results.get(name)
             if out is None:
                 trailing = value.shape[1:] if name in self.per_token_outputs else value.shape
                 leading = (shape[0], shape[1]) if name in self.per_token_outputs else (shape[0],)
-                out = results[member.request][name] = np.zeros(leading + trailing, dtype=np.float32)
+                out = request_results[name] = np.zeros(leading + trailing, dtype=np.float32)
             if name in self.per_token_outputs:
                 out[member.row, : member.length] = value[: member.length]
             else:
                 out[member.row] = value
 
 
-def load_encoder(config: dict, version_dir: Path) -> TokenBudgetEncoder:
+def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncoder:
     """The encoder a model config's parameters describe (see the module docstring)."""
     params = contract.parameters(config)
     session = create_session(version_dir / params["onnx_file"], int(params.get("intra_op_threads", "0")),
@@ -205,7 +211,7 @@ def load_encoder(config: dict, version_dir: Path) -> TokenBudgetEncoder:
     )
 
 
-def read_token_inputs(request) -> dict[str, np.ndarray]:
+def read_token_inputs(request: Any) -> dict[str, npt.NDArray[Any]]:
     """A request's token tensors, zero `token_type_ids` where it sent none; ValueError without a mask."""
     given = {name: tensor.as_numpy() for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
              if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
@@ -279,7 +285,7 @@ class TokenCounters:
             pb_utils.Logger.log_warn(f"prensa token counters not updated: {exc}")
 
 
-def encoder_response(result: dict[str, np.ndarray] | Exception):
+def encoder_response(result: dict[str, npt.NDArray[Any]] | Exception) -> Any:
     """A request's outputs, CANCELLED for one skipped, or the error it alone raised."""
     if isinstance(result, contract.Cancelled):
         return contract.cancelled_response()
@@ -293,7 +299,7 @@ class TritonPythonModel:
         self.encoder = load_encoder(json.loads(args["model_config"]), Path(args["model_repository"]) / args["model_version"])
         self.token_metrics = TokenCounters(args["model_name"])
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         cancelled = contract.CancelCheck(requests)
         live = cancelled.live()
         tensors = [read_token_inputs(requests[i]) for i in live]  # the config requires ids and mask

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
-import numpy as np
+import numpy.typing as npt
 import prensa_stage as contract
 import prensa_stage_encode as encode_stage
 import prensa_stage_pool as pool_stage
@@ -32,7 +33,7 @@ try:
 except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
     pb_utils = None
 
-Tensors = dict[str, np.ndarray]
+Tensors = dict[str, npt.NDArray[Any]]
 
 
 def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]) -> Tensors:
@@ -42,9 +43,9 @@ def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], poole
     return {name: value for name, value in outputs.items() if name in requested}
 
 
-def _given_tokens(request) -> Tensors | Exception:
+def _given_tokens(request: Any) -> Tensors | Exception:
     try:
-        return encode_stage.read_token_inputs(request)
+        return cast(Tensors, encode_stage.read_token_inputs(request))
     except ValueError as exc:
         return exc
 
@@ -60,19 +61,19 @@ class TritonPythonModel:
         self.token_metrics = encode_stage.TokenCounters(args["model_name"])
         self.all_outputs = {output["name"] for output in config["output"]}
 
-    def _tokens(self, requests) -> list[Tensors | Exception]:
+    def _tokens(self, requests: list[Any]) -> list[Tensors | Exception]:
         """Token tensors per request: its own ids, or its texts tokenized with every other request's."""
         has_ids = [pb_utils.get_input_tensor_by_name(r, contract.INPUT_IDS) is not None for r in requests]
         texts = iter(tokenize_stage.tokenize_requests(
             self.text_encoder, [r for r, ids in zip(requests, has_ids) if not ids], self.encoder.pad_id))
         return [_given_tokens(r) if ids else next(texts) for r, ids in zip(requests, has_ids)]
 
-    def _wanted(self, request) -> set[str]:
+    def _wanted(self, request: Any) -> set[str]:
         """The outputs to return: per-token ones only when asked for among fewer than all outputs."""
         requested = set(request.requested_output_names())
         return requested if requested < self.all_outputs else requested - {contract.LAST_HIDDEN_STATE}
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         cancelled = contract.CancelCheck(requests)
         live = cancelled.live()
         tokens = dict(zip(live, self._tokens([requests[i] for i in live])))
@@ -82,7 +83,7 @@ class TritonPythonModel:
         encoded = dict(zip(valid, results))
         return [self._response(request, tokens.get(i), encoded.get(i)) for i, request in enumerate(requests)]
 
-    def _response(self, request, tokens: Tensors | Exception | None, encoded: Tensors | Exception | None):
+    def _response(self, request: Any, tokens: Tensors | Exception | None, encoded: Tensors | Exception | None) -> Any:
         """One request's answer: CANCELLED when skipped (`tokens` None: before tokenizing), its own
         error, or its outputs."""
         if tokens is None or isinstance(encoded, contract.Cancelled):
@@ -92,6 +93,7 @@ class TritonPythonModel:
         try:
             if isinstance(encoded, Exception):
                 raise RuntimeError(f"encoder failed: {encoded}")
+            assert encoded is not None  # encode_each answers every request with valid tokens
             values = client_outputs(tokens, encoded, self._wanted(request), self.pool)
         except Exception as exc:  # noqa: BLE001 - this request fails alone
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))

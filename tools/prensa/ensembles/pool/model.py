@@ -10,8 +10,10 @@ encoder outputs the ensemble wires in. Config parameters: `pooling` (cls|mean|la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import prensa_stage as contract
 
 try:
@@ -20,32 +22,32 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+def l2_normalize(x: npt.NDArray[Any], eps: float = 1e-12) -> npt.NDArray[Any]:
     """torch.nn.functional.normalize semantics: an all-zero vector stays zero."""
     norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.maximum(norm, eps)
+    return cast(npt.NDArray[Any], x / np.maximum(norm, eps))
 
 
-def pool_tokens(hidden: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+def pool_tokens(hidden: npt.NDArray[Any], mask: npt.NDArray[Any], mode: str) -> npt.NDArray[Any]:
     """[rows, tokens, dim] -> [rows, dim]; rows are right-padded."""
     if mode == "cls":
         return hidden[:, 0]
     if mode == "mean":
         weights = mask[..., None].astype(hidden.dtype)
-        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return cast(npt.NDArray[Any], (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
     if mode == "last":
         last = np.maximum(mask.sum(axis=1) - 1, 0)
-        return hidden[np.arange(hidden.shape[0]), last]
+        return cast(npt.NDArray[Any], hidden[np.arange(hidden.shape[0]), last])
     raise ValueError(f"unknown pooling {mode!r}")
 
 
-def dense_vectors(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+def dense_vectors(hidden: npt.NDArray[Any], mask: npt.NDArray[Any], pooling: str, normalize: bool) -> npt.NDArray[Any]:
     """The `dense` output clients receive: pooled, then L2-normalised when the model normalises."""
     dense = pool_tokens(hidden, mask, pooling)
     return l2_normalize(dense) if normalize else dense
 
 
-def sparse_terms(ids: np.ndarray, weights: np.ndarray, drop_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sparse_terms(ids: npt.NDArray[Any], weights: npt.NDArray[Any], drop_ids: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """Max weight per token id over one row, ascending ids, dropped ids and weights <= 0 removed."""
     keep = (weights > 0) & ~np.isin(ids, drop_ids)
     unique, inverse = np.unique(ids[keep], return_inverse=True)
@@ -54,13 +56,13 @@ def sparse_terms(ids: np.ndarray, weights: np.ndarray, drop_ids: np.ndarray) -> 
     return unique.astype(np.int64), best
 
 
-def vocab_terms(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def vocab_terms(weights: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """A dense vocabulary-sized weight vector -> its non-zero (id, weight) pairs."""
     ids = np.flatnonzero(weights > 0)
     return ids.astype(np.int64), weights[ids].astype(np.float32)
 
 
-def pad_terms(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def pad_terms(rows: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """Per-row (ids, weights) -> [rows, k] tensors padded with id -1 and weight 0."""
     width = max((ids.shape[0] for ids, _ in rows), default=0)
     ids_out = np.full((len(rows), width), contract.SPARSE_PAD_ID, dtype=np.int64)
@@ -71,22 +73,22 @@ def pad_terms(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
     return ids_out, weights_out
 
 
-def colbert_vectors(vecs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def colbert_vectors(vecs: npt.NDArray[Any], mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """bge-m3 multi-vectors: drop CLS, zero padding, L2-normalise per token -> [rows, tokens-1, dim]."""
     return l2_normalize(vecs[:, 1:] * mask[:, 1:, None].astype(vecs.dtype))
 
 
-def activate(logits: np.ndarray, activation: str) -> np.ndarray:
+def activate(logits: npt.NDArray[Any], activation: str) -> npt.NDArray[Any]:
     if activation == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-logits))
+        return cast(npt.NDArray[Any], 1.0 / (1.0 + np.exp(-logits)))
     if activation == "softmax":
         shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        return shifted / shifted.sum(axis=-1, keepdims=True)
+        return cast(npt.NDArray[Any], shifted / shifted.sum(axis=-1, keepdims=True))
     raise ValueError(f"unknown activation {activation!r}")
 
 
-def pool_request(tensors: dict[str, np.ndarray], pooling: str, normalize: bool, drop_ids: np.ndarray,
-                 activation: str) -> dict[str, np.ndarray]:
+def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: bool, drop_ids: npt.NDArray[Any],
+                 activation: str) -> dict[str, npt.NDArray[Any]]:
     """All client-facing outputs for one request, from whatever encoder outputs it carries."""
     mask = tensors[contract.ATTENTION_MASK]
     out = {contract.NUM_TOKENS: mask.sum(axis=1, keepdims=True).astype(np.int32)}
@@ -119,7 +121,7 @@ class Pooler:
 
     pooling: str
     normalize: bool
-    drop_ids: np.ndarray
+    drop_ids: npt.NDArray[Any]
     activation: str
 
     @classmethod
@@ -128,7 +130,7 @@ class Pooler:
                    np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64),
                    params.get("activation", "sigmoid"))
 
-    def __call__(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         return pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
 
 
@@ -136,10 +138,10 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self.pool = Pooler.from_parameters(contract.parameters(args["model_config"]))
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:  # pooled one by one: a request that raises fails alone
-            tensors = {}
+            tensors: dict[str, npt.NDArray[Any]] = {}
             for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, *ENCODER_OUTPUTS):
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:

@@ -11,9 +11,12 @@ comma-separated, the last one `max_length`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import prensa_stage as contract
 from tokenizers import Encoding, Tokenizer
 
@@ -51,7 +54,7 @@ class TextEncoder:
         return cls(version_dir / params["tokenizer_file"], int(params["max_length"]),
                    params.get("truncation_side", "right"), params.get("pair_truncation", "only_second"))
 
-    def _encode(self, requests: list[list[Item]]) -> list[list[Encoding]]:
+    def _encode(self, requests: Sequence[Sequence[Item]]) -> list[list[Encoding]]:
         flat = [item for items in requests for item in items]
         encoded: list[Encoding | None] = [None] * len(flat)
         for tokenizer, wanted in ((self.single, str), (self.pair, tuple)):
@@ -65,7 +68,7 @@ class TextEncoder:
             start += len(items)
         return split
 
-    def encode_requests(self, requests: list[list[Item]]) -> list[list[Encoding] | Exception]:
+    def encode_requests(self, requests: Sequence[Sequence[Item]]) -> Sequence[list[Encoding] | Exception]:
         try:
             return self._encode(requests)
         except Exception:  # noqa: BLE001 - find which request failed; the others still succeed
@@ -78,7 +81,7 @@ class TextEncoder:
             return results
 
 
-def decode_texts(column: np.ndarray) -> list[str]:
+def decode_texts(column: npt.NDArray[Any]) -> list[str]:
     """BYTES tensor -> str; raises UnicodeDecodeError for invalid UTF-8."""
     return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in column.reshape(-1)]
 
@@ -88,7 +91,7 @@ def bucket_width(longest: int, buckets: list[int]) -> int:
     return next((b for b in buckets if b >= longest), longest)
 
 
-def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | None = None) -> dict[str, np.ndarray]:
+def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | None = None) -> dict[str, npt.NDArray[Any]]:
     """Right-pad one request's encodings to its longest row, or to that row's length bucket."""
     width = bucket_width(max((len(e.ids) for e in encodings), default=0), buckets or [])
     ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
@@ -102,7 +105,7 @@ def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | N
     return {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
 
 
-def read_items(request) -> list[Item]:
+def read_items(request: Any) -> Sequence[Item]:
     """A request's texts, or (text, text_pair) tuples; ValueError when it has no text or the counts differ."""
     text_tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT)
     if text_tensor is None:
@@ -117,11 +120,11 @@ def read_items(request) -> list[Item]:
     return list(zip(texts, pairs))
 
 
-def tokenize_requests(encoder: TextEncoder, requests, pad_id: int,
-                      buckets: list[int] | None = None) -> list[dict[str, np.ndarray] | Exception]:
+def tokenize_requests(encoder: TextEncoder, requests: Sequence[Any], pad_id: int,
+                      buckets: list[int] | None = None) -> list[dict[str, npt.NDArray[Any]] | Exception]:
     """Padded token tensors per request, every text in one `encode_batch`; a request that cannot be
     read or tokenized gets its own exception, the others their tensors."""
-    readable: list[list[Item]] = []
+    readable: list[Sequence[Item]] = []
     outcome: list[Exception | None] = []
     for request in requests:
         try:
@@ -130,7 +133,7 @@ def tokenize_requests(encoder: TextEncoder, requests, pad_id: int,
         except (UnicodeDecodeError, ValueError) as exc:
             outcome.append(exc)
     encoded = iter(encoder.encode_requests(readable))
-    results: list[dict[str, np.ndarray] | Exception] = []
+    results: list[dict[str, npt.NDArray[Any]] | Exception] = []
     for failed in outcome:
         result = failed or next(encoded)
         results.append(result if isinstance(result, Exception) else pad_encodings(result, pad_id, buckets))
@@ -144,7 +147,7 @@ class TritonPythonModel:
         self.pad_id = int(params["pad_id"])
         self.buckets = contract.int_list(params.get("length_buckets", ""))
 
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         return [
             pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {result}"))
             if isinstance(result, Exception) else
