@@ -46,6 +46,7 @@ class Collector:
 
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self.exports: list[str] = []  # how each export arrived: "grpc", "http/json", "http/protobuf"
         self._lock = threading.Lock()
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Servicer(self), self._grpc)
@@ -107,6 +108,7 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         self.collector = collector
 
     def Export(self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any) -> Any:  # noqa: N802
+        self.collector.exports.append("grpc")
         self.collector.add_protobuf(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -118,9 +120,11 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             if self.path != "/v1/traces":
                 self.send_response(404)
             elif "json" in self.headers.get("content-type", ""):
+                collector.exports.append("http/json")
                 collector.add_json(json.loads(body))
                 self.send_response(200)
             else:
+                collector.exports.append("http/protobuf")
                 collector.add_protobuf(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
                 self.send_response(200)
             self.send_header("content-length", "0")

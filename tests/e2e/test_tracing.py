@@ -36,7 +36,11 @@ def by_name(spans: list[Span]) -> dict[str, list[Span]]:
 
 
 def wait_for_trace(collector: Collector, trace_id: str, names: set[str]) -> dict[str, list[Span]]:
-    wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), 30, f"spans {sorted(names)}")
+    try:
+        wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), 30, f"spans {sorted(names)}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the trace holds {sorted(by_name(collector.of_trace(trace_id)))}; exports "
+                             f"received: {collector.exports}") from None
     return by_name(collector.of_trace(trace_id))
 
 
