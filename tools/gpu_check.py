@@ -144,7 +144,7 @@ def export_checked(source: str, out: Path, fmt: ExportFormat, dtype: str, task=N
 
 def ragged_requests(export: Path, count: int) -> list[dict[str, np.ndarray]]:
     """`count` requests of 1-3 rows each, every request padded only to its own longest row."""
-    from prensa.bench.workload import embedding_texts
+    from prensa.workload import embedding_texts
 
     tokenizer = export_tokenizer(export)
     tokenizer.enable_truncation(Manifest.read(export).max_length)

@@ -18,11 +18,11 @@ import tritonclient.grpc as grpcclient
 from rich.console import Console
 from typer.testing import CliRunner
 
-from prensa.bench.workload import embedding_texts
 from prensa.cli import app
 from prensa.corpus.backends import BackendSpec
 from prensa.corpus.io import RECORD_FILE
 from prensa.corpus.local import Job
+from prensa.workload import embedding_texts
 
 TEXTS = 5000
 

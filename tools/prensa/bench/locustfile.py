@@ -13,7 +13,7 @@ import random
 
 from locust import HttpUser, LoadTestShape, between, task
 
-from prensa.bench.workload import embedding_texts, rerank_cases
+from prensa.workload import embedding_texts, rerank_cases
 
 TEXTS = embedding_texts(2000, seed=11)
 CASES = rerank_cases(200, 10, seed=11)

@@ -27,11 +27,11 @@ from prensa.bench.systems import (
     plain_fastapi_server,
     text_encoder,
 )
-from prensa.bench.workload import RerankCase, embedding_texts, rerank_cases
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
+from prensa.workload import RerankCase, embedding_texts, rerank_cases
 
 SHORT_QUERY = "how are module attributes looked up?"
 Step = Callable[[str], AbstractContextManager[Any]]

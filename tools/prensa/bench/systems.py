@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
-from prensa.bench.workload import RerankCase
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
+from prensa.workload import RerankCase
 
 if TYPE_CHECKING:
     import aiohttp

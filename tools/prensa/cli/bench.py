@@ -14,7 +14,7 @@ from prensa.bench.suite import BenchOptions, run_bench
 from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
-from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, Pipeline, ServingOptions
+from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, DEFAULT_MAX_BATCH_TOKENS, Pipeline, ServingOptions
 
 
 def bench(
@@ -31,7 +31,7 @@ def bench(
     instances: Annotated[int, typer.Option(min=1, help="Encoder instances for the prensa runs.")] = DEFAULT_ENCODER_INSTANCES,
     cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
-    max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = 16384,
+    max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = DEFAULT_MAX_BATCH_TOKENS,
     pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""

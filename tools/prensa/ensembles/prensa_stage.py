@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -44,6 +47,60 @@ NUM_TOKENS = "num_tokens"  # int32 [1], tokens after truncation, special tokens 
 SCORES = "scores"  # fp32 [labels], sigmoid (one label) or softmax (several) of the logits
 
 SPARSE_PAD_ID = -1
+
+# The encode stage starts a new sub-batch when a row is this many times longer than the shortest:
+# the repository generator's default, and the stage's own where a config names none.
+DEFAULT_LENGTH_RATIO = 1.25
+
+
+class TensorType(NamedTuple):
+    """A tensor's data type as a config.pbtxt spells it, and the numpy dtype stage code builds it with."""
+
+    triton: str
+    numpy: Any
+
+
+STRING = TensorType("TYPE_STRING", np.object_)
+INT64 = TensorType("TYPE_INT64", np.int64)
+INT32 = TensorType("TYPE_INT32", np.int32)
+FP32 = TensorType("TYPE_FP32", np.float32)
+
+# The type of each named tensor above that crosses a stage boundary or reaches clients.
+TENSOR_TYPES: dict[str, TensorType] = {
+    TEXT: STRING, TEXT_PAIR: STRING,
+    INPUT_IDS: INT64, ATTENTION_MASK: INT64, TOKEN_TYPE_IDS: INT64,
+    DENSE: FP32, SPARSE_IDS: INT64, SPARSE_WEIGHTS: FP32, COLBERT: FP32, NUM_TOKENS: INT32,
+    LOGITS: FP32, SCORES: FP32,
+}
+# Every output of the exported graph (the names its manifest lists), as configs declare them.
+ENCODER_OUTPUT_TYPE = FP32
+
+
+def triton_type(name: str) -> str:
+    """The config.pbtxt data type of the named contract tensor."""
+    return TENSOR_TYPES[name].triton
+
+
+def pad_values(pad_id: int) -> dict[str, int]:
+    """What each token tensor holds past a row's end: `pad_id`, mask 0, segment 0."""
+    return {INPUT_IDS: pad_id, ATTENTION_MASK: 0, TOKEN_TYPE_IDS: 0}
+
+
+def token_arrays(rows: int, width: int, pad_id: int) -> dict[str, npt.NDArray[Any]]:
+    """The three token tensors for `rows` rows of `width` tokens, all padding: callers fill each row's start."""
+    return {name: np.full((rows, width), value, dtype=TENSOR_TYPES[name].numpy)
+            for name, value in pad_values(pad_id).items()}
+
+
+def pad_token_rows(ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]], pad_id: int,
+                   width: int | None = None) -> dict[str, npt.NDArray[Any]]:
+    """Token rows right-padded to `width` (default: the longest row), as the tokenize stage sends them."""
+    arrays = token_arrays(len(ids), max((len(row) for row in ids), default=0) if width is None else width, pad_id)
+    for row, (tokens, types) in enumerate(zip(ids, type_ids)):
+        arrays[INPUT_IDS][row, : len(tokens)] = tokens
+        arrays[ATTENTION_MASK][row, : len(tokens)] = 1
+        arrays[TOKEN_TYPE_IDS][row, : len(tokens)] = types
+    return arrays
 
 
 def parameters(model_config: dict[str, Any] | str) -> dict[str, str]:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from prensa.bench.workload import embedding_texts
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.stages import contract, load_stage
+from prensa.workload import embedding_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 DENSE_TASKS = (Task.EMBED, Task.M3)  # the tasks whose clients receive `dense` vectors
 CORPUS_TEXTS = 256
 CORPUS_SEED = 0
+# Recorded in calibration files as it always was; `prensa.bench.workload` re-exports `prensa.workload`.
 CORPUS = f"prensa.bench.workload.embedding_texts({CORPUS_TEXTS}, seed={CORPUS_SEED})"
 MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corpus fits within it
 BATCH_ROWS = 32  # length-sorted, so little padding

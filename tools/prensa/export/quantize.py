@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from prensa.bench.workload import embedding_texts, rerank_cases
 from prensa.manifest import Pooling, Task
 from prensa.stages import contract, load_stage
+from prensa.workload import embedding_texts, rerank_cases
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

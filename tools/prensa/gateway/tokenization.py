@@ -31,6 +31,7 @@ import orjson
 from tokenizers import Encoding, Tokenizer
 
 from prensa.gateway.errors import validation
+from prensa.stages import contract
 
 Item = str | list[int]  # one input: a text or token ids used as they are
 
@@ -65,15 +66,8 @@ class TokenRows:
 
     def padded(self, pad_id: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
         """Right-padded `input_ids`, `attention_mask`, `token_type_ids`, as the tokenize stage sends them."""
-        width = max(self.lengths, default=0)
-        ids = np.full((len(self.ids), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(self.ids), width), dtype=np.int64)
-        types = np.zeros((len(self.ids), width), dtype=np.int64)
-        for row, (tokens, type_ids) in enumerate(zip(self.ids, self.type_ids)):
-            ids[row, : len(tokens)] = tokens
-            mask[row, : len(tokens)] = 1
-            types[row, : len(tokens)] = type_ids
-        return ids, mask, types
+        arrays = contract.pad_token_rows(self.ids, self.type_ids, pad_id)
+        return arrays[contract.INPUT_IDS], arrays[contract.ATTENTION_MASK], arrays[contract.TOKEN_TYPE_IDS]
 
 
 INT64_LIMIT = 2**63

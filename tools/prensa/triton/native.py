@@ -9,6 +9,7 @@ length bucket and the dynamic batcher merges requests of the same bucket.
 from __future__ import annotations
 
 from prensa.manifest import Manifest
+from prensa.stages import contract
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching
 
 ACCELERATOR_WORKSPACE_BYTES = 4 << 30
@@ -74,8 +75,8 @@ def encoder_config(name: str, manifest: Manifest, max_batch_size: int, queue_del
     config: ConfigDict = {
         "name": name,
         "max_batch_size": max_batch_size,
-        "input": [Tensor(n, "TYPE_INT64", [-1]).as_input() for n in manifest.inputs],
-        "output": [Tensor(o.name, "TYPE_FP32", o.dims).as_output() for o in manifest.outputs],
+        "input": [Tensor(n, contract.triton_type(n), [-1]).as_input() for n in manifest.inputs],
+        "output": [Tensor(o.name, contract.ENCODER_OUTPUT_TYPE.triton, o.dims).as_output() for o in manifest.outputs],
         "dynamic_batching": dynamic_batching(queue_delay_us, max_queue_size),
         "instance_group": [{"count": instances, "kind": "KIND_GPU"}],
         # Warm before READY: the plan's context (or onnxruntime's CUDA/TensorRT session) is set up

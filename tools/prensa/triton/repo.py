@@ -32,6 +32,7 @@ from prensa.triton.config import ConfigDict, Tensor, config_parameters, dynamic_
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's outputs, named by its manifest
 
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
@@ -41,6 +42,9 @@ TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE
 # spin. One instance used to stall now and then for 0.5 s in Triton's queue; that was the queue
 # policy (see `dynamic_batching`), not the instance count.
 DEFAULT_ENCODER_INSTANCES = 1
+DEFAULT_MAX_BATCH_SIZE = 64  # rows per Triton batch (and per client request)
+DEFAULT_MAX_BATCH_TOKENS = 16384  # token budget of one encoder forward pass (rows x padded length)
+DEFAULT_LENGTH_RATIO = contract.DEFAULT_LENGTH_RATIO
 
 
 class Pipeline(str, Enum):
@@ -71,13 +75,13 @@ class Target(str, Enum):
 
 @dataclass(frozen=True)
 class ServingOptions:
-    max_batch_size: int = 64
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
     max_queue_size: int = 0  # 0: unbounded (see `dynamic_batching`); the gateway's permits answer 429
     encode_instances: int = DEFAULT_ENCODER_INSTANCES
     cpu_threads: int = 0  # 0: onnxruntime uses every core
-    max_batch_tokens: int = 16384
-    length_ratio: float = 1.25
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    length_ratio: float = DEFAULT_LENGTH_RATIO
     instance_kind: str = "KIND_CPU"
     execution_provider: str = "cpu"
     pooling: Pooling | None = None  # overrides the manifest's
@@ -134,15 +138,15 @@ def client_outputs(manifest: Manifest) -> list[Tensor]:
     graph = {o.name: o for o in manifest.outputs}
     outputs = []
     if manifest.task in (Task.EMBED, Task.M3):
-        outputs.append(Tensor(contract.DENSE, "TYPE_FP32", [graph[contract.LAST_HIDDEN_STATE].dims[1]]))
+        outputs.append(Tensor(contract.DENSE, contract.triton_type(contract.DENSE), [graph[contract.LAST_HIDDEN_STATE].dims[1]]))
     if manifest.task in (Task.M3, Task.SPLADE):
-        outputs += [Tensor(contract.SPARSE_IDS, "TYPE_INT64", [-1]), Tensor(contract.SPARSE_WEIGHTS, "TYPE_FP32", [-1])]
+        outputs += [Tensor(n, contract.triton_type(n), [-1]) for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)]
     if manifest.task is Task.M3:
-        outputs.append(Tensor(contract.COLBERT, "TYPE_FP32", [-1, graph[contract.COLBERT_VECS].dims[1]]))
+        outputs.append(Tensor(contract.COLBERT, contract.triton_type(contract.COLBERT), [-1, graph[contract.COLBERT_VECS].dims[1]]))
     if manifest.task in PAIR_TASKS:
         labels = graph[contract.LOGITS].dims
-        outputs += [Tensor(contract.LOGITS, "TYPE_FP32", labels), Tensor(contract.SCORES, "TYPE_FP32", labels)]
-    outputs.append(Tensor(contract.NUM_TOKENS, "TYPE_INT32", [1]))
+        outputs += [Tensor(n, contract.triton_type(n), labels) for n in (contract.LOGITS, contract.SCORES)]
+    outputs.append(Tensor(contract.NUM_TOKENS, contract.triton_type(contract.NUM_TOKENS), [1]))
     return outputs
 
 
@@ -158,9 +162,9 @@ class ModelRenderer:
         pair = self.m.task in PAIR_TASKS
         encoding = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT if pair else None)
         self.sample_tokens = {
-            contract.INPUT_IDS: np.asarray(encoding.ids, dtype=np.int64),
-            contract.ATTENTION_MASK: np.ones(len(encoding.ids), dtype=np.int64),
-            contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=np.int64),
+            contract.INPUT_IDS: np.asarray(encoding.ids, dtype=contract.INT64.numpy),
+            contract.ATTENTION_MASK: np.ones(len(encoding.ids), dtype=contract.INT64.numpy),
+            contract.TOKEN_TYPE_IDS: np.asarray(encoding.type_ids, dtype=contract.INT64.numpy),
         }
         self.native_encoder = options.target is Target.CONTAINER
         self.buckets: list[int] = []
@@ -171,7 +175,7 @@ class ModelRenderer:
 
     def _fit_sample(self, width: int) -> dict[str, npt.NDArray[Any]]:
         """The warmup sample cut or padded to `width` tokens, as the bucketing tokenizer pads."""
-        pad = {contract.INPUT_IDS: self.m.pad_id, contract.ATTENTION_MASK: 0, contract.TOKEN_TYPE_IDS: 0}
+        pad = contract.pad_values(self.m.pad_id)
         return {n: np.pad(v[:width], (0, max(width - v.shape[0], 0)), constant_values=pad[n])
                 for n, v in self.sample_tokens.items()}
 
@@ -197,14 +201,14 @@ class ModelRenderer:
 
     def _token_warmup(self, names: tuple[str, ...]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
         length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
-        spec = {n: {"data_type": "TYPE_INT64", "dims": [length], "input_data_file": n} for n in names}
+        spec = {n: {"data_type": contract.triton_type(n), "dims": [length], "input_data_file": n} for n in names}
         return spec, {n: self.sample_tokens[n].tobytes() for n in names}
 
     def _bucket_warmup(self, names: tuple[str, ...]) -> tuple[list[ConfigDict], dict[str, bytes]]:
         """Warmup requests for a native encoder, one per `native.warmup_shapes` pair; Triton repeats
         a sample `batch_size` times, so each bucket needs one data file per input."""
         entries = [{"name": f"{rows}x{bucket}", "batch_size": rows, "inputs": {
-            n: {"data_type": "TYPE_INT64", "dims": [bucket], "input_data_file": f"{n}_{bucket}"} for n in names}}
+            n: {"data_type": contract.triton_type(n), "dims": [bucket], "input_data_file": f"{n}_{bucket}"} for n in names}}
             for rows, bucket in native.warmup_shapes(self.buckets, self.options.max_batch_size)]
         files = {f"{n}_{bucket}": tokens.tobytes() for bucket in self.buckets
                  for n, tokens in self._fit_sample(bucket).items() if n in names}
@@ -212,14 +216,14 @@ class ModelRenderer:
 
     def text_inputs(self, optional: bool = False) -> list[Tensor]:
         """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts)."""
-        inputs = [Tensor(contract.TEXT, "TYPE_STRING", [1], optional=optional)]
+        inputs = [Tensor(contract.TEXT, contract.triton_type(contract.TEXT), [1], optional=optional)]
         if self.m.task in PAIR_TASKS:
-            inputs.append(Tensor(contract.TEXT_PAIR, "TYPE_STRING", [1],
+            inputs.append(Tensor(contract.TEXT_PAIR, contract.triton_type(contract.TEXT_PAIR), [1],
                                  optional=optional or self.m.task is Task.CLASSIFY))
         return inputs
 
     def _text_warmup(self, inputs: list[Tensor]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
-        warmup = {t.name: {"data_type": "TYPE_STRING", "dims": [1], "input_data_file": t.name} for t in inputs}
+        warmup = {t.name: {"data_type": contract.triton_type(t.name), "dims": [1], "input_data_file": t.name} for t in inputs}
         return warmup, {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
 
     def tokenize_parameters(self) -> dict[str, object]:
@@ -278,7 +282,7 @@ class ModelRenderer:
         warmup, files = self._text_warmup(inputs)
         config = _python_stage(
             self.stage_dir("tokenize").name, self.options, inputs,
-            [Tensor(n, "TYPE_INT64", [-1]) for n in TOKEN_INPUTS], self.tokenize_parameters(), warmup,
+            [Tensor(n, contract.triton_type(n), [-1]) for n in TOKEN_INPUTS], self.tokenize_parameters(), warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
         self.place_tokenizer(self.stage_dir("tokenize") / "1")
@@ -290,8 +294,8 @@ class ModelRenderer:
         warmup, files = self._token_warmup(TOKEN_INPUTS)
         config = _python_stage(
             self.stage_dir("encode").name, self.options,
-            [Tensor(n, "TYPE_INT64", [-1], ragged=True) for n in TOKEN_INPUTS],
-            [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs],
+            [Tensor(n, contract.triton_type(n), [-1], ragged=True) for n in TOKEN_INPUTS],
+            [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs],
             self.encode_parameters(), warmup, instances=self.options.encode_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
@@ -315,12 +319,11 @@ class ModelRenderer:
         length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
         for o in self.m.outputs:
             dims = [length, *o.dims[1:]] if o.per_token else o.dims
-            warmup[o.name] = {"data_type": "TYPE_FP32", "dims": dims, "zero_data": True}
+            warmup[o.name] = {"data_type": ENCODER_OUTPUT, "dims": dims, "zero_data": True}
         config = _python_stage(
             self.stage_dir("pool").name, self.options,
-            [Tensor(contract.INPUT_IDS, "TYPE_INT64", [-1], ragged=True),
-             Tensor(contract.ATTENTION_MASK, "TYPE_INT64", [-1], ragged=True),
-             *(Tensor(o.name, "TYPE_FP32", o.dims, ragged=True) for o in self.m.outputs)],
+            [*(Tensor(n, contract.triton_type(n), [-1], ragged=True) for n in (contract.INPUT_IDS, contract.ATTENTION_MASK)),
+             *(Tensor(o.name, ENCODER_OUTPUT, o.dims, ragged=True) for o in self.m.outputs)],
             client_outputs(self.m), pool_parameters(self.m, self.options), warmup,
         )
         self._write(self.stage_dir("pool"), config, "pool", files)
@@ -356,13 +359,13 @@ class ModelRenderer:
         """`<name>` as one Python model: the ensemble's inputs and outputs, plus token-id inputs and the
         encoder's `last_hidden_state` (the gateway's token path, which otherwise calls the stages)."""
         text_inputs = self.text_inputs(optional=True)  # a request sends texts or token ids
-        per_token = [Tensor(o.name, "TYPE_FP32", o.dims) for o in self.m.outputs if o.name == contract.LAST_HIDDEN_STATE]
+        per_token = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name == contract.LAST_HIDDEN_STATE]
         warmup, files = self._text_warmup(text_inputs)
         parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
                       **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
         config = _python_stage(
             self.model.name, self.options,
-            [*text_inputs, *(Tensor(n, "TYPE_INT64", [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
+            [*text_inputs, *(Tensor(n, contract.triton_type(n), [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
             [*client_outputs(self.m), *per_token], parameters, warmup,
             instances=self.options.encode_instances,
         )

@@ -165,11 +165,7 @@ class TokenBudgetEncoder:
 
     def _run(self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]) -> dict[str, npt.NDArray[Any]]:
         width = max(max(m.length for m in members), 1)
-        feed = {
-            contract.INPUT_IDS: np.full((len(members), width), self.pad_id, dtype=np.int64),
-            contract.ATTENTION_MASK: np.zeros((len(members), width), dtype=np.int64),
-            contract.TOKEN_TYPE_IDS: np.zeros((len(members), width), dtype=np.int64),
-        }
+        feed: dict[str, npt.NDArray[Any]] = contract.token_arrays(len(members), width, self.pad_id)
         for position, m in enumerate(members):
             for name, array in feed.items():
                 array[position, : m.length] = requests[m.request][name][m.row, : m.length]
@@ -205,7 +201,7 @@ def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncode
         session,
         pad_id=int(params["pad_id"]),
         max_batch_tokens=int(params["max_batch_tokens"]),
-        length_ratio=float(params.get("length_ratio", "1.25")),
+        length_ratio=float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)),
         max_rows=int(params.get("max_rows", str(config.get("max_batch_size", 64)))),
         per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
     )

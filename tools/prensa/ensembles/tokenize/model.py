@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 import prensa_stage as contract
 from tokenizers import Encoding, Tokenizer
@@ -93,16 +92,10 @@ def bucket_width(longest: int, buckets: list[int]) -> int:
 
 def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | None = None) -> dict[str, npt.NDArray[Any]]:
     """Right-pad one request's encodings to its longest row, or to that row's length bucket."""
-    width = bucket_width(max((len(e.ids) for e in encodings), default=0), buckets or [])
-    ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(encodings), width), dtype=np.int64)
-    types = np.zeros((len(encodings), width), dtype=np.int64)
-    for row, encoding in enumerate(encodings):
-        n = len(encoding.ids)
-        ids[row, :n] = encoding.ids
-        mask[row, :n] = 1
-        types[row, :n] = encoding.type_ids
-    return {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
+    ids = [e.ids for e in encodings]
+    width = bucket_width(max((len(row) for row in ids), default=0), buckets or [])
+    padded: dict[str, npt.NDArray[Any]] = contract.pad_token_rows(ids, [e.type_ids for e in encodings], pad_id, width)
+    return padded
 
 
 def read_items(request: Any) -> Sequence[Item]:
