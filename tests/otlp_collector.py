@@ -115,6 +115,8 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
 
 def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a real collector: exporters reuse their connection
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             if self.path != "/v1/traces":

@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -27,10 +26,10 @@ import httpx
 import pytest
 import yaml
 
-from prensa.cli.gateway import gateway_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.supervisor import SupervisorMetrics
 from tests.conftest import free_port
+from tests.gateway.conftest import running_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_FILE = ROOT / "deploy" / "grafana" / "dashboards" / "prensa.json"
@@ -168,25 +167,6 @@ def test_grafana_is_provisioned_with_the_datasource_every_panel_names():
 # Against a real Triton and gateway (and Prometheus, where installed).
 
 
-@contextmanager
-def gateway_with_supervisor(triton, supervisor: SupervisorMetrics) -> Iterator[str]:
-    """A gateway in a thread, as `prensa serve` runs it: the supervisor's counters on its /metrics."""
-    settings = GatewaySettings(triton_url=triton.grpc_url, repo=triton.options.repo, default_model="minilm")
-    port = free_port()
-    server = gateway_server(settings, "127.0.0.1", port, [supervisor.registry])
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-
-
 def drive(http: httpx.Client) -> None:
     """A few answered requests on several routes, and a few failed ones (two error kinds)."""
     for path, body in (("/embed", {"inputs": ["what is a dashboard?", "a panel shows series"]}),
@@ -254,7 +234,8 @@ def stack(triton) -> Iterator[tuple[httpx.Client, SupervisorMetrics]]:
     first use), and some traffic through it."""
     supervisor = SupervisorMetrics()
     supervisor.reloads.labels("minilm_tokenize")
-    with gateway_with_supervisor(triton, supervisor) as gateway, httpx.Client(base_url=gateway, timeout=60) as http:
+    settings = GatewaySettings(triton_url=triton.grpc_url, repo=triton.options.repo, default_model="minilm")
+    with running_gateway(settings, [supervisor.registry]) as gateway, httpx.Client(base_url=gateway, timeout=60) as http:
         drive(http)
         yield http, supervisor
 

@@ -39,8 +39,9 @@ def wait_for_trace(collector: Collector, trace_id: str, names: set[str]) -> dict
     try:
         wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), 30, f"spans {sorted(names)}")
     except AssertionError as exc:
+        triton = sorted({(s.trace_id[:8], s.name) for s in collector.spans if s.service == "prensa-triton"})
         raise AssertionError(f"{exc}; the trace holds {sorted(by_name(collector.of_trace(trace_id)))}; exports "
-                             f"received: {collector.exports}") from None
+                             f"received: {collector.exports}; Triton's spans: {triton}") from None
     return by_name(collector.of_trace(trace_id))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
 from prensa.cli.gateway import gateway_server
@@ -23,10 +24,11 @@ from tests.conftest import free_port
 
 
 @contextmanager
-def running_gateway(settings: GatewaySettings) -> Iterator[str]:
-    """The gateway under uvicorn in a thread, as `prensa gateway` runs it; stopped on exit."""
+def running_gateway(settings: GatewaySettings, other_metrics: Sequence[CollectorRegistry] = ()) -> Iterator[str]:
+    """The gateway under uvicorn in a thread, as `prensa gateway` runs it (with `other_metrics` on its
+    /metrics, as `prensa serve` adds its supervisor's); stopped on exit."""
     port = free_port()
-    server = gateway_server(settings, "127.0.0.1", port)
+    server = gateway_server(settings, "127.0.0.1", port, other_metrics)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

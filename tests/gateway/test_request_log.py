@@ -5,36 +5,22 @@ carries it with the model, inputs, tokens and stage times; JSON lines parse."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import orjson
 import pytest
 
 from prensa.gateway.logs import JsonLines, request_id
+from tests.log_records import Records, records_of
 
 pytestmark = pytest.mark.triton
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def access_log():
-    """The access log's records, taken on its own logger: a CLI test may have configured prensa's
-    loggers (`configure_logging`) not to propagate to the root, where pytest's caplog listens."""
-    logger, handler = logging.getLogger("prensa.access"), Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+def access_log() -> Iterator[Records]:
+    with records_of("prensa.access") as handler:
+        yield handler
 
 
 def access_lines(access_log: Records, rid: str) -> list[dict]:

@@ -23,6 +23,7 @@ import tritonclient.http as triton_http
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.repo import ServingOptions
 from tests.gateway.conftest import running_gateway
+from tests.log_records import Records, records_of
 from tests.reliability.conftest import build_repo, own_triton, status_of, stop_tree, wait_until
 from tests.reliability.test_faults import Serve
 
@@ -31,26 +32,14 @@ HEAL_S = 10.0
 TEXT = "which bridge crosses the river by the old mill?"
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if {"models", "added", "down", "back"} & set(getattr(record, "fields", {})):  # the model list's lines
-            self.records.append(record)
-
-
 @pytest.fixture
 def model_list_log() -> Iterator[Records]:
-    """The gateway's model-list lines, taken on its own logger (see tests/gateway/test_request_log.py)."""
-    logger, handler = logging.getLogger("prensa.gateway"), Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    """The gateway's model-list lines (the records carrying those fields)."""
+    def about_the_list(record: logging.LogRecord) -> bool:
+        return bool({"models", "added", "down", "back"} & set(getattr(record, "fields", {})))
+
+    with records_of("prensa.gateway", about_the_list) as handler:
+        yield handler
 
 
 def kill_stub(triton_pid: int, model: str) -> int:

@@ -1,4 +1,4 @@
-"""Where Triton's spans go and how often it samples (prensa.triton.tracing), the flags that turn its
+"""Where Triton's spans go and what it samples (prensa.triton.tracing), the flags that turn its
 tracing on, and a gateway that does not trace never loading the OpenTelemetry SDK. Triton accepting
 those flags and its spans joining the gateway's trace: tests/e2e/test_tracing.py."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from prensa.gateway.settings import GatewaySettings, InvalidSetting
 from prensa.triton.launcher import TritonOptions, triton_command
-from prensa.triton.tracing import NEVER, TracingSetupError, TritonTracing, rate_for, traces_url
+from prensa.triton.tracing import NEVER, TracingSetupError, TritonTracing, traces_url
 
 
 @pytest.mark.parametrize(("endpoint", "protocol", "triton", "expected"), [
@@ -32,9 +32,10 @@ def test_a_grpc_endpoint_off_the_usual_port_needs_tritons_own():
         traces_url("http://collector:9999", "grpc", None)
 
 
-def test_tritons_rate_follows_the_gateways_share():
-    assert [rate_for(r) for r in (1.0, 0.5, 0.01, 0.3)] == [1, 2, 100, 3]
-    assert rate_for(0.0) == NEVER
+def test_triton_traces_only_requests_that_carry_a_traceparent():
+    """Triton's own sampling can start a second trace for a request that carries one (see the module)."""
+    assert TritonTracing("http://c:4318/v1/traces", "prensa-triton").rate == NEVER
+    assert f"--trace-config=rate={NEVER}" in TritonTracing("http://c:4318/v1/traces", "prensa-triton").args()
 
 
 def test_tracing_flags_reach_tritonserver_only_when_asked(monkeypatch, tmp_path: Path):

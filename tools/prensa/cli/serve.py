@@ -21,7 +21,7 @@ from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline
 from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics
-from prensa.triton.tracing import TracingSetupError, TritonTracing, rate_for, traces_url
+from prensa.triton.tracing import TracingSetupError, TritonTracing, traces_url
 
 console = Console(stderr=True)
 log = logging.getLogger("prensa.triton")
@@ -55,7 +55,7 @@ def triton_tracing(settings: GatewaySettings, triton_endpoint: str | None) -> Tr
         url = traces_url(settings.otlp_endpoint, settings.otlp_protocol, triton_endpoint)
     except TracingSetupError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--triton-otlp-endpoint'") from exc
-    return TritonTracing(url, f"{settings.otlp_service_name}-triton", rate_for(settings.otlp_sample_rate))
+    return TritonTracing(url, f"{settings.otlp_service_name}-triton")
 
 
 def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: GatewayAddress,

@@ -2,9 +2,11 @@
 
 Triton 2.51 (`--trace-config mode=opentelemetry`) exports OTLP over HTTP only, as JSON, and makes a
 request that carries a `traceparent` header part of that trace whatever the header's sampled flag
-and Triton's own rate say. The gateway sends the header only on the calls of requests it samples,
-so those are traced in Triton as well; a request with no header (a `tritonclient` user's) is traced
-once in `rate`, which `rate_for` takes from the gateway's sampling rate.
+says. It also samples one request in `rate` on its own, and a request it samples that way may start
+a trace of its own although it carries a `traceparent` (seen at rate 1: the gateway's call and
+Triton's spans then land in two traces). So Triton's own rate is `NEVER`: it traces exactly the
+requests that carry a `traceparent`, which the gateway sends on the calls of the requests it samples;
+a `tritonclient` user gets Triton's spans by sending one too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 TRACES_PATH = "/v1/traces"
 GRPC_PORT, HTTP_PORT = 4317, 4318  # an OpenTelemetry collector's OTLP ports by convention
-NEVER = 2**31 - 1  # Triton's rate when only requests carrying a traceparent are to be traced
+NEVER = 2**31 - 1  # Triton's one-in-N rate for requests without a traceparent: none of them (see above)
 # The OpenTelemetry SDK's variable for how long spans wait before export; Triton is given it too.
 SCHEDULE_DELAY_VARIABLE = "OTEL_BSP_SCHEDULE_DELAY"
 
@@ -28,7 +30,7 @@ class TracingSetupError(ValueError):
 class TritonTracing:
     url: str  # OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces
     service_name: str
-    rate: int  # one request in `rate` without a traceparent is traced
+    rate: int = NEVER  # one request in `rate` without a traceparent is traced
 
     def args(self) -> list[str]:
         """tritonserver flags that turn its tracing on."""
@@ -37,11 +39,6 @@ class TritonTracing:
         if delay := os.environ.get(SCHEDULE_DELAY_VARIABLE):
             settings.append(f"opentelemetry,bsp_schedule_delay={int(delay)}")
         return [f"--trace-config={setting}" for setting in settings]
-
-
-def rate_for(sample_rate: float) -> int:
-    """Triton's one-in-N rate for a share of requests."""
-    return NEVER if sample_rate <= 0 else max(1, round(1 / sample_rate))
 
 
 def traces_url(endpoint: str, protocol: str, triton_endpoint: str | None) -> str:
