@@ -29,7 +29,7 @@ from prensa.corpus.inprocess import ModelError, ModelRepository
 from prensa.gateway.backend import READY
 from prensa.gateway.errors import GatewayError
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tracing import stage
+from prensa.gateway.tracing import model_call
 from prensa.gateway.triton_client import translate_error
 
 
@@ -58,8 +58,7 @@ class InProcessBackend:
 
     async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
                     request_id: str = "") -> dict[str, npt.NDArray[Any]]:
-        with stage(f"in-process {model}", SpanKind.INTERNAL, **{"prensa.triton_model": model,
-                                                                "prensa.rows": len(next(iter(inputs.values())))}):
+        with model_call(f"in-process {model}", model, inputs, SpanKind.INTERNAL):
             try:
                 return await asyncio.to_thread(self.repository.infer, model, dict(inputs), list(outputs))
             except ModelError as exc:

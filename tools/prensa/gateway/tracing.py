@@ -2,7 +2,7 @@
 
 With `--otlp-endpoint` set, `Traced` (the ASGI layer inside `RequestLog`) opens one server span per
 request, a child of the client's W3C `traceparent` when it sends one, and the request's stages open
-children of it through `stage` and `past_stage`: parse and validate, tokenize, each Triton call,
+children of it through `stage`, `past_stage` and `model_call`: parse and validate, tokenize, each Triton call,
 serialize. A Triton call sends its span's `traceparent` (`triton_headers`), which Triton's own
 OpenTelemetry tracing (started by `prensa serve`, see `prensa.triton.tracing`) takes as the parent
 of its spans, so one trace holds the gateway's stages and Triton's models, queues and computes.
@@ -15,6 +15,7 @@ span and sends Triton no `traceparent`: then `stage` costs one context-variable 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,18 @@ def stage(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> A
     if tracer is None:
         return nullcontext()
     return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
+
+
+def model_call(name: str, model: str, inputs: Mapping[str, Any], kind: SpanKind,
+               **attributes: Any) -> AbstractContextManager[Any]:
+    """`stage` around one call of a backend's model: every call of every request passes here, so
+    the span's attributes are built only for a sampled request."""
+    tracer = ACTIVE.get()
+    if tracer is None:
+        return nullcontext()
+    rows = len(next(iter(inputs.values()))) if inputs else 0
+    return tracer.start_as_current_span(name, kind=kind, attributes={"prensa.triton_model": model, "prensa.rows": rows,
+                                                                     **attributes})
 
 
 def past_stage(name: str, since: float, **attributes: Any) -> None:

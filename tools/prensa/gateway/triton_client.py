@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from prensa.gateway.backend import READY
 from prensa.gateway.errors import ErrorKind, GatewayError
-from prensa.gateway.tracing import stage, triton_headers
+from prensa.gateway.tracing import model_call, triton_headers
 from prensa.tensors import texts_tensor
 
 __all__ = ["READY", "TritonClient", "public_message", "texts_tensor", "translate_error"]
@@ -87,9 +87,8 @@ class TritonClient:
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        with stage(f"triton {model}", SpanKind.CLIENT, **{"rpc.system": "grpc", "rpc.method": "ModelInfer",
-                                                          "server.address": self.url, "prensa.triton_model": model,
-                                                          "prensa.rows": len(next(iter(inputs.values())))}):
+        with model_call(f"triton {model}", model, inputs, SpanKind.CLIENT, **{
+                "rpc.system": "grpc", "rpc.method": "ModelInfer", "server.address": self.url}):
             try:
                 result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
                                                   request_id=request_id, client_timeout=self.timeout_s,
