@@ -1,10 +1,12 @@
 """Error shapes and statuses of the gateway over the in-process backend, as over Triton: the
-Guard's (401, 413, 415), validation (400, 422), the registry's (404), admission (429) and a
+admission middleware's (401, 413, 415), validation (400, 422), the registry's (404), admission (429) and a
 stage's own failure (424); request ids are echoed in headers and bodies."""
 
 from __future__ import annotations
 
 import pytest
+
+from prensa.gateway.service import Service
 
 POISON = 10**6  # past the vocabulary: the encoder's Gather fails
 
@@ -86,3 +88,15 @@ def test_a_stage_error_is_424_without_paths(served, start_gateway, tmp_path):
 @pytest.mark.parametrize("path", ["/health", "/ping", "/"])
 def test_health_routes(http, path):
     assert http.get(path).status_code == 200
+
+
+def test_an_unexpected_error_is_a_bare_500_and_the_next_request_is_served(http, monkeypatch):
+    async def fails(*args, **kwargs):
+        raise RuntimeError("an internal detail")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Service, "dense", fails)
+        response = http.post("/embed", json={"inputs": "dog"}, headers={"x-request-id": "fast-500"})
+    assert (response.status_code, response.text) == (500, "Internal Server Error")
+    assert response.headers["x-request-id"] == "fast-500"
+    assert http.post("/embed", json={"inputs": "dog"}).status_code == 200

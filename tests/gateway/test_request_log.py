@@ -43,7 +43,7 @@ def test_errors_and_rejections_carry_the_id_and_their_reason(http, access_log):
     assert access_lines(access_log, "bad-1")[0]["error"] == invalid.json()["error"]
     not_json = http.post("/embed", content=b"x", headers={"x-request-id": "bad-2", "content-type": "text/plain"})
     assert not_json.status_code == 415 and not_json.headers["x-request-id"] == "bad-2"
-    assert not_json.json()["request_id"] == "bad-2"  # answered by the Guard, before any route
+    assert not_json.json()["request_id"] == "bad-2"  # answered by middleware.JsonBody, before any route
     assert "Content-Type" in access_lines(access_log, "bad-2")[0]["error"]
     unknown = http.post("/v1/embeddings", json={"input": "x", "model": "nope"}, headers={"x-request-id": "bad-3"})
     assert unknown.status_code == 404 and unknown.json()["request_id"] == "bad-3"  # OpenAI's shape too

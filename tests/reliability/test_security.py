@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from prensa.cli.gateway import gateway as gateway_command
 from prensa.cli.serve import serve as serve_command
-from prensa.gateway import limits
+from prensa.gateway import middleware
 from prensa.gateway.app import create_app
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.triton_client import public_message
@@ -46,8 +46,8 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
         compared.append((a, b))
         return constant_time(a, b)
 
-    monkeypatch.setattr(limits.hmac, "compare_digest", spy)
-    assert limits.key_matches(f"Bearer {KEY}", KEY) and not limits.key_matches("Bearer nope", KEY)
+    monkeypatch.setattr(middleware.hmac, "compare_digest", spy)
+    assert middleware.key_matches(f"Bearer {KEY}", KEY) and not middleware.key_matches("Bearer nope", KEY)
     assert compared == [(KEY.encode(), KEY.encode()), (b"nope", KEY.encode())]
 
 
@@ -63,12 +63,12 @@ def flat_routes(routes: list[BaseRoute]) -> Iterator[Route]:
 def test_every_route_but_the_open_ones_needs_the_key(gateway_on):
     """Walks the app's own route table: a route added later without the key fails here."""
     assert {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect",
-                                 "/openapi.json"} == limits.OPEN_PATHS
+                                 "/openapi.json"} == middleware.OPEN_PATHS
     url = gateway_on(api_key=KEY)
     routes = [(method, route.path) for route in flat_routes(create_app(GatewaySettings()).routes)
               for method in route.methods - {"HEAD"}]
     open_routes = [(method, path) for method, path in routes
-                   if method in limits.OPEN_METHODS and path in limits.OPEN_PATHS]
+                   if method in middleware.OPEN_METHODS and path in middleware.OPEN_PATHS]
     guarded = [route for route in routes if route not in open_routes]
     assert {"/v1/embeddings", "/embeddings", "/v1/rerank", "/v2/rerank", "/v1/ranking", "/v2/embed", "/tokenize",
             "/decode", "/embed_colbert", "/info", "/", "/invocations", "/vertex", "/v1/models"} <= {

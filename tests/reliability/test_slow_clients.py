@@ -28,7 +28,7 @@ import httpx
 import psutil
 import pytest
 
-from prensa.gateway.limits import ANSWER_BYTES_PER_PERMIT
+from prensa.gateway.middleware import ANSWER_BYTES_PER_PERMIT
 from prensa.gateway.server import RESERVED_FDS
 from prensa.gateway.settings import GatewaySettings
 from tests.conftest import free_port

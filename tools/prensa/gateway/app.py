@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -13,16 +13,15 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
-from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
-from prensa.gateway.json_routes import JsonRoutes
-from prensa.gateway.limits import OPEN_PATHS, Guard, Permits
+from prensa.gateway.limits import Permits
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
+from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
 from prensa.gateway.models import Registry
 from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.responses import Gateway, GatewayRoute
@@ -32,7 +31,7 @@ from prensa.gateway.tracing import Traced, provider
 from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
-# What `JsonRoutes` may serve: the inference routers, not the operational or model-listing routes.
+# The routers of inference routes (counted under TEI's metrics), beside the model-listing and operational ones.
 INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_tei.router,
                      routes_tei.default_router]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
@@ -64,8 +63,8 @@ async def on_gateway_error(request: Request, error: GatewayError) -> Response:
 
 
 async def on_invalid_request(request: Request, error: RequestValidationError) -> Response:
-    """400 for malformed JSON, 422 for missing fields or fields of the wrong type (the Guard already
-    answered 415 to bodies that are not JSON)."""
+    """400 for malformed JSON, 422 for missing fields or fields of the wrong type (`middleware.JsonBody`
+    already answered 415 to bodies that are not JSON)."""
     problems = error.errors()
     malformed = [p for p in problems if p["type"] == "json_invalid"]
     if malformed:
@@ -78,13 +77,11 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
 
 
 class GatewayApp(FastAPI):
-    """FastAPI behind the gateway's own layers, outermost first: CORS (when configured, so
-    preflights never need the key), `RequestLog` (request ids, a log line each), `Traced` (with
-    --otlp-endpoint: a span each, see `tracing`), the Guard,
-    `JsonRoutes`, then FastAPI's stack (its error, telemetry and body-limit middleware, router and
-    dependency solver) for every other route, so
-    an inference request passes through none of FastAPI's layers. An exception nothing handles
-    still ends as a 500, from uvicorn instead of FastAPI's ServerErrorMiddleware."""
+    """FastAPI, which routes every request, behind the gateway's own layers, outermost first: CORS
+    (when configured, so preflights never need the key), `RequestLog` (request ids, a log line
+    each), `Traced` (with --otlp-endpoint: a span each, see `tracing`), then `middleware`'s
+    admission checks (API key, JSON body and its size, cancel on hang-up, paced answers). An
+    exception nothing handles ends as FastAPI's 500."""
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, vertex: APIRouter, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -98,21 +95,20 @@ class GatewayApp(FastAPI):
             self.include_router(router)
 
     @property
-    def inference_routes(self) -> list[BaseRoute]:
-        return [*INFERENCE_ROUTES, *(r for r in self.vertex.routes if "POST" in getattr(r, "methods", ()))]
-
-    @property
     def open_paths(self) -> frozenset[str]:
         return OPEN_PATHS | {cast(GatewayRoute, r).path for r in self.vertex.routes if "GET" in getattr(r, "methods", ())}
 
     def build_middleware_stack(self) -> ASGIApp:
         settings, metrics = self.gateway_settings, self.state.metrics
-        # Every handler here is a coroutine function: this app's own and FastAPI's defaults.
-        handlers = cast(Mapping[Any, Callable[[Request, Exception], Awaitable[Response]]], self.exception_handlers)
-        app: ASGIApp = JsonRoutes(super().build_middleware_stack(), routes=self.inference_routes, handlers=handlers)
-        app = Guard(app, payload_limit=settings.payload_limit, api_key=settings.api_key,
-                    on_reject=lambda kind: metrics.request_failure.inc(kind.value), permits=self.permits,
-                    open_paths=self.open_paths)
+
+        def on_reject(kind: ErrorKind) -> None:
+            metrics.request_failure.inc(kind.value)
+
+        app: ASGIApp = PacedAnswer(super().build_middleware_stack(), self.permits)
+        app = CancelOnHangUp(app)
+        app = JsonBody(app, settings.payload_limit, on_reject)
+        if settings.api_key:
+            app = ApiKey(app, settings.api_key, self.open_paths)
         if self.traces is not None:
             app = Traced(app, self.traces.get_tracer("prensa.gateway"), untraced=self.open_paths)
         app = RequestLog(app, enabled=settings.access_log)

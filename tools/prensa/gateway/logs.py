@@ -26,8 +26,9 @@ REQUEST_ID_HEADER = b"x-request-id"
 # A client's id is kept when it is short and plain (it goes into logs and headers as it is).
 CLIENT_REQUEST_ID = re.compile(r"[\w.:/+=@-]{1,128}")
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
-# In the ASGI scope's "state": the request id, an error's reason, the Timings, a sampled trace's id.
-ID_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = "request_id", "error", "timings", "trace_id"
+# In the ASGI scope's "state": the request id, when it arrived (perf_counter), an error's reason,
+# the Timings, a sampled trace's id.
+ID_KEY, RECEIVED_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = "request_id", "received", "error", "timings", "trace_id"
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
@@ -59,6 +60,7 @@ class RequestLog:
         started = time.perf_counter()
         state = scope.setdefault("state", {})
         state[ID_KEY] = rid = request_id(scope["headers"])
+        state[RECEIVED_KEY] = started
         status = 500  # what the client sees when the app raises before answering
 
         async def sending(message: Message) -> None:

@@ -1,6 +1,6 @@
-"""HTTP plumbing both routers share: the request type routes take (gateway state, timings, orjson
-bodies), orjson responses with timing headers, and a route class that counts every request under
-TEI's metric names."""
+"""HTTP plumbing every router shares: the request type routes take (gateway state, timings, orjson
+bodies), body validation as FastAPI's, orjson responses with timing headers, and a route class
+that counts every request under TEI's metric names."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, TypeVar, cast
 
 import orjson
 from fastapi import Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 
 from prensa.gateway.backend import Backend
-from prensa.gateway.logs import TIMINGS_KEY
+from prensa.gateway.logs import ID_KEY, RECEIVED_KEY, TIMINGS_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
 from prensa.gateway.service import Service, Timings
@@ -24,6 +26,17 @@ from prensa.gateway.tracing import stage
 
 # `?model=` on every inference route; the body's `model` field says the same (see `models.named_model`).
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_body(request_model: type[M], data: Any) -> M:
+    """`data` (parsed JSON) as `request_model`, or pydantic's errors located under "body", as FastAPI
+    raises them: for a route that picks its request model from the body itself."""
+    try:
+        return request_model.model_validate(data, from_attributes=True)
+    except ValidationError as exc:
+        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
 
 
 @dataclass
@@ -82,9 +95,9 @@ class GatewayRequest(Request):
 
     @cached_property
     def timings(self) -> Timings:
-        """This request's timings, from when the Guard middleware saw it arrive; also left in the
-        request's state for its log line (`logs.RequestLog`)."""
-        timings = Timings(received=self.state.received, request_id=self.state.request_id)
+        """This request's timings, from when `logs.RequestLog` saw it arrive; also left in the
+        request's state for its log line."""
+        timings = Timings(received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY))
         setattr(self.state, TIMINGS_KEY, timings)
         return timings
 

@@ -21,7 +21,6 @@ from pydantic import RootModel
 from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
-from prensa.gateway.json_routes import validate_body
 from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
@@ -51,6 +50,7 @@ from prensa.gateway.responses import (
     ModelParam,
     json_response,
     record_success,
+    validate_body,
 )
 from prensa.gateway.service import Timings, gather
 from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json

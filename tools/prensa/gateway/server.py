@@ -8,8 +8,8 @@ untrusted clients needs and uvicorn lacks.
 - The URL and headers are at most `max_header_size` bytes (431): httptools, unlike h11, has no
   limit of its own. uvicorn picks httptools whenever it is installed, and it is a dependency.
 - An answer the client reads nothing of for `write_timeout_s` is dropped with its connection:
-  what the app sent waits in the transport's buffer until the client reads it (the Guard sends
-  answers above 1 MiB a MiB at a time, holding permits meanwhile: `limits.ANSWER_BYTES_PER_PERMIT`).
+  what the app sent waits in the transport's buffer until the client reads it (`middleware.PacedAnswer` sends
+  answers above 1 MiB a MiB at a time, holding permits meanwhile: `middleware.ANSWER_BYTES_PER_PERMIT`).
 - Past `max_connections` open connections a new one gets 503 and is closed at once. uvicorn's
   `limit_concurrency` answers 503 only once a request's headers arrive, so connections that never
   send them would still take every descriptor and lock the listening socket out of accept().

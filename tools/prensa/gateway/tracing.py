@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prensa.gateway.logs import ERROR_KEY, ID_KEY, TIMINGS_KEY, TRACE_KEY
+from prensa.gateway.logs import ERROR_KEY, ID_KEY, RECEIVED_KEY, TIMINGS_KEY, TRACE_KEY
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -81,15 +81,18 @@ def model_call(name: str, model: str, inputs: Mapping[str, Any], kind: SpanKind,
                                                                      **attributes})
 
 
+def wall_ns(since: float) -> int:
+    """A perf_counter reading as the Unix time in nanoseconds that spans take."""
+    return time.time_ns() - int((time.perf_counter() - since) * 1e9)
+
+
 def past_stage(name: str, since: float, **attributes: Any) -> None:
     """A child span for a stage that ran from `since` (a perf_counter reading) until now, for stages
     no code wraps, such as FastAPI's parsing and validation of the body."""
     tracer = ACTIVE.get()
     if tracer is None:
         return
-    now_ns = time.time_ns()
-    started_ns = now_ns - int((time.perf_counter() - since) * 1e9)
-    tracer.start_span(name, start_time=started_ns, attributes=attributes).end(end_time=now_ns)
+    tracer.start_span(name, start_time=wall_ns(since), attributes=attributes).end()
 
 
 def triton_headers() -> dict[str, str] | None:
@@ -102,8 +105,8 @@ def triton_headers() -> dict[str, str] | None:
 
 
 class Traced:
-    """ASGI middleware: a server span per request, parented on the client's `traceparent`; probes
-    and documentation (`untraced` paths) get none."""
+    """ASGI middleware: a server span per request from its arrival (`RequestLog`'s stamp), parented
+    on the client's `traceparent`; probes and documentation (`untraced` paths) get none."""
 
     def __init__(self, app: ASGIApp, tracer: Tracer, untraced: frozenset[str]) -> None:
         self.app = app
@@ -117,13 +120,14 @@ class Traced:
         carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
                    if name in (b"traceparent", b"tracestate")}
         method, path = scope["method"], scope["path"]
-        with self.tracer.start_as_current_span(f"{method} {path}", context=PROPAGATOR.extract(carrier),
+        state = scope.setdefault("state", {})
+        arrived = wall_ns(state[RECEIVED_KEY]) if RECEIVED_KEY in state else None
+        with self.tracer.start_as_current_span(f"{method} {path}", context=PROPAGATOR.extract(carrier), start_time=arrived,
                                                kind=SpanKind.SERVER, record_exception=False,
                                                set_status_on_exception=False) as span:
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
-            state = scope.setdefault("state", {})
             state[TRACE_KEY] = format(span.get_span_context().trace_id, "032x")
             status = 500
 

@@ -1,0 +1,210 @@
+"""The gateway's HTTP admission layers, each a small ASGI middleware with one job.
+
+They run before routing and JSON parsing, in this order (as TEI): `ApiKey` (401: an
+unauthenticated caller learns nothing else), `JsonBody` (415 for a body that is not JSON, 413 for
+one over the limit, which is never parsed), `CancelOnHangUp` (a client that leaves before its
+answer cancels its request, so its permits and Triton calls are freed now), `PacedAnswer` (a
+large answer goes out a MiB at a time, counted against --max-concurrent-requests while the client
+reads it). `GatewayApp` stacks them in front of FastAPI, which routes every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body
+from prensa.gateway.limits import Permits
+from prensa.gateway.logs import ERROR_KEY, ID_KEY
+
+# An answer holds one permit per this many bytes while it is being sent, in pieces of this size:
+# the app builds a body whole, and it waits until the client reads it (or `--write-timeout` drops
+# the client), so large unread answers count against --max-concurrent-requests.
+ANSWER_BYTES_PER_PERMIT = 1 << 20
+
+# Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
+OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_METHODS = frozenset({"GET", "HEAD"})
+
+
+def is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+def key_matches(authorization: str, api_key: str) -> bool:
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def header(scope: Scope, name: bytes) -> str:
+    """The first value of header `name` (lower case), or ""."""
+    return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), "")
+
+
+async def respond(send: Send, status: int, body: bytes = b"", content_type: bytes | None = None) -> None:
+    headers = [(b"content-length", str(len(body)).encode())]
+    if content_type:
+        headers.append((b"content-type", content_type))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def reject(scope: Scope, send: Send, error: GatewayError, on_reject: Callable[[ErrorKind], None]) -> None:
+    """Answer `error` in the route's error shape and count it, before any route has run."""
+    on_reject(error.kind)
+    state = scope.setdefault("state", {})
+    state[ERROR_KEY] = error.message
+    await respond(send, error.status, error_body(error, scope["path"], state.get(ID_KEY, "")), b"application/json")
+
+
+class ApiKey:
+    """401 without `Authorization: Bearer <api_key>`, but for the GET routes of `open_paths`."""
+
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"] in OPEN_METHODS and scope["path"] in self.open_paths) \
+                or key_matches(header(scope, b"authorization"), self.api_key):
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})[ERROR_KEY] = "no or wrong API key"
+        await respond(send, 401)
+
+
+class JsonBody:
+    """POST bodies must be JSON (415) of at most `limit` bytes (413, by the declared length or as
+    they arrive); the app then gets the whole body in one message."""
+
+    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[ErrorKind], None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if not is_json(header(scope, b"content-type")):
+            await reject(scope, send, GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                                                   "Expected request with `Content-Type: application/json`"),
+                         self.on_reject)
+            return
+        declared = header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(scope, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._too_large(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def whole_body() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, whole_body, send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        await reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
+                                               f"Payload too large: the limit is {self.limit} bytes"), self.on_reject)
+
+
+class CancelOnHangUp:
+    """Runs the app in the server's request task and cancels it when the client hangs up before the
+    answer's last byte, so what the request holds (permits, a place in a `TritonWindow`, a gRPC
+    call) is released now rather than when Triton answers nobody. It reads the request's messages
+    itself from the start and hands the app those before the disconnect."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        serving = asyncio.current_task()
+        assert serving is not None  # a coroutine awaited by the server's request task
+        messages: asyncio.Queue[Message] = asyncio.Queue()
+        answered = cancelled = False
+
+        async def watch() -> None:
+            nonlocal cancelled
+            while (message := await receive())["type"] != "http.disconnect":
+                messages.put_nowait(message)
+            messages.put_nowait(message)
+            if not answered:
+                cancelled = True
+                serving.cancel()
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True  # before the send: its completion may wake the watcher first
+            await send(message)
+
+        async def replay() -> Message:
+            message = await messages.get()
+            if message["type"] == "http.disconnect":
+                messages.put_nowait(message)  # every later receive() reports it too
+            return message
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.app(scope, replay, sending)
+        except asyncio.CancelledError:
+            if not cancelled or serving.uncancel():
+                raise  # the server cancelled this request (too)
+        else:
+            if cancelled:
+                serving.uncancel()  # the app finished all the same
+        finally:
+            watcher.cancel()
+
+
+class PacedAnswer:
+    """Sends a body over `ANSWER_BYTES_PER_PERMIT` a MiB at a time, holding one of `permits` per
+    MiB meanwhile: the server writes a body whole and waits for a slow client only before the next
+    send, so the answer waits here, counted, not in the connection's buffer."""
+
+    def __init__(self, app: ASGIApp, permits: Permits) -> None:
+        self.app = app
+        self.permits = permits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if len(body) <= ANSWER_BYTES_PER_PERMIT:
+                await send(message)
+                return
+            more, view = message.get("more_body", False), memoryview(body)
+            with self.permits.charge(len(body) // ANSWER_BYTES_PER_PERMIT):
+                for start in range(0, len(body), ANSWER_BYTES_PER_PERMIT):
+                    end = start + ANSWER_BYTES_PER_PERMIT
+                    await send({"type": "http.response.body", "body": bytes(view[start:end]),
+                                "more_body": more or end < len(body)})
+
+        await self.app(scope, receive, sending)
