@@ -80,6 +80,11 @@ def arguments(command: object) -> list:
     return [p for p in command.params if p.param_type_name == "argument"]
 
 
+def environment_variable(name: str, param) -> str:
+    """The variable that sets an option: its own, else click's PRENSA_<COMMAND>_<OPTION>."""
+    return param.envvar or "_".join(["PRENSA", *name.upper().replace("-", "_").split(), param.name.upper()])
+
+
 def default_spellings(param) -> set[str] | None:
     """How the default may be written, or None when the table's wording is free (flags, none, lists)."""
     value = param.default
@@ -118,7 +123,7 @@ def test_configuration_gives_each_options_variable_and_default(name):
             continue
         param = by_flag[flags[0]]
         env = ENV.findall(row[1])
-        assert env == ([param.envvar] if param.envvar else []), f"`prensa {name}` {flags[0]}: env column"
+        assert env == [environment_variable(name, param)], f"`prensa {name}` {flags[0]}: env column"
         spellings = default_spellings(param)
         if spellings is not None:
             cell = row[2].replace("`", "")

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from prensa.addresses import LOOPBACK_NAMES
 from prensa.triton.metrics import ModelStats, difference, scrape
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # locust runs it by path, in its own process
 SCENARIOS = {"openai": "OpenAIEmbeddingsUser", "embed": "TEIEmbedUser", "sparse": "TEISparseUser",
              "rerank": "TEIRerankUser"}
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadTestOptions:
     scenario: str
     host: str
@@ -37,7 +37,7 @@ class LoadTestOptions:
 
 def require_loopback(url: str) -> None:
     """Load is only ever sent to this machine."""
-    if urlparse(url).hostname not in LOOPBACK:
+    if urlparse(url).hostname not in LOOPBACK_NAMES:
         raise ValueError(f"{url} is not a loopback address; prensa loadtest only targets this machine")
 
 

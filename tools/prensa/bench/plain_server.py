@@ -10,6 +10,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from prensa.addresses import LOOPBACK
+
 
 def create_app(model_dir: str, task: str) -> FastAPI:
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -39,4 +41,4 @@ def create_app(model_dir: str, task: str) -> FastAPI:
 
 if __name__ == "__main__":
     model_dir, task, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    uvicorn.run(create_app(model_dir, task), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(create_app(model_dir, task), host=LOOPBACK, port=port, log_level="warning")

@@ -10,10 +10,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from prensa.addresses import LOOPBACK, http_url
 from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import (
     HttpClient,
@@ -41,6 +42,7 @@ Step = Callable[[str], AbstractContextManager[Any]]
 class BenchOptions:
     export_dir: Path
     out_dir: Path
+    _: KW_ONLY  # the rest by name
     concurrencies: list[int] = field(default_factory=lambda: [1, 8, 32])
     texts: int = 512
     rerank_queries: int = 32
@@ -57,7 +59,7 @@ def free_port() -> int:
     import socket
 
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -112,7 +114,7 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any],
     systems, summary = [], None
     ports = TritonPorts(free_port(), free_port(), free_port())
     with step(f"{label}: starting Triton"):
-        triton = TritonProcess(TritonOptions(work / "repo", ports=ports),
+        triton = TritonProcess(TritonOptions(repo=work / "repo", ports=ports),
                                log_path=options.out_dir / f"tritonserver-{pipeline.value}.log")
         triton.start()
         triton.wait_ready()
@@ -131,11 +133,11 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any],
             gateway = ServerProcess(
                 [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
                  "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000"],
-                f"http://127.0.0.1:{port}/health", options.out_dir / f"gateway-{pipeline.value}.log")
+                http_url(port, "/health"), options.out_dir / f"gateway-{pipeline.value}.log")
             with step(f"{label} via the gateway (TEI /embed, /rerank)"):
                 gateway.start()
                 try:
-                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP)", f"http://127.0.0.1:{port}", name,
+                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP)", http_url(port), name,
                                                      "tei"), workload, manifest.task, options, short_item))
                 finally:
                     gateway.stop()
@@ -192,7 +194,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
             with step("plain FastAPI + sentence-transformers, one encode per request"):
                 plain.start()
                 try:
-                    systems.append(_drive(HttpClient("FastAPI + sentence-transformers", f"http://127.0.0.1:{port}",
+                    systems.append(_drive(HttpClient("FastAPI + sentence-transformers", http_url(port),
                                                      "", "tei"), workload, task, options, short_item))
                 finally:
                     plain.stop()
@@ -203,7 +205,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
             with step("Infinity (infinity-emb)"):
                 infinity.start()
                 try:
-                    systems.append(_drive(HttpClient("Infinity", f"http://127.0.0.1:{port}", str(torch_dir),
+                    systems.append(_drive(HttpClient("Infinity", http_url(port), str(torch_dir),
                                                      "openai"), workload, task, options, short_item))
                 finally:
                     infinity.stop()

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
+from prensa.addresses import LOOPBACK, http_url
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
@@ -282,11 +283,11 @@ class HttpClient:
 
 def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:
     command = [sys.executable, "-m", "prensa.bench.plain_server", str(model_dir), task.value, str(port)]
-    return ServerProcess(command, f"http://127.0.0.1:{port}/health", log)
+    return ServerProcess(command, http_url(port, "/health"), log)
 
 
 def infinity_server(binary: str, model_dir: Path, port: int, log: Path) -> ServerProcess:
-    command = [binary, "v2", "--model-id", str(model_dir), "--port", str(port), "--host", "127.0.0.1",
+    command = [binary, "v2", "--model-id", str(model_dir), "--port", str(port), "--host", LOOPBACK,
                "--device", "cpu", "--engine", "torch", "--no-bettertransformer"]
-    return ServerProcess(command, f"http://127.0.0.1:{port}/health", log,
+    return ServerProcess(command, http_url(port, "/health"), log,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})

@@ -75,7 +75,7 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concu
     try:
         build_repository([model], work, point.serving(base))
         ports = TritonPorts(free_port(), free_port(), free_port())
-        with TritonProcess(TritonOptions(work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton:
+        with TritonProcess(TritonOptions(repo=work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton:
             client = TritonClient("tune", triton.grpc_url, model.name)
             send = client.rerank if model.manifest.task is Task.RERANK else client.embed
 
@@ -111,7 +111,7 @@ def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bo
          on_result: Callable[[dict[str, Any]], object] = lambda result: None) -> tuple[TunePoint, list[dict[str, Any]]]:
     manifest = Manifest.read(export_dir)
     model = ModelSource(name, export_dir, manifest)
-    options = BenchOptions(export_dir, log_dir, texts=requests, rerank_queries=max(requests // 10, 4))
+    options = BenchOptions(export_dir=export_dir, out_dir=log_dir, texts=requests, rerank_queries=max(requests // 10, 4))
     workload = build_workload(manifest, export_dir, options)
     base = ServingOptions()
     results = []

@@ -41,11 +41,13 @@ def bench(
     source = Path(manifest.source)
     torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
     options = BenchOptions(
-        export_dir, out, concurrency or ([1, 4] if quick else [1, 8, 32]), 24 if quick else texts,
-        4 if quick else queries, 4 if quick else passages, 5 if quick else 100, torch_dir, infinity, gateway,
-        ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
-                       max_batch_tokens=max_batch_tokens),
-        pipeline or list(Pipeline),
+        export_dir=export_dir, out_dir=out, concurrencies=concurrency or ([1, 4] if quick else [1, 8, 32]),
+        texts=24 if quick else texts, rerank_queries=4 if quick else queries,
+        passages_per_query=4 if quick else passages, single_repeats=5 if quick else 100, torch_model_dir=torch_dir,
+        infinity=infinity, gateway=gateway,
+        serving=ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
+                               max_batch_tokens=max_batch_tokens),
+        pipelines=pipeline or list(Pipeline),
     )
     out.mkdir(parents=True, exist_ok=True)
     with step_progress(console) as step:

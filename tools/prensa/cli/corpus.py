@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from prensa.addresses import TRITON_GRPC_URL
 from prensa.cli.extras import require
 
 
 def embed_corpus(
     input: Annotated[Path, typer.Argument(help="JSONL or Parquet file, or a directory of them, with an id and a text column.")],
     output: Annotated[Path, typer.Argument(help="Directory of Parquet parts; run the same command again to resume.")],
-    triton_url: Annotated[str, typer.Option(help="Triton gRPC address of a prensa server.")] = "127.0.0.1:8001",
+    triton_url: Annotated[str, typer.Option(help="Triton gRPC address of a prensa server.")] = TRITON_GRPC_URL,
     model: Annotated[str | None, typer.Option(help="Ensemble to call on Triton (an embed, m3 or splade model).")] = None,
     export: Annotated[Path | None, typer.Option(help="Instead of Triton: run this `prensa export` directory in-process with onnxruntime.")] = None,
     outputs: Annotated[str | None, typer.Option(help="Comma-separated dense, sparse, colbert; default every one the model has but colbert.")] = None,

@@ -30,8 +30,8 @@ def export(
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) to export.")] = None,
     quantize: Annotated[str | None, typer.Option(help="int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.")] = None,
     export_format: Annotated[ExportFormat, typer.Option("--format", help="onnx, or tensorrt: also build model.plan (needs TensorRT and a CUDA GPU; see docs/gpu.md).")] = ExportFormat.ONNX,
-    trt_max_batch: Annotated[int, typer.Option(help="TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).")] = 64,
-    trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = 8,
+    trt_max_batch: Annotated[int, typer.Option(help="TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).")] = ExportOptions.trt_max_batch,
+    trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = ExportOptions.trt_opt_batch,
     trt_opt_length: Annotated[int | None, typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
     fuse_ops: Annotated[bool, typer.Option(help="ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
 ) -> None:
@@ -46,8 +46,10 @@ def export(
         raise typer.BadParameter("the TensorRT profile needs 1 <= --trt-opt-batch <= --trt-max-batch")
     if quantize and export_format is ExportFormat.TENSORRT:
         raise typer.BadParameter("--quantize int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)")
-    options = ExportOptions(source, out, task, pooling, max_length, dtype, dense_only, revision, quantize == "int8",
-                            export_format, trt_max_batch, trt_opt_batch, trt_opt_length, fuse_ops)
+    options = ExportOptions(source=source, out=out, task=task, pooling=pooling, max_length=max_length, dtype=dtype,
+                            dense_only=dense_only, revision=revision, quantize_int8=quantize == "int8",
+                            format=export_format, trt_max_batch=trt_max_batch, trt_opt_batch=trt_opt_batch,
+                            trt_opt_length=trt_opt_length, fuse_ops=fuse_ops)
     failure: SourceError | TensorRTUnavailable | TensorRTError | None
     with step_progress(console) as step:
         try:

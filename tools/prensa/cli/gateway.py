@@ -20,6 +20,7 @@ import typer
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from prensa.addresses import GATEWAY_PORT, LOOPBACK
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
 
@@ -38,8 +39,8 @@ class GatewayAddress:
     `--host/--port` on `prensa gateway`, `--gateway-host/--gateway-port` beside Triton's own; the
     environment variables are PRENSA_GATEWAY_HOST/PORT for all three commands."""
 
-    host: str = setting("127.0.0.1", "Address the gateway binds; anything but loopback exposes the API.")
-    port: int = setting(8080, "Gateway HTTP port.")
+    host: str = setting(LOOPBACK, "Address the gateway binds; anything but loopback exposes the API.")
+    port: int = setting(GATEWAY_PORT, "Gateway HTTP port.")
 
 
 ADDRESS_TYPES = typing.get_type_hints(GatewayAddress)

@@ -10,14 +10,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prensa.addresses import GATEWAY_URL, TRITON_METRICS_URL
 from prensa.bench.loadtest import SCENARIOS, LoadTestOptions, run_loadtest, write_plot
 from prensa.cli.extras import require
 
 
 def loadtest(
     scenario: Annotated[str, typer.Argument(help=f"One of: {', '.join(SCENARIOS)}.")] = "embed",
-    host: Annotated[str, typer.Option(help="Gateway base URL (loopback only).")] = "http://127.0.0.1:8080",
-    metrics_url: Annotated[str, typer.Option(help="Triton metrics endpoint, scraped during the run.")] = "http://127.0.0.1:8002/metrics",
+    host: Annotated[str, typer.Option(help="Gateway base URL (loopback only).")] = GATEWAY_URL,
+    metrics_url: Annotated[str, typer.Option(help="Triton metrics endpoint, scraped during the run.")] = TRITON_METRICS_URL,
     out: Annotated[Path, typer.Option(help="Folder for locust's CSV/HTML, loadtest.json and loadtest.png.")] = Path("loadtest-results"),
     step_users: Annotated[int, typer.Option(help="Users added per step.")] = 8,
     step_seconds: Annotated[float, typer.Option(help="Seconds per step.")] = 20.0,
@@ -29,8 +30,8 @@ def loadtest(
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"scenario must be one of {', '.join(SCENARIOS)}")
     variable = {"sparse": "PRENSA_SPARSE_MODEL", "rerank": "PRENSA_RERANK_MODEL"}.get(scenario, "PRENSA_EMBED_MODEL")
-    options = LoadTestOptions(scenario, host, metrics_url, out, step_users, step_seconds, steps,
-                              {variable: model} if model else None)
+    options = LoadTestOptions(scenario=scenario, host=host, metrics_url=metrics_url, out=out, step_users=step_users,
+                              step_seconds=step_seconds, steps=steps, models={variable: model} if model else None)
     try:
         summary = run_loadtest(options)
     except ValueError as exc:

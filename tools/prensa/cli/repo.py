@@ -85,8 +85,9 @@ def build(
     except (FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
-    options = ServingOptions(max_batch_size, queue_delay_us, max_queue_size, instances, cpu_threads,
-                             max_batch_tokens, length_ratio, execution_provider=execution_provider, pooling=pooling,
+    options = ServingOptions(max_batch_size=max_batch_size, queue_delay_us=queue_delay_us,
+                             max_queue_size=max_queue_size, encode_instances=instances, cpu_threads=cpu_threads,
+                             max_batch_tokens=max_batch_tokens, length_ratio=length_ratio, execution_provider=execution_provider, pooling=pooling,
                              target=target, length_buckets=buckets, onnx_tensorrt=onnx_tensorrt,
                              trt_cache_dir=trt_cache_dir, pipeline=pipeline)
     try:

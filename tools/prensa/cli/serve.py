@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from prensa.addresses import ANY_ADDRESS, LOOPBACK
 from prensa.cli.gateway import PANEL, GatewayAddress, gateway_server, run_server, with_gateway_options
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import GatewaySettings
@@ -64,7 +65,7 @@ def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: Gatew
     re-raises it after draining, which then reaches the handler that stops the supervisor) or until the
     supervisor gives up; False if it never started. It outlives Triton restarts: meanwhile it answers
     503, then carries on."""
-    host = triton.options.host if triton.options.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    host = triton.options.host if triton.options.host not in ANY_ADDRESS else LOOPBACK
     settings = replace(settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
     server = gateway_server(settings, address.host, address.port, [supervisor.registry])
 
@@ -149,7 +150,8 @@ def serve(
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    options = TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port), log_verbose, model_control_mode,
+    options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
+                            log_verbose=log_verbose, model_control_mode=model_control_mode,
                             tracing=triton_tracing(settings, triton_otlp_endpoint))
     run_triton(options, address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
                settings)
@@ -188,10 +190,10 @@ def up(
         if not (out / MANIFEST_FILE).exists():
             require("export", "up")  # only to export: an existing export is served as it is
             console.print(f"exporting {item.source} -> {out}")
-            export_model(ExportOptions(item.source, out, task=item.task))
+            export_model(ExportOptions(source=item.source, out=out, task=item.task))
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
     written = build_repository(sources, repo, ServingOptions(pipeline=pipeline))
     console.print(f"repository {repo}: {', '.join(written)}")
-    options = TritonOptions(repo, host, TritonPorts(http_port, grpc_port, metrics_port),
+    options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
                             tracing=triton_tracing(settings, triton_otlp_endpoint))
     run_triton(options, address if gateway else None, settings=settings)

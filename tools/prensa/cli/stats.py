@@ -8,11 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prensa.addresses import TRITON_METRICS_URL
 from prensa.triton.metrics import scrape
 
 
 def stats(
-    metrics_url: Annotated[str, typer.Option(help="Triton's Prometheus endpoint.")] = "http://127.0.0.1:8002/metrics",
+    metrics_url: Annotated[str, typer.Option(help="Triton's Prometheus endpoint.")] = TRITON_METRICS_URL,
 ) -> None:
     """Per model: requests, failures, average batch size, queue and compute time per request, padding."""
     console = Console()

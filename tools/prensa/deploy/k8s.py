@@ -27,6 +27,7 @@ from typing import Any, cast
 import yaml
 from tritonclient.grpc import model_config_pb2
 
+from prensa.addresses import GATEWAY_PORT, LOOPBACK
 from prensa.export.tensorrt import SERVING_TRITON
 from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.launcher import TritonPorts
@@ -36,14 +37,12 @@ Manifest = dict[str, Any]
 
 # compose.yaml runs the same images, ports, command and shared-memory size; a unit test keeps them equal.
 TRITON_PORTS = TritonPorts()
-GATEWAY_PORT = 8080
 TRITON_IMAGE = f"prensa-tritonserver:{SERVING_TRITON}-py3"
 GATEWAY_IMAGE = f"prensa-gateway:{version('prensa')}"
 MODELS_PATH = "/models"
 TRITON_COMMAND = ["tritonserver", f"--model-repository={MODELS_PATH}", "--strict-readiness=true",
                   "--exit-on-error=true", "--log-verbose=0"]
 # In a pod, beside compose.yaml's command (where the gateway reaches Triton from another container).
-LOOPBACK = "127.0.0.1"
 # Triton binds metrics where it binds HTTP unless told otherwise.
 TRITON_LOOPBACK = [f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", "--metrics-address=0.0.0.0"]
 # Probes run inside the container (kubelet's httpGet cannot reach loopback), as compose.yaml's healthcheck.
@@ -133,7 +132,7 @@ def read_repository(repo: Path) -> list[ServedModel]:
     return models
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class K8sOptions:
     repo_image: str | None = None  # an init container copies the repository out of this image
     repo_claim: str | None = None  # or this PersistentVolumeClaim holds it, mounted read-only

@@ -51,6 +51,10 @@ SPARSE_PAD_ID = -1
 # The encode stage starts a new sub-batch when a row is this many times longer than the shortest:
 # the repository generator's default, and the stage's own where a config names none.
 DEFAULT_LENGTH_RATIO = 1.25
+# Rows per Triton batch (and per client request), which a TensorRT engine's profile must accept,
+# and the token budget of one encoder forward pass (rows x padded length).
+DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_BATCH_TOKENS = 16384
 
 
 class TensorType(NamedTuple):

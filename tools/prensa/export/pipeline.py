@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,7 @@ class ExportFormat(str, Enum):
 class ExportOptions:
     source: str
     out: Path
+    _: KW_ONLY  # the rest by name
     task: Task | None = None
     pooling: Pooling | None = None
     max_length: int | None = None
@@ -69,7 +70,7 @@ class ExportOptions:
     revision: str | None = None
     quantize_int8: bool = False
     format: ExportFormat = ExportFormat.ONNX
-    trt_max_batch: int = 64  # TensorRT profile; its max length is the export's max length
+    trt_max_batch: int = contract.DEFAULT_MAX_BATCH_SIZE  # TensorRT profile; its max length is the export's
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
     fuse_ops: bool = True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves

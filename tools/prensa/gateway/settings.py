@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prensa.addresses import TRITON_GRPC_URL
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -40,7 +42,7 @@ def setting(default: Any, help: str, *, flag: str | None = None, gateway_only: b
 @dataclass(frozen=True)
 class GatewaySettings:
     triton_url: str = setting(
-        "127.0.0.1:8001", "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
+        TRITON_GRPC_URL, "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
         "requests, health-checked).", gateway_only=True)
     repo: Path = setting(Path("model_repo"), "Triton's model repository, read for tokenizer files.", gateway_only=True)
     default_model: str | None = setting(None, "Model for requests naming none (if it fits the route).")

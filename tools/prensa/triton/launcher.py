@@ -27,13 +27,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import cast
 
 import psutil
 import tritonclient.http as httpclient
 
+from prensa.addresses import LOOPBACK, TRITON_GRPC_PORT, TRITON_HTTP_PORT, TRITON_METRICS_PORT
 from prensa.triton.tracing import TritonTracing
 
 # Lines Triton logs as errors on every machine without a GPU.
@@ -55,15 +56,16 @@ class TritonStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class TritonPorts:
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
+    http: int = TRITON_HTTP_PORT
+    grpc: int = TRITON_GRPC_PORT
+    metrics: int = TRITON_METRICS_PORT
 
 
 @dataclass(frozen=True)
 class TritonOptions:
     repo: Path
-    host: str = "127.0.0.1"
+    _: KW_ONLY  # the rest by name
+    host: str = LOOPBACK
     ports: TritonPorts = field(default_factory=TritonPorts)
     log_verbose: int = 0
     model_control_mode: str = "explicit"  # every model loaded at start, each one reloadable

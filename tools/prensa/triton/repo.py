@@ -42,8 +42,8 @@ ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's out
 # spin. One instance used to stall now and then for 0.5 s in Triton's queue; that was the queue
 # policy (see `dynamic_batching`), not the instance count.
 DEFAULT_ENCODER_INSTANCES = 1
-DEFAULT_MAX_BATCH_SIZE = 64  # rows per Triton batch (and per client request)
-DEFAULT_MAX_BATCH_TOKENS = 16384  # token budget of one encoder forward pass (rows x padded length)
+DEFAULT_MAX_BATCH_SIZE = contract.DEFAULT_MAX_BATCH_SIZE
+DEFAULT_MAX_BATCH_TOKENS = contract.DEFAULT_MAX_BATCH_TOKENS
 DEFAULT_LENGTH_RATIO = contract.DEFAULT_LENGTH_RATIO
 
 
@@ -73,7 +73,7 @@ class Target(str, Enum):
     CONTAINER = "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServingOptions:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait

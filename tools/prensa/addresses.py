@@ -1,0 +1,21 @@
+"""Where prensa listens and what it connects to by default: loopback only (nothing is reachable
+from the network unless a flag says so), Triton's three ports and the gateway's, as TEI and
+Triton number them."""
+
+from __future__ import annotations
+
+LOOPBACK = "127.0.0.1"
+LOOPBACK_NAMES = frozenset({LOOPBACK, "localhost", "::1"})
+ANY_ADDRESS = frozenset({"0.0.0.0", "::"})  # binding these listens on every interface
+
+TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT = 8000, 8001, 8002
+GATEWAY_PORT = 8080
+
+TRITON_GRPC_URL = f"{LOOPBACK}:{TRITON_GRPC_PORT}"
+TRITON_METRICS_URL = f"http://{LOOPBACK}:{TRITON_METRICS_PORT}/metrics"
+GATEWAY_URL = f"http://{LOOPBACK}:{GATEWAY_PORT}"
+
+
+def http_url(port: int, path: str = "") -> str:
+    """`http://127.0.0.1:<port><path>`: a server this process started on loopback."""
+    return f"http://{LOOPBACK}:{port}{path}"
