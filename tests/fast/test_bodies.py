@@ -67,7 +67,8 @@ def test_every_route_serves_a_body_of_its_own_shape(http):
               "/v1/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query"},
               "/v2/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query", "embedding_types": ["float"]},
               "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
-              "/vertex": {"instances": [{"inputs": "dog"}]}}
+              "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
+              "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"}}
     for path in PATHS:
         body = bodies.get(path, {"inputs": "dog"})
         response = http.post(path, json=body)

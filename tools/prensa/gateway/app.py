@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
-from prensa.gateway import routes_cohere, routes_nim, routes_openai, routes_tei
+from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.limits import Permits
@@ -32,7 +32,7 @@ from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
 # The routers of inference routes (counted under TEI's metrics), beside the model-listing and operational ones.
-INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_tei.router,
+INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_tei.router, routes_m3.router,
                      routes_tei.default_router]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).

@@ -28,6 +28,9 @@ class ErrorKind(str, Enum):
     UNHEALTHY = "unhealthy"
 
 
+# The statuses an inference route may answer with an error body (its OpenAPI `responses`).
+ROUTE_ERROR_STATUSES = (400, 404, 413, 422, 424, 429, 503)
+
 # kind -> (HTTP status, `error_type` / OpenAI `type`)
 ERROR_TABLE: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.VALIDATION: (422, "Validation"),

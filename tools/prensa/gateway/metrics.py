@@ -36,9 +36,9 @@ class TeiCounter(Collector):
         yield family
 
 
-EMBED_METHODS = frozenset({"embed", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
+EMBED_METHODS = frozenset({"embed", "embed_m3", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
                            "embed_v1", "embed_v2"})
-PREDICT_METHODS = frozenset({"predict", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"})
+PREDICT_METHODS = frozenset({"predict", "score", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"})
 
 
 class FamilyDurations:
@@ -100,6 +100,9 @@ class GatewayMetrics:
                                    registry=r)
         self.call_tokens = Histogram("prensa_triton_call_tokens", "Tokens per gateway call to Triton",
                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.merged_calls = Histogram("prensa_coalesced_requests", "Requests per merged text call to Triton "
+                                      "(--coalesce-requests; a call sent at once is not counted)",
+                                      buckets=BATCH_BUCKETS, registry=r)
         self.inputs_in_flight = Gauge("prensa_inputs_in_flight", "Inputs admitted and not yet answered (permits held)",
                                       registry=r)
         self.inputs_limit = Gauge("prensa_inputs_limit", "Permits in all (--max-concurrent-requests): inputs in flight "

@@ -47,6 +47,7 @@ class Capability(str, Enum):
     COLBERT = "ColBERT multi-vectors"
     HIDDEN = "per-token hidden states"
     RERANK = "reranking"
+    M3 = "bge-m3's dense, sparse and ColBERT outputs"
     PREDICT = "classification"
 
 
@@ -96,13 +97,19 @@ class ServedModel:
         """The ensemble takes (query, passage) pairs only: a lone text goes the token path."""
         return self.task == "rerank"
 
+    @property
+    def is_m3(self) -> bool:
+        """bge-m3 with its heads: the hybrid scores need all three outputs."""
+        return self.task == "m3" and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
+
     def can(self, capability: Capability) -> bool:
         return {
             Capability.DENSE: contract.DENSE in self.outputs,
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
             Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs,
-            Capability.RERANK: self.task == "rerank",
+            Capability.RERANK: self.task == "rerank" or self.is_m3,  # bge-m3 as a bi-encoder reranker
+            Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
 
@@ -301,6 +308,8 @@ class Registry:
         if self.default_model and self.default_model not in self.models:  # never answer with another model
             raise GatewayError(ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now")
         candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
+        if capability is Capability.RERANK and any(m.task == "rerank" for m in candidates):
+            candidates = [m for m in candidates if m.task == "rerank"]  # bge-m3 reranks when named, or alone
         default = self.models.get(self.default_model or "")
         if default is not None and default in candidates:
             return default

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
+from prensa.gateway.chunking import DEFAULT_OVERLAP
+
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
 Direction = Annotated[Literal["left", "right"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
@@ -31,11 +33,23 @@ class TruncatedRequest(ModelRequest, Truncation):
     pass
 
 
+class ChunkingRequest(BaseModel):
+    enabled: bool = Field(True, description="Cut inputs over the model's max length into windows and combine them.")
+    overlap: int = Field(DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share.")
+
+
+CHUNKING = ("Long inputs as overlapping windows combined into one answer instead of truncated; absent: the "
+            "server's --chunk-long-inputs.")
+
+
 class EmbedRequest(TruncatedRequest):
     inputs: Inputs = Field(description="A text, a token-id list, or a list of texts and/or token-id lists.")
     prompt_name: str | None = Field(None, description=PROMPT)
     normalize: bool = Field(True, description="L2-normalise the vectors (after `dimensions`).")
     dimensions: int | None = Field(None, description="Keep the first N dimensions (Matryoshka).")
+    outputs: list[Literal["dense", "sparse", "colbert"]] | None = Field(
+        None, min_length=1, description="bge-m3: answer as `/embed_m3` does, with these outputs of one forward pass.")
+    chunking: ChunkingRequest | None = Field(None, description=CHUNKING)
 
 
 class TokenLevelRequest(TruncatedRequest):
@@ -77,6 +91,10 @@ class RerankRequest(TruncatedRequest):
     texts: list[str] = Field(description="Passages to score against the query.")
     raw_scores: bool = Field(False, description="Return logits instead of sigmoid scores.")
     return_text: bool = Field(False, description="Echo each passage in the response.")
+    weights: list[float] | None = Field(
+        None, min_length=3, max_length=3,
+        description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and ColBERT; "
+                    "default [0.4, 0.2, 0.4].")
 
 
 class Rank(BaseModel):

@@ -28,6 +28,7 @@ from prensa.gateway.tracing import stage
 ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
 
 M = TypeVar("M", bound=BaseModel)
+CHUNKS_HEADER = "x-prensa-chunks"
 
 
 def validate_body(request_model: type[M], data: Any) -> M:
@@ -70,6 +71,8 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
             "x-queue-time": _ms(queue),
             "x-inference-time": _ms(timings.inference_s),
         }
+        if timings.chunks is not None:  # windows per input, in order
+            headers[CHUNKS_HEADER] = ",".join(map(str, timings.chunks))
     with stage("serialize"):
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=headers)

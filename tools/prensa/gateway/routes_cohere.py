@@ -49,15 +49,15 @@ async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: l
     if max_tokens is not None and max_tokens < served.max_length:
         texts = await gw.service.tokenizer_work(len(texts), cut_texts, served.require_tokenizer(), texts, max_tokens)
     if not max_chunks:
-        values, tokens = await gw.service.scores(served, [query] * len(texts), texts, truncation, False, timings)
-        return values[:, 0], int(tokens.sum())
+        values, tokens = await gw.service.relevance(served, query, texts, truncation, False, timings)
+        return values, int(tokens.sum())
     windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), query, texts,
                                               served.max_length, max_chunks)
     flat = [window for pieces in windows for window in pieces]
-    values, tokens = await gw.service.scores(served, [query] * len(flat), flat, truncation, False, timings)
+    values, tokens = await gw.service.relevance(served, query, flat, truncation, False, timings)
     owners = np.repeat(np.arange(len(texts)), [len(pieces) for pieces in windows])
     best = np.full(len(texts), -np.inf, dtype=np.float32)
-    np.maximum.at(best, owners, values[:, 0])
+    np.maximum.at(best, owners, values)
     return best, int(tokens.sum())
 
 

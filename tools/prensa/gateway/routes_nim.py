@@ -20,8 +20,7 @@ async def nim_ranking(request: RankingRequest, http: GatewayRequest, model: Mode
     gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     passages = [p.text for p in request.passages]
-    values, _ = await gw.service.scores(served, [request.query.text] * len(passages), passages,
-                                        truncation_of(request.truncate, gw.settings.auto_truncate), True, timings)
-    logits = values[:, 0]
+    logits, _ = await gw.service.relevance(served, request.query.text, passages,
+                                           truncation_of(request.truncate, gw.settings.auto_truncate), True, timings)
     return json_response({"rankings": [{"index": i, "logit": float(logits[i])}
                                        for i in np.argsort(-logits, kind="stable").tolist()]}, timings)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_openai import (
@@ -21,7 +22,7 @@ from prensa.gateway.quantize import base64_float32
 from prensa.gateway.responses import CountedRoute, GatewayRequest, GatewayRoute, ModelParam, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in (400, 404, 413, 422, 424, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES}
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["OpenAI"])
 # NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.

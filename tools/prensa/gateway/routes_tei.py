@@ -20,10 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import RootModel
 from tokenizers import Tokenizer
 
-from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
+from prensa.gateway.protocol_m3 import M3Request
 from prensa.gateway.protocol_tei import (
     DecodeRequest,
     EmbedRequest,
@@ -52,11 +53,12 @@ from prensa.gateway.responses import (
     record_success,
     validate_body,
 )
+from prensa.gateway.routes_m3 import embed_m3_payload
 from prensa.gateway.service import Timings, gather
 from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in (400, 404, 413, 422, 424, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES}
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
@@ -81,9 +83,16 @@ class Operation:
 
 
 async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    if request.outputs is not None:
+        if not served.is_m3:
+            raise validation(f"`outputs` applies to bge-m3 models; `{served.name}` is a {served.task} model")
+        m3 = M3Request(model=request.model, inputs=request.inputs, outputs=request.outputs, prompt_name=request.prompt_name,
+                       truncate=request.truncate, truncation_direction=request.truncation_direction,
+                       return_tokens=False, colbert_encoding="float", chunking=request.chunking)
+        return await embed_m3_payload(m3, gw, served, timings)
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
     result = await gw.service.dense(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
-                                    request.normalize, request.dimensions, timings)
+                                    request.normalize, request.dimensions, timings, gw.service.chunking(request.chunking))
     return result.rows
 
 
@@ -132,10 +141,9 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
 
 
 async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
-    values, _ = await gw.service.scores(served, [request.query] * len(request.texts), list(request.texts),
-                                        gw.service.truncation(request.truncate, request.truncation_direction),
-                                        request.raw_scores, timings)
-    scores = values[:, 0]
+    scores, _ = await gw.service.relevance(served, request.query, list(request.texts),
+                                           gw.service.truncation(request.truncate, request.truncation_direction),
+                                           request.raw_scores, timings, request.weights)
     ranks = []
     for index in np.argsort(-scores, kind="stable").tolist():
         rank = {"index": index, "score": float(scores[index])}

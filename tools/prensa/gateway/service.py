@@ -26,10 +26,15 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.gateway.backend import Backend
+from prensa.gateway.chunking import Chunking, Windows, concatenated, max_per_id, mean_by_tokens, split_items, summed
+from prensa.gateway.coalesce import Coalescer
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.gateway.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows
+from prensa.gateway.hybrid import scores as scores_of
 from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, Permits, TritonWindow
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
+from prensa.gateway.protocol_tei import ChunkingRequest
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import (
     Item,
@@ -40,7 +45,7 @@ from prensa.gateway.tokenization import (
     has_long_texts,
     tokenize_items,
 )
-from prensa.gateway.tracing import past_stage, stage
+from prensa.gateway.tracing import past_stage, sampled, stage
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
 
@@ -48,6 +53,7 @@ from prensa.tensors import texts_tensor
 # (`normalize: false` on a model that normalises) the gateway pools with the very same code.
 POOL_STAGE = load_stage("pool")
 T = TypeVar("T")
+M3_OUTPUTS = (contract.DENSE, contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.COLBERT)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Timings:
     inference_s: float = 0.0
     tokens: int = 0
     characters: int = 0
+    chunks: list[int] | None = None  # windows per input, when long inputs were chunked
 
 
 @dataclass
@@ -117,7 +124,14 @@ class Service:
         self.client = client
         self.metrics = metrics
         self.permits = permits
-        self.windows: dict[str, TritonWindow] = {}  # per ensemble, see `_text_call`
+        self.windows: dict[str, TritonWindow] = {}  # per ensemble, see `_send_texts`
+        self.coalescers: dict[tuple[str, tuple[str, ...], bool], Coalescer] = {}  # see `_text_call`
+
+    def chunking(self, asked: ChunkingRequest | None) -> Chunking | None:
+        """A request's chunking of long inputs: what it asks, else the server's --chunk-long-inputs."""
+        if asked is None:
+            return Chunking() if self.settings.chunk_long_inputs else None
+        return Chunking(asked.overlap) if asked.enabled else None
 
     def truncation(self, truncate: bool | None, direction: str) -> Truncation:
         return Truncation(self.settings.auto_truncate if truncate is None else truncate, direction)
@@ -142,6 +156,21 @@ class Service:
 
     async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
                          outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
+        """One call of `model` on texts, merged with other requests' (`coalesce`) unless this one is
+        traced (its own call carries its trace to Triton) or merging is off."""
+        if not self.settings.coalesce_requests or sampled():
+            return await self._send_texts(model, texts, pairs, outputs, request_id)
+        key = (model.name, outputs, pairs is not None)
+        if key not in self.coalescers:
+            self.coalescers[key] = Coalescer(
+                lambda t, p, rid: self._send_texts(model, t, p, outputs, rid),
+                max_calls=(model.encode_instances + ENSEMBLE_SPARE_BATCHES) * max(self.client.replica_count, 1),
+                max_rows=model.max_batch_size,  # what Triton takes in one request
+                on_merge=self.metrics.merged_calls.observe)
+        return await self.coalescers[key].call(texts, pairs, request_id)
+
+    async def _send_texts(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
+                          outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
         inputs = {contract.TEXT: texts_tensor(texts)}
         if pairs is not None:
             inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
@@ -235,27 +264,46 @@ class Service:
         width = merged[outputs[0]].shape[1]
         return Inferred(merged, num_tokens, (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64))
 
+    async def chunk_windows(self, model: ServedModel, items: list[Item], chunking: Chunking | None,
+                            timings: Timings) -> Windows | None:
+        """`items` with each text longer than the model's window cut into windows (`chunking`), or
+        None when chunking is off or no input needs it."""
+        if chunking is None or model.tokenizer is None or not has_long_texts(items, None, model.max_length):
+            return None
+        started = time.perf_counter()
+        with stage("chunk long texts", inputs=len(items)):
+            windows = await asyncio.to_thread(split_items, model.tokenizer, items, model.max_length, chunking)
+        timings.tokenization_s += time.perf_counter() - started
+        timings.chunks = windows.counts
+        return windows if len(windows.items) > len(items) else None
+
     async def dense(self, model: ServedModel, items: list[Item], truncation: Truncation, normalize: bool,
-                    dimensions: int | None, timings: Timings) -> Embeddings:
-        """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked."""
+                    dimensions: int | None, timings: Timings, chunking: Chunking | None = None) -> Embeddings:
+        """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked. With
+        `chunking`, a long text's vector is its windows' mean weighted by tokens (see `chunking`)."""
         self.check(items)
         dim = model.dense_dim or 0
         if dimensions is not None and dimensions <= 0:
             raise validation("`dimensions` should be positive")
         if dimensions is not None and dimensions > dim:
             raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
-        with self.permits.hold(len(items)):
+        windows = await self.chunk_windows(model, items, chunking, timings)
+        run = windows.items if windows else items
+        with self.permits.hold(len(run)):
             if not normalize and model.normalize:  # Triton's pool stage normalises: pool the raw encoder output here
-                result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
+                result = await self.infer(model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
                 vectors = POOL_STAGE.pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
             else:
-                result = await self.infer(model, items, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings)
+                result = await self.infer(model, run, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings)
                 vectors = result.outputs[contract.DENSE]
+        num_tokens = result.num_tokens
+        if windows:
+            vectors, num_tokens = mean_by_tokens(vectors, num_tokens, windows), summed(num_tokens, windows)
         if dimensions is not None:
             vectors = vectors[:, :dimensions]
-        if normalize and (dimensions is not None or not model.normalize):
+        if normalize and (dimensions is not None or not model.normalize or windows):
             vectors = POOL_STAGE.l2_normalize(vectors)
-        return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), result.num_tokens)
+        return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), num_tokens)
 
     async def sparse(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
         """Per input, its non-zero vocabulary ids (ascending) and their weights."""
@@ -283,6 +331,60 @@ class Service:
             result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
         hidden = result.outputs[contract.LAST_HIDDEN_STATE]
         return Embeddings([hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
+
+    async def m3(self, model: ServedModel, items: list[Item], truncation: Truncation, wanted: frozenset[str],
+                 timings: Timings, chunking: Chunking | None = None) -> M3Rows:
+        """Any of bge-m3's dense, sparse and ColBERT outputs (`contract` names) for `items`, from one
+        forward pass: one Triton call per chunk, whatever the subset. With `chunking`, a long
+        text's windows combine as `chunking` says."""
+        self.check(items)
+        windows = await self.chunk_windows(model, items, chunking, timings)
+        run = windows.items if windows else items
+        outputs = (*(name for name in M3_OUTPUTS if name in wanted), contract.NUM_TOKENS)
+        with self.permits.hold(len(run)):
+            result = await self.infer(model, run, None, truncation, outputs, timings)
+        got, counts = result.outputs, result.num_tokens.tolist()
+        ids = got.get(contract.SPARSE_IDS)
+        keep = ids >= 0 if ids is not None else None
+        rows = M3Rows(
+            dense=np.ascontiguousarray(got[contract.DENSE], dtype=np.float32) if contract.DENSE in got else None,
+            sparse_ids=[ids[i][keep[i]] for i in range(len(run))] if ids is not None and keep is not None else None,
+            sparse_weights=[got[contract.SPARSE_WEIGHTS][i][keep[i]] for i in range(len(run))]
+            if keep is not None else None,
+            colbert=[got[contract.COLBERT][i, : n - 1] for i, n in enumerate(counts)] if contract.COLBERT in got else None,
+            num_tokens=result.num_tokens)
+        if not windows:
+            return rows
+        sparse = max_per_id(rows.sparse_ids, rows.sparse_weights, windows) \
+            if rows.sparse_ids is not None and rows.sparse_weights is not None else None
+        return M3Rows(
+            dense=POOL_STAGE.l2_normalize(mean_by_tokens(rows.dense, rows.num_tokens, windows))
+            if rows.dense is not None else None,
+            sparse_ids=sparse[0] if sparse else None, sparse_weights=sparse[1] if sparse else None,
+            colbert=concatenated(rows.colbert, windows) if rows.colbert is not None else None,
+            num_tokens=summed(rows.num_tokens, windows), chunks=windows.counts)
+
+    async def relevance(self, model: ServedModel, query: str, texts: list[str], truncation: Truncation,
+                        raw_scores: bool, timings: Timings,
+                        weights: Sequence[float] | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """One score per text against `query` and the tokens read per text: a cross-encoder's
+        (sigmoid, or the logit with `raw_scores`), or for bge-m3 the `colbert+sparse+dense` hybrid
+        of `hybrid.scores` (query and texts encoded in one call; the query's tokens are counted
+        with the first text's)."""
+        if not model.is_m3:
+            if weights is not None:
+                raise validation(f"`weights` applies to bge-m3 models; `{model.name}` is a cross-encoder")
+            values, tokens = await self.scores(model, [query] * len(texts), list(texts), truncation, raw_scores, timings)
+            return values[:, 0], tokens
+        rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), timings)
+        try:
+            hybrid = scores_of(rows, DEFAULT_WEIGHTS if weights is None else weights)[HYBRID]
+        except ValueError as exc:
+            raise validation(str(exc)) from None
+        tokens = rows.num_tokens[1:].copy()
+        if len(tokens):
+            tokens[0] += rows.num_tokens[0]
+        return np.asarray(hybrid, dtype=np.float32), tokens
 
     async def scores(self, model: ServedModel, texts: list[str], pairs: Sequence[str | None], truncation: Truncation,
                      raw_scores: bool, timings: Timings) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:

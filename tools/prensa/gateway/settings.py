@@ -50,8 +50,12 @@ class GatewaySettings:
     max_concurrent_requests: int = setting(512, "Inputs in flight before requests get 429.")
     max_client_batch_size: int = setting(32, "Inputs per request before 422.")
     split_large_batches: bool = setting(False, "Split larger requests into Triton calls instead of 422.")
+    coalesce_requests: bool = setting(True, "Merge concurrent requests' texts into one Triton call while the "
+                                      "model is busy (a lone request is sent at once).")
     payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")  # checked before JSON parsing
     auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")  # `truncate: null`
+    chunk_long_inputs: bool = setting(False, "Embed inputs over the model's max length as overlapping windows "
+                                      "combined into one answer, when a request does not say (`chunking`).")
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on inference routes.")
     cors_allow_origins: tuple[str, ...] = setting((), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin")
     # Per inference call; health and metadata calls use min(2 s, this).

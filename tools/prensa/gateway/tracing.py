@@ -95,6 +95,11 @@ def past_stage(name: str, since: float, **attributes: Any) -> None:
     tracer.start_span(name, start_time=wall_ns(since), attributes=attributes).end()
 
 
+def sampled() -> bool:
+    """Whether the current request is traced."""
+    return ACTIVE.get() is not None
+
+
 def triton_headers() -> dict[str, str] | None:
     """The current span's `traceparent` for a Triton call of a sampled request, else None."""
     if ACTIVE.get() is None:

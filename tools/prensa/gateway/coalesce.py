@@ -1,0 +1,146 @@
+"""Concurrent requests' texts merged into one Triton call (as TEI batches in its router).
+
+Short queries cost the gateway and Triton more per request than the encoder costs per query:
+a gRPC call, Triton's ensemble scheduling and one to three Python-backend round trips each. A
+`Coalescer` keeps at most `max_calls` calls of one ensemble in Triton; a text call that finds a
+free place goes out at once (a lone query waits for nothing), and calls that arrive while every
+place is taken wait and leave together, as one call of up to `max_rows` rows, when one returns.
+Each caller gets exactly its own rows back.
+
+Only calls whose answer does not depend on their neighbours are merged: texts (or text pairs) for
+the same model and outputs, tokenized by Triton with its right truncation at the model's max
+length. A merged call that fails is retried call by call, so a bad input fails its own request
+only. A caller that leaves while waiting takes nothing; one that leaves while its call runs only
+drops its rows of the answer, and the call is cancelled when every caller in it has left (a
+fused model's request then leaves Triton's queue, as a lone request's does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy.typing as npt
+
+from prensa.gateway.errors import ErrorKind, GatewayError
+
+Outputs = dict[str, npt.NDArray[Any]]
+# Sends texts (and their pairs) to Triton as one call: `(texts, pairs, request_id) -> outputs`.
+Send = Callable[[Sequence[str], Sequence[str] | None, str], Awaitable[Outputs]]
+# Errors that say something about the merged inputs, not about Triton: retried call by call.
+INPUT_ERRORS = frozenset({ErrorKind.BACKEND, ErrorKind.VALIDATION, ErrorKind.TOKENIZER})
+
+
+@dataclass
+class Waiting:
+    texts: Sequence[str]
+    pairs: Sequence[str] | None
+    request_id: str
+    answer: asyncio.Future[Outputs] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    group: list[Waiting] = field(default_factory=list)  # the calls it left with, itself included
+    sent: asyncio.Task[None] | None = None  # their merged call
+    left: bool = False  # its caller is gone
+
+
+def split_rows(outputs: Outputs, sizes: Sequence[int]) -> list[Outputs]:
+    """`outputs` of a merged call cut back into each caller's rows, in order. Rows of tensors whose
+    width follows the batch (sparse terms, ColBERT tokens) keep the batch's padding, which the
+    service already ignores (`SPARSE_PAD_ID`, `NUM_TOKENS`)."""
+    bounds = itertools.accumulate(sizes, initial=0)
+    return [{name: value[start:end] for name, value in outputs.items()} for start, end in itertools.pairwise(bounds)]
+
+
+class Coalescer:
+    """The text calls of one ensemble (one model, one set of outputs, with or without pairs)."""
+
+    def __init__(self, send: Send, max_calls: int, max_rows: int,
+                 on_merge: Callable[[int], None] = lambda requests: None) -> None:
+        self.send = send
+        self.on_merge = on_merge  # told how many waiting calls leave together
+        self.max_calls = max(max_calls, 1)
+        self.max_rows = max(max_rows, 1)
+        self.in_triton = 0
+        self.waiting: list[Waiting] = []
+        self._calls: set[asyncio.Task[None]] = set()  # the event loop keeps only weak references to tasks
+
+    async def call(self, texts: Sequence[str], pairs: Sequence[str] | None, request_id: str) -> Outputs:
+        """The outputs of `texts` (at most `max_rows`), alone or merged with others' texts."""
+        if self.in_triton < self.max_calls and not self.waiting:
+            self.in_triton += 1
+            try:
+                return await self.send(texts, pairs, request_id)
+            finally:
+                self._finished()
+        waiting = Waiting(texts, pairs, request_id)
+        self.waiting.append(waiting)
+        try:
+            return await asyncio.shield(waiting.answer)
+        except asyncio.CancelledError:
+            if waiting in self.waiting:  # not sent yet: it leaves without reaching Triton
+                self.waiting.remove(waiting)
+            else:  # sent: a merged call whose callers are all gone is cancelled, so Triton drops it
+                waiting.left = True
+                if waiting.sent is not None and all(one.left for one in waiting.group):
+                    waiting.sent.cancel()
+            raise
+
+    def _finished(self) -> None:
+        self.in_triton -= 1
+        while self.waiting and self.in_triton < self.max_calls:
+            group: list[Waiting] = []
+            rows = 0
+            while self.waiting and (not group or rows + len(self.waiting[0].texts) <= self.max_rows):
+                rows += len(self.waiting[0].texts)
+                group.append(self.waiting.pop(0))
+            self.in_triton += 1
+            self.on_merge(len(group))
+            task = asyncio.ensure_future(self._run(group))
+            for one in group:
+                one.group, one.sent = group, task
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _run(self, group: list[Waiting]) -> None:
+        try:
+            if len(group) == 1:
+                await self._alone(group[0])
+                return
+            texts = [text for one in group for text in one.texts]
+            pairs = [pair for one in group for pair in one.pairs or ()] if group[0].pairs is not None else None
+            try:
+                merged = await self.send(texts, pairs, group[0].request_id)
+            except GatewayError as exc:
+                if exc.kind in INPUT_ERRORS:  # whose input? each call alone says
+                    await asyncio.gather(*(self._alone(one) for one in group))
+                else:
+                    for one in group:
+                        self._fail(one, exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - every caller gets it
+                for one in group:
+                    self._fail(one, exc)
+                return
+            for one, rows in zip(group, split_rows(merged, [len(one.texts) for one in group])):
+                self._settle(one, rows)
+        finally:
+            self._finished()
+
+    async def _alone(self, one: Waiting) -> None:
+        try:
+            self._settle(one, await self.send(one.texts, one.pairs, one.request_id))
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            self._fail(one, exc)
+
+    @staticmethod
+    def _settle(one: Waiting, outputs: Outputs) -> None:
+        if not one.answer.done():
+            one.answer.set_result(outputs)
+
+    @staticmethod
+    def _fail(one: Waiting, exc: BaseException) -> None:
+        if not one.answer.done():
+            one.answer.set_exception(exc)
+            one.answer.exception()  # retrieved: a caller that left never awaits it
