@@ -11,9 +11,18 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 
 QUERY_SHARE = 0.3
+
+
+class Workloads(str, Enum):
+    """What `prensa bench` sends an embedder: the RAG mix, or short queries only (the online,
+    latency-critical half, where a request's fixed costs weigh most)."""
+
+    MIXED = "mixed"
+    QUERIES = "queries"
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,13 @@ def embedding_texts(count: int, seed: int = 0) -> list[str]:
         paragraph = pool[rng.randrange(len(pool))]
         texts.append(_query_from(paragraph, rng) if rng.random() < QUERY_SHARE else paragraph)
     return texts
+
+
+def query_texts(count: int, seed: int = 0) -> list[str]:
+    """`count` short query-like texts (4-12 words from a passage, as a question)."""
+    rng = random.Random(seed)
+    pool = _paragraphs()
+    return [_query_from(pool[rng.randrange(len(pool))], rng) for _ in range(count)]
 
 
 def rerank_cases(queries: int, passages_per_query: int, seed: int = 0) -> list[RerankCase]:

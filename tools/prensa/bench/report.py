@@ -27,13 +27,15 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     title = f"{report['task']} · {report['model']} ({report['dtype']}) · {report['workload']['requests']} requests, " \
             f"{report['workload']['mean_tokens']:.0f} tokens/sequence · {report['cpus']} CPUs"
     table = Table("system", "clients", "seq/s", "tok/s", "vs limit", "p50 ms", "p90 ms", "p99 ms", "errors",
-                  "1 short query p50 ms", title=title)
+                  "server CPU ms/req", "load gen cores", "1 short query p50 ms", title=title)
     for system in report["systems"]:
         for index, run in enumerate(system["runs"]):
             latency = [f"{run[k]:.1f}" if k in run else "-" for k in ("p50_ms", "p90_ms", "p99_ms")]
             table.add_row(system["name"] if index == 0 else "", str(run["concurrency"] or "batched"),
                           f"{run['seq_per_s']:.1f}", f"{run['tok_per_s']:.0f}", f"{run['vs_limit']:.2f}", *latency,
                           str(run.get("errors", "-")),
+                          f"{run['server_cpu_ms_per_request']:.2f}" if "server_cpu_ms_per_request" in run else "-",
+                          f"{run['client_cpu_cores']:.2f}" if "client_cpu_cores" in run else "-",
                           f"{system['single_query_p50_ms']:.1f}" if index == 0 else "")
     console.print(table)
     for pipeline, encoder in report.get("prensa_encoder", {}).items():

@@ -8,7 +8,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
@@ -32,7 +32,7 @@ from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
-from prensa.workload import RerankCase, embedding_texts, rerank_cases
+from prensa.workload import RerankCase, Workloads, embedding_texts, query_texts, rerank_cases
 
 SHORT_QUERY = "how are module attributes looked up?"
 Step = Callable[[str], AbstractContextManager[Any]]
@@ -52,6 +52,8 @@ class BenchOptions:
     infinity: str | None = None
     gateway: bool = True
     serving: ServingOptions = field(default_factory=ServingOptions)
+    workload: Workloads = Workloads.MIXED
+    coalescing: tuple[bool, ...] = (True,)  # gateway runs with --coalesce-requests on, off, or both
     pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
 
 
@@ -64,13 +66,18 @@ def free_port() -> int:
         return port
 
 
+def server_pids(triton: TritonProcess) -> list[int]:
+    """tritonserver's pid (its Python stubs are its children), for the CPU it spends per request."""
+    return [triton.process.pid] if triton.process is not None else []
+
+
 def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) -> Workload[Any]:
     encoder = text_encoder(export_dir, manifest)
     if manifest.task is Task.RERANK:
         cases = rerank_cases(options.rerank_queries, options.passages_per_query)
         tokens = [count_tokens(encoder, [(c.query, p) for p in c.passages]) for c in cases]
         return Workload(cases, [len(c.passages) for c in cases], tokens)
-    texts = embedding_texts(options.texts)
+    texts = query_texts(options.texts) if options.workload is Workloads.QUERIES else embedding_texts(options.texts)
     return Workload([[t] for t in texts], [1] * len(texts), [count_tokens(encoder, [t]) for t in texts])
 
 
@@ -85,7 +92,7 @@ def _in_process_entry(name: str, result: InProcessResult, single_ms: float) -> d
 
 
 def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Task, options: BenchOptions,
-           short: list[str] | RerankCase) -> dict[str, Any]:
+           short: list[str] | RerankCase, servers: Sequence[int] = ()) -> dict[str, Any]:
     send = client.rerank if task is Task.RERANK else client.embed
     single = client.single_latency_ms(short, options.single_repeats)
 
@@ -94,7 +101,7 @@ def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Tas
         try:
             runs = []
             for concurrency in options.concurrencies:
-                result = await closed_loop(send, workload, concurrency)
+                result = await closed_loop(send, workload, concurrency, servers)
                 runs.append(result.figures())
             return {"name": client.name, "kind": "server", "single_query_p50_ms": single, "runs": runs}
         finally:
@@ -122,23 +129,26 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any],
         before = scrape(triton.metrics_url)
         with step(f"{label} via Triton gRPC"):
             systems.append(_drive(TritonClient(f"{label} (Triton gRPC)", triton.grpc_url, name), workload,
-                                  manifest.task, options, short_item))
+                                  manifest.task, options, short_item, server_pids(triton)))
         time.sleep(TOKEN_COUNTERS_LAG_S)
         encoder = difference(scrape(triton.metrics_url), before).get(encoder_model(name, pipeline))
         if encoder:
             summary = {"padded_per_real_token": encoder.padding_ratio, "average_batch": encoder.average_batch,
                        "queue_ms_per_request": encoder.queue_ms_per_request}
-        if options.gateway:
+        for coalesce in options.coalescing if options.gateway else ():
             port = free_port()
+            variant = "" if coalesce else ", no coalescing"
             gateway = ServerProcess(
                 [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
-                 "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000"],
-                http_url(port, "/health"), options.out_dir / f"gateway-{pipeline.value}.log")
-            with step(f"{label} via the gateway (TEI /embed, /rerank)"):
+                 "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000",
+                 "--coalesce-requests" if coalesce else "--no-coalesce-requests"],
+                http_url(port, "/health"), options.out_dir / f"gateway-{pipeline.value}{'' if coalesce else '-no-coalescing'}.log")
+            with step(f"{label} via the gateway{variant} (TEI /embed, /rerank)"):
                 gateway.start()
                 try:
-                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP)", http_url(port), name,
-                                                     "tei"), workload, manifest.task, options, short_item))
+                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP{variant})", http_url(port), name,
+                                                     "tei"), workload, manifest.task, options, short_item,
+                                          [*server_pids(triton), gateway.pid]))
                 finally:
                     gateway.stop()
     finally:
@@ -159,7 +169,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     short_input = (short_item.query, short_item.passages[0]) if isinstance(short_item, RerankCase) else SHORT_QUERY
     systems: list[dict[str, Any]] = []
     report = {"model": manifest.source, "task": task.value, "dtype": manifest.dtype, "cpus": os.cpu_count(),
-              "workload": {"requests": len(workload.items), "sequences": sum(workload.sequences),
+              "workload": {"kind": options.workload.value, "requests": len(workload.items), "sequences": sum(workload.sequences),
                            "mean_tokens": sum(workload.tokens) / max(sum(workload.sequences), 1)},
               "systems": systems}
 
@@ -195,7 +205,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                 plain.start()
                 try:
                     systems.append(_drive(HttpClient("FastAPI + sentence-transformers", http_url(port),
-                                                     "", "tei"), workload, task, options, short_item))
+                                                     "", "tei"), workload, task, options, short_item, [plain.pid]))
                 finally:
                     plain.stop()
         binary = options.infinity or shutil.which("infinity_emb")
@@ -206,7 +216,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                 infinity.start()
                 try:
                     systems.append(_drive(HttpClient("Infinity", http_url(port), str(torch_dir),
-                                                     "openai"), workload, task, options, short_item))
+                                                     "openai"), workload, task, options, short_item, [infinity.pid]))
                 finally:
                     infinity.stop()
     finally:

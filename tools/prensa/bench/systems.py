@@ -75,6 +75,11 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"{self.command[0]} was not healthy after {timeout_s:.0f} s; see {self.log}")
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "start() first"
+        return self.process.pid
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

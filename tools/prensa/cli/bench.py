@@ -15,6 +15,7 @@ from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
 from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, DEFAULT_MAX_BATCH_TOKENS, Pipeline, ServingOptions
+from prensa.workload import Workloads
 
 
 def bench(
@@ -33,6 +34,8 @@ def bench(
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = DEFAULT_MAX_BATCH_TOKENS,
     pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
+    workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages) or queries (short queries only, the online path).")] = Workloads.MIXED,
+    compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     require("bench", "bench")
@@ -47,7 +50,8 @@ def bench(
         infinity=infinity, gateway=gateway,
         serving=ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
                                max_batch_tokens=max_batch_tokens),
-        pipelines=pipeline or list(Pipeline),
+        pipelines=pipeline or list(Pipeline), workload=workload,
+        coalescing=(True, False) if compare_coalescing else (True,),
     )
     out.mkdir(parents=True, exist_ok=True)
     with step_progress(console) as step:
