@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from tests.fast.conftest import MAX_LENGTH
 
-WORDS = "the quick brown fox jumps over the lazy dog in the city of berlin and paris".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "in", "the", "city", "of", "berlin", "and", "paris"]
 LONG = " ".join(WORDS[i % len(WORDS)] for i in range(3 * MAX_LENGTH))
 SHORT = "the capital of germany"
 OVERLAP = 4

@@ -100,3 +100,22 @@ def test_an_unexpected_error_is_a_bare_500_and_the_next_request_is_served(http, 
     assert (response.status_code, response.text) == (500, "Internal Server Error")
     assert response.headers["x-request-id"] == "fast-500"
     assert http.post("/embed", json={"inputs": "dog"}).status_code == 200
+
+
+def test_a_model_slower_than_the_timeout_is_503_and_the_gateway_serves_on(start_gateway, monkeypatch):
+    import time
+
+    from prensa.corpus.inprocess import ModelRepository
+
+    original = ModelRepository.infer
+
+    def slow(self, model, inputs, outputs):
+        time.sleep(0.5)
+        return original(self, model, inputs, outputs)
+
+    impatient = start_gateway(triton_timeout_s=0.1)
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelRepository, "infer", slow)
+        assert "did not answer within 0.1 s" in error_of(impatient.post("/embed", json={"inputs": "dog"}), 503,
+                                                          "Unhealthy")
+    assert impatient.post("/embed", json={"inputs": "dog"}).status_code == 200
