@@ -76,3 +76,12 @@ def test_m3_windows_combine_sparse_by_max_and_concatenate_colbert(http, served):
     tokens = np.asarray([p["num_tokens"] for p in pieces], dtype=np.float64)
     dense = np.asarray([p["dense"] for p in pieces])
     np.testing.assert_allclose(row["dense"], unit((dense * tokens[:, None]).sum(0) / tokens.sum()), atol=1e-5)
+
+
+def test_openai_embeddings_say_how_many_windows_each_input_took(http):
+    body = {"input": [SHORT, LONG], "model": "embed", "chunking": {"overlap": OVERLAP}}
+    data = http.post("/v1/embeddings", json=body).json()["data"]
+    tei = http.post("/embed", json={"inputs": [SHORT, LONG], "chunking": {"overlap": OVERLAP}})
+    assert [d["chunks"] for d in data] == [int(c) for c in tei.headers["x-prensa-chunks"].split(",")]
+    np.testing.assert_allclose([d["embedding"] for d in data], tei.json(), atol=1e-6)
+    assert "chunks" not in http.post("/v1/embeddings", json={"input": LONG, "model": "embed"}).json()["data"][0]

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from prensa.gateway.protocol_tei import CHUNKING, ChunkingRequest
+
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
 EmbeddingInput = str | list[int] | list[str | list[int]]
 InputType = Literal["query", "passage", "document", "search_query", "search_document", "classification", "clustering"]
@@ -25,6 +27,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = Field(None, description="Accepted for compatibility and ignored.")
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
     truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
+    chunking: ChunkingRequest | None = Field(None, description=CHUNKING + " Each embedding then says its `chunks`.")
 
 
 class Embedding(BaseModel):

@@ -42,12 +42,13 @@ async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest, mod
     served = await gw.registry.pick(Capability.DENSE, named_model(model, request.model))
     items = prompted(served, gw.settings, as_items(request.input), input_type=request.input_type)
     result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate),
-                                    True, request.dimensions, timings)
+                                    True, request.dimensions, timings, gw.service.chunking(request.chunking))
     encode = base64_float32 if request.encoding_format == "base64" else (lambda row: row)
     tokens = int(result.num_tokens.sum())
     return json_response({
         "object": "list",
-        "data": [{"object": "embedding", "embedding": encode(row), "index": i} for i, row in enumerate(result.rows)],
+        "data": [{"object": "embedding", "embedding": encode(row), "index": i,
+                  **({"chunks": timings.chunks[i]} if timings.chunks else {})} for i, row in enumerate(result.rows)],
         "model": served.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }, timings)
