@@ -20,6 +20,7 @@ from prensa.triton.repo import (
     ServingOptions,
     Target,
     build_repository,
+    cache_refusal,
 )
 
 app = typer.Typer(help="Build Triton model repositories from exported models.", no_args_is_help=True)
@@ -62,6 +63,7 @@ def build(
     onnx_tensorrt: Annotated[bool, typer.Option(help="container target, exports without model.plan: run the onnxruntime backend with TensorRT as its accelerator (fp16, engine cache).")] = False,
     trt_cache_dir: Annotated[str, typer.Option(help="container target with --onnx-tensorrt: engine cache directory inside the container.")] = "/cache/trt",
     pipeline: Annotated[Pipeline, typer.Option(help="ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two process hops fewer per request (cpu target only; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
+    response_cache: Annotated[bool, typer.Option(help="Turn Triton's response cache on for embedding and SPLADE ensembles: an exact repeat is answered without the encoder. Needs `prensa serve --cache-size`; other models are listed and left uncached (docs/operations.md#response-cache).")] = ServingOptions.response_cache,
 ) -> None:
     """Render tokenize -> encode -> pool ensembles (or fused models) for each export into REPO."""
     exports = exports or []
@@ -89,10 +91,17 @@ def build(
                              max_queue_size=max_queue_size, encode_instances=instances, cpu_threads=cpu_threads,
                              max_batch_tokens=max_batch_tokens, length_ratio=length_ratio, execution_provider=execution_provider, pooling=pooling,
                              target=target, length_buckets=buckets, onnx_tensorrt=onnx_tensorrt,
-                             trt_cache_dir=trt_cache_dir, pipeline=pipeline)
+                             trt_cache_dir=trt_cache_dir, pipeline=pipeline, response_cache=response_cache)
     try:
         written = build_repository(models, repo, options)
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"wrote {len(written)} models to {repo}: " + ", ".join(written))
+    if response_cache:
+        refusals = {model.name: cache_refusal(model.manifest.task, pipeline) for model in models}
+        cached = [name for name, refusal in refusals.items() if refusal is None]
+        console.print(f"response cache on: {', '.join(cached) or 'none'} (serve with --cache-size BYTES)")
+        for name, refusal in refusals.items():
+            if refusal:
+                console.print(f"[yellow]not cached:[/] {name}: {refusal}")

@@ -20,7 +20,7 @@ from prensa.cli.gateway import PANEL, GatewayAddress, gateway_server, run_server
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
-from prensa.triton.repo import Pipeline
+from prensa.triton.repo import Pipeline, cached_models
 from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics
 from prensa.triton.tracing import TracingSetupError, TritonTracing, traces_url
 
@@ -39,6 +39,7 @@ WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRE
 RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
 RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_BACKOFF", help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
 TritonOtlpEndpoint = Annotated[str | None, typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
+CacheSize = Annotated[int, typer.Option(envvar="PRENSA_CACHE_SIZE", help="Bytes of memory for Triton's response cache, shared by the models built with `prensa repo build --response-cache` (at least 1 MiB, e.g. 268435456 for 256 MiB); 0: no cache, those models answer every request themselves.")]
 # The gateway reads tokenizers from Triton's repository, so both default to the same directory.
 DEFAULT_REPO = GatewaySettings.repo
 
@@ -57,6 +58,19 @@ def triton_tracing(settings: GatewaySettings, triton_endpoint: str | None) -> Tr
     except TracingSetupError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--triton-otlp-endpoint'") from exc
     return TritonTracing(url, f"{settings.otlp_service_name}-triton")
+
+
+def cache_mismatch(repo: Path, cache_bytes: int) -> str | None:
+    """What is wrong between the repository's cached models and the cache size, or None. Triton
+    itself says nothing: models with `response_cache` on load without a cache and answer uncached."""
+    cached = cached_models(repo)
+    if cached and not cache_bytes:
+        return (f"{', '.join(cached)} turn Triton's response cache on, but --cache-size is 0: Triton answers "
+                "every request with the model. Give --cache-size BYTES (PRENSA_CACHE_SIZE) to cache repeats")
+    if cache_bytes and not cached:
+        return (f"--cache-size {cache_bytes} reserves a response cache no model of {repo} uses: "
+                "build the repository with `prensa repo build --response-cache`")
+    return None
 
 
 def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: GatewayAddress,
@@ -84,6 +98,8 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
     On a signal the gateway drains first, then Triton; each gets --graceful-timeout."""
     configure_logging(settings.log_level, settings.json_output)
+    if mismatch := cache_mismatch(options.repo, options.cache_bytes):
+        log.warning(mismatch)
     triton = TritonProcess(replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s))))
     tracing = f"; traces to {options.tracing.url}" if options.tracing else ""
     log.info("starting tritonserver on %s (its log: %s%s)", options.repo, triton.log_path, tracing,
@@ -141,6 +157,7 @@ def serve(
     restart_limit: RestartLimit = RestartPolicy.limit,
     restart_backoff: RestartBackoff = RestartPolicy.backoff_s,
     triton_otlp_endpoint: TritonOtlpEndpoint = None,
+    cache_size: CacheSize = TritonOptions.cache_bytes,
     gateway: WithGateway = True,
     *,
     settings: GatewaySettings,
@@ -150,9 +167,12 @@ def serve(
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                            log_verbose=log_verbose, model_control_mode=model_control_mode,
-                            tracing=triton_tracing(settings, triton_otlp_endpoint))
+    try:
+        options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
+                                log_verbose=log_verbose, model_control_mode=model_control_mode,
+                                tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--cache-size'") from exc
     run_triton(options, address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
                settings)
 

@@ -78,6 +78,7 @@ class ServedModel:
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
+    cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
 
     @property
     def encode_model(self) -> str:
@@ -187,6 +188,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         fused=fused,
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
         dense_ranges=dense_ranges,
+        cached=ensemble.response_cache.enable,
     )
 
 

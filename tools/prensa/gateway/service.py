@@ -157,8 +157,10 @@ class Service:
     async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
                          outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
         """One call of `model` on texts, merged with other requests' (`coalesce`) unless this one is
-        traced (its own call carries its trace to Triton) or merging is off."""
-        if not self.settings.coalesce_requests or sampled():
+        traced (its own call carries its trace to Triton), the model's answers are cached by Triton
+        (a cached answer is keyed on the call's exact texts: merged calls would almost never
+        repeat), or merging is off."""
+        if not self.settings.coalesce_requests or model.cached or sampled():
             return await self._send_texts(model, texts, pairs, outputs, request_id)
         key = (model.name, outputs, pairs is not None)
         if key not in self.coalescers:

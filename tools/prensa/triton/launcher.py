@@ -8,7 +8,8 @@ first on PATH, hence the current interpreter's `bin/` goes first there.
 Triton runs in its own session (a Ctrl-C reaches prensa, which decides how Triton stops), so it
 would outlive a prensa killed with SIGKILL: the kernel's parent-death signal kills it then, and its
 stubs, which watch their parent, follow within a second. It starts in explicit model-control mode
-with every model loaded, so that one model can be reloaded (`prensa.triton.healing`).
+with every model loaded, so that one model can be reloaded (`prensa.triton.healing`). With a cache
+size it also starts Triton's `local` response cache, whose library the wheel ships in `caches/`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
 CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a process gets when the thread that forked it ends
 LIBC = ctypes.CDLL(None, use_errno=True)
+# Triton's local cache refuses to start on a few hundred bytes, and one that cannot hold a response
+# logs an error per request; a size below this is a unit mistake (`--cache-size 512` meant MiB).
+MIN_CACHE_BYTES = 1 << 20
 
 
 def is_error_line(line: str) -> bool:
@@ -72,6 +76,12 @@ class TritonOptions:
     strict_readiness: bool = True
     exit_timeout_s: int = 5  # in-flight requests get this long after SIGTERM (Triton's default: 30)
     tracing: TritonTracing | None = None  # Triton's OpenTelemetry tracing; off by default
+    cache_bytes: int = 0  # Triton's local response cache, shared by the models that turn it on; 0: none
+
+    def __post_init__(self) -> None:
+        if self.cache_bytes != 0 and self.cache_bytes < MIN_CACHE_BYTES:
+            raise ValueError(f"the response cache size is in bytes: {self.cache_bytes} is below {MIN_CACHE_BYTES} "
+                             f"(1 MiB); e.g. {256 << 20} for 256 MiB")
 
     @property
     def reloadable(self) -> bool:
@@ -88,6 +98,11 @@ def _pytriton_root() -> Path:
 
 def triton_binary() -> Path:
     return _pytriton_root() / "tritonserver" / "bin" / "tritonserver"
+
+
+def cache_directory() -> Path:
+    """The wheel's cache libraries (`local/libtritoncache_local.so`); Triton looks in /opt/tritonserver otherwise."""
+    return _pytriton_root() / "tritonserver" / "caches"
 
 
 def backend_directory() -> Path:
@@ -143,6 +158,8 @@ def triton_command(options: TritonOptions) -> list[str]:
         "--allow-sagemaker=false",
         "--allow-vertex-ai=false",
         *(options.tracing.args() if options.tracing else []),
+        *([f"--cache-config=local,size={options.cache_bytes}", f"--cache-directory={cache_directory()}"]
+          if options.cache_bytes else []),
     ]
 
 

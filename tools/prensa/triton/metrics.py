@@ -4,6 +4,9 @@ Used by `prensa stats`, the benchmarks and the load tests: average batch size is
 `nv_inference_count / nv_inference_exec_count`; queue and compute times are cumulative
 microseconds divided by successful requests; the encoder stage adds its real and padded token
 counters (`prensa_encoder_*_tokens`), which it sends up to `TOKEN_COUNTERS_LAG_S` after an execute.
+A model with Triton's response cache on adds its hits and misses (`nv_cache_*_per_model`, exported
+only while Triton runs with a cache); a hit counts as a success with no execution, inference or
+compute time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ COUNTERS = {
     "nv_inference_request_duration_us": "request_us",
     "prensa_encoder_real_tokens": "real_tokens",
     "prensa_encoder_padded_tokens": "padded_tokens",
+    "nv_cache_num_hits_per_model": "cache_hits",
+    "nv_cache_num_misses_per_model": "cache_misses",
+    "nv_cache_hit_duration_per_model": "cache_hit_us",
+    "nv_cache_miss_duration_per_model": "cache_miss_us",  # lookup and insertion
 }
 # The encoder stage sends its token counters from a thread, 50 ms after the executes they count
 # (`TokenCounters` in prensa/ensembles/encode/model.py); a reader wanting all of them waits this long.
@@ -42,6 +49,10 @@ class ModelStats:
     request_us: float = 0.0
     real_tokens: float = 0.0
     padded_tokens: float = 0.0
+    cache_hits: float = 0.0
+    cache_misses: float = 0.0
+    cache_hit_us: float = 0.0
+    cache_miss_us: float = 0.0
 
     @property
     def average_batch(self) -> float:
@@ -59,6 +70,15 @@ class ModelStats:
     def padding_ratio(self) -> float | None:
         """Tokens computed per real token (1.0 = no padding); None where no encoder counts them."""
         return self.padded_tokens / self.real_tokens if self.real_tokens else None
+
+    @property
+    def cache_lookups(self) -> float:
+        return self.cache_hits + self.cache_misses
+
+    @property
+    def cache_hit_ratio(self) -> float | None:
+        """Requests answered from Triton's response cache per lookup; None where nothing was looked up."""
+        return self.cache_hits / self.cache_lookups if self.cache_lookups else None
 
     def __sub__(self, earlier: ModelStats) -> ModelStats:
         return ModelStats(self.model, **{f: getattr(self, f) - getattr(earlier, f) for f in COUNTERS.values()})

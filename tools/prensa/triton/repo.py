@@ -5,7 +5,8 @@ copied from `prensa/ensembles/`) and the ensemble `<name>` wiring them; or, with
 one Python model `<name>` running the same stage code in one process hop (lower latency on CPU).
 Serving knobs live in each `config.pbtxt` as parameters; stage code reads them at load time. The
 `container` target swaps the encoder for a native GPU backend (see `prensa.triton.native`) and
-pads tokens to buckets.
+pads tokens to buckets. `--response-cache` turns Triton's response cache on for the ensembles it
+can key safely (`cache_refusal`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,22 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from prensa.files import link_graph_files, link_or_copy
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
-from prensa.triton.config import ConfigDict, Tensor, config_parameters, dynamic_batching, string_parameters, to_pbtxt
+from prensa.triton.config import (
+    ConfigDict,
+    Tensor,
+    config_parameters,
+    dynamic_batching,
+    parse_pbtxt,
+    string_parameters,
+    to_pbtxt,
+)
 
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
@@ -45,6 +55,14 @@ DEFAULT_ENCODER_INSTANCES = 1
 DEFAULT_MAX_BATCH_SIZE = contract.DEFAULT_MAX_BATCH_SIZE
 DEFAULT_MAX_BATCH_TOKENS = contract.DEFAULT_MAX_BATCH_TOKENS
 DEFAULT_LENGTH_RATIO = contract.DEFAULT_LENGTH_RATIO
+
+# Triton keys a cached response on the model, its version and the bytes of each input by name: not on
+# the outputs the request asked for, nor on input shapes. The cached response carries only the outputs
+# its first request asked for, and later requests get exactly those. So only models whose clients
+# ask one output set of the same inputs are cached: prensa's routes ask an embedder for `dense` and
+# `num_tokens`, a SPLADE model for its sparse pair and `num_tokens`; they ask bge-m3 for dense,
+# sparse or ColBERT and a reranker or classifier for `scores` or `logits`, each from the same texts.
+CACHED_TASKS = (Task.EMBED, Task.SPLADE)
 
 
 class Pipeline(str, Enum):
@@ -90,6 +108,31 @@ class ServingOptions:
     onnx_tensorrt: bool = False  # container, onnxruntime backend: TensorRT as execution accelerator
     trt_cache_dir: str = "/cache/trt"  # container path of that accelerator's engine cache (a volume in compose.yaml)
     pipeline: Pipeline = Pipeline.ENSEMBLE
+    response_cache: bool = False  # Triton's response cache on the model clients call (`cache_refusal`); needs `serve --cache-size`
+
+
+def cache_refusal(task: Task, pipeline: Pipeline) -> str | None:
+    """Why `--response-cache` leaves a model uncached, or None when its answers can be cached."""
+    if pipeline is Pipeline.FUSED:
+        return ("a fused model also takes token ids, and Triton's cache key has no input shapes nor requested "
+                "outputs: the token path would get answers cached for other rows or other outputs")
+    if task not in CACHED_TASKS:
+        return (f"{task.value} models are asked for different outputs of the same texts, and Triton's cache key "
+                "has no requested outputs: a cached answer would lack the outputs a later request asks for")
+    return None
+
+
+def cached_models(repo: Path) -> list[str]:
+    """The models of `repo` whose config turns Triton's response cache on, sorted; a config this
+    schema cannot read is left to Triton to refuse."""
+    cached = []
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        try:
+            if parse_pbtxt(path.read_text()).response_cache.enable:
+                cached.append(path.parent.name)
+        except text_format.ParseError:
+            continue
+    return cached
 
 
 @dataclass(frozen=True)
@@ -353,6 +396,9 @@ class ModelRenderer:
             ]},
             "parameters": string_parameters(self.served_parameters()),
         }
+        if self.options.response_cache and cache_refusal(self.m.task, self.options.pipeline) is None:
+            # Looked up per request before the ensemble schedules a step: a hit skips all three stages.
+            config["response_cache"] = {"enable": True}
         self._write(self.repo / self.model.name, config, None)
 
     def fused(self) -> None:

@@ -1,0 +1,222 @@
+"""What Triton's response cache buys on repeated queries: one export served twice, without and with
+the cache (`prensa repo build --response-cache`, `prensa serve --cache-size`), both Tritons sent
+the same stream, Zipf-distributed over distinct short queries (rank k drawn with weight k^-s), by
+concurrent gRPC clients straight to the ensemble, slice by slice in turn (see `compare`). Prints
+throughput, p50/p99 latency, the hit ratio Triton counted (and the most a cold cache can reach on
+that stream) and the encoder's executions side by side.
+
+    .venv/bin/python tools/cache_bench.py --export models/minilm --requests 20000 --concurrency 4
+
+The export must be an embedding or SPLADE model (the tasks `--response-cache` caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from prensa.manifest import Manifest
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.repo import CACHED_TASKS, ModelSource, ServingOptions, build_repository, cache_refusal
+
+MODEL = "bench"
+ASKING = ["how do", "why do", "when do", "where do", "what makes", "who repairs", "best way to clean",
+          "cheap ways to insure", "history of", "rules for", "safety of", "cost of", "how long do",
+          "can children visit", "photos of", "opening hours for", "tickets for", "reviews of", "map of",
+          "news about", "weather near", "events at", "jobs at", "parking near", "tours of"]
+SUBJECTS = ["old bridges", "river ferries", "city museums", "mountain huts", "night trains", "public libraries",
+            "harbour cranes", "tram lines", "castle ruins", "botanical gardens", "ice rinks", "wind farms",
+            "village bakeries", "lighthouses", "street markets", "football stadiums", "ski lifts",
+            "concert halls", "canal locks", "zoos"]
+PLACES = ["in lisbon", "in oslo", "in kyoto", "in quebec", "in porto", "in bergen", "in vienna", "in cusco",
+          "in hobart", "in tallinn", "in seville", "in dublin", "in krakow", "in lyon", "in ghent", "in turin",
+          "in galway", "in bilbao", "in utrecht", "in gdansk"]
+
+
+def queries(count: int, rng: np.random.Generator) -> list[str]:
+    """`count` distinct short queries in a random rank order (rank 0 the most asked)."""
+    every = [" ".join(words) for words in itertools.product(ASKING, SUBJECTS, PLACES)]
+    if count > len(every):
+        raise SystemExit(f"--distinct is at most {len(every)}")
+    order = rng.permutation(len(every))[:count]
+    return [every[i] for i in order]
+
+
+def zipf_stream(count: int, distinct: int, s: float, rng: np.random.Generator) -> list[int]:
+    """`count` ranks out of `distinct`, rank k (from 1) drawn with probability proportional to k^-s."""
+    weights = np.arange(1, distinct + 1, dtype=np.float64) ** -s
+    return rng.choice(distinct, size=count, p=weights / weights.sum()).tolist()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def text_input(text: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+    return tensor
+
+
+@dataclass
+class Served:
+    """One Triton of the comparison: its clients and what it measured so far."""
+
+    name: str
+    triton: TritonProcess
+    clients: list[grpcclient.InferenceServerClient] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    before: tuple[int, int, int] = (0, 0, 0)
+    after: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def throughput(self) -> float:
+        return self.requests / self.wall_s
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q))
+
+    @property
+    def hits(self) -> int:
+        return self.after[0] - self.before[0]
+
+    @property
+    def misses(self) -> int:
+        return self.after[1] - self.before[1]
+
+    @property
+    def encoder_executions(self) -> int:
+        return self.after[2] - self.before[2]
+
+
+def counters(client: grpcclient.InferenceServerClient) -> tuple[int, int, int]:
+    """(cache hits, cache misses, encoder executions) so far."""
+    served = client.get_inference_statistics(MODEL).model_stats[0].inference_stats
+    encoder = client.get_inference_statistics(f"{MODEL}_encode").model_stats[0]
+    return served.cache_hit.count, served.cache_miss.count, encoder.execution_count
+
+
+def send(client: grpcclient.InferenceServerClient, texts: list[str], latencies: list[float],
+         errors: list[BaseException]) -> None:
+    try:
+        for text in texts:
+            started = time.perf_counter()
+            client.infer(MODEL, [text_input(text)])
+            latencies.append((time.perf_counter() - started) * 1000)
+    except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        errors.append(exc)
+
+
+def send_round(served: Served, texts: list[str]) -> None:
+    """`texts` from every client of `served` at once, dealt out in turn."""
+    count = len(served.clients)
+    shares: list[list[float]] = [[] for _ in range(count)]
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=send, args=(client, texts[i::count], shares[i], errors))
+               for i, client in enumerate(served.clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    served.wall_s += time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"{served.name}: {errors[0]}")
+    served.latencies_ms += [ms for share in shares for ms in share]
+
+
+def start(name: str, repo: Path, cache_bytes: int, concurrency: int, warmup: int) -> Served:
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    triton = TritonProcess(TritonOptions(repo, ports=ports, cache_bytes=cache_bytes), log_path=repo.parent / f"{name}.log")
+    triton.start()
+    triton.wait_ready()
+    served = Served(name, triton, [grpcclient.InferenceServerClient(triton.grpc_url) for _ in range(concurrency)])
+    for i in range(warmup):  # texts outside the stream: warm, without filling the cache with it
+        served.clients[0].infer(MODEL, [text_input(f"warm-up query number {i}")])
+    served.before = counters(served.clients[0])
+    return served
+
+
+def compare(served: list[Served], stream: list[str], rounds: int) -> None:
+    """The stream in `rounds` slices, each sent to every Triton in turn, so that all of them meet the
+    machine in the same state (other work on it, its clock) while the stream moves on."""
+    size = -(-len(stream) // rounds)
+    for start_at in range(0, len(stream), size):
+        for one in served:
+            send_round(one, stream[start_at:start_at + size])
+    time.sleep(0.2)  # a model counts a request just after answering it
+    for one in served:
+        one.after = counters(one.clients[0])
+
+
+def report(runs: list[Served], ideal_hit_ratio: float) -> str:
+    rows = [("requests", lambda r: f"{r.requests}"),
+            ("throughput (req/s)", lambda r: f"{r.throughput:.1f}"),
+            ("p50 latency (ms)", lambda r: f"{r.percentile(50):.2f}"),
+            ("p99 latency (ms)", lambda r: f"{r.percentile(99):.2f}"),
+            ("mean latency (ms)", lambda r: f"{statistics.fmean(r.latencies_ms):.2f}"),
+            ("cache hit ratio", lambda r: f"{r.hits / (r.hits + r.misses):.1%}" if r.hits + r.misses else "-"),
+            ("encoder executions", lambda r: f"{r.encoder_executions}")]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = ["".ljust(width) + "".join(r.name.rjust(14) for r in runs)]
+    lines += [label.ljust(width) + "".join(cell(r).rjust(14) for r in runs) for label, cell in rows]
+    lines.append(f"most a cold cache can hit on this stream (1 - distinct/requests): {ideal_hit_ratio:.1%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", type=Path, required=True, help="an embedding or SPLADE export from `prensa export`")
+    parser.add_argument("--requests", type=int, default=20_000, help="queries in the stream, sent to each Triton")
+    parser.add_argument("--concurrency", type=int, default=4, help="gRPC clients sending at once")
+    parser.add_argument("--distinct", type=int, default=10_000, help="distinct queries the stream draws from")
+    parser.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent: rank k is drawn with weight k^-s")
+    parser.add_argument("--cache-size", type=int, default=256 << 20, help="bytes of Triton's response cache")
+    parser.add_argument("--warmup", type=int, default=50, help="requests before measuring, outside the stream")
+    parser.add_argument("--rounds", type=int, default=20, help="slices of the stream, each sent to both Tritons in turn")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    manifest = Manifest.read(args.export)
+    if refusal := cache_refusal(manifest.task, ServingOptions().pipeline):
+        raise SystemExit(f"{args.export}: {refusal} (cached tasks: {', '.join(t.value for t in CACHED_TASKS)})")
+    rng = np.random.default_rng(args.seed)
+    texts = queries(args.distinct, rng)
+    ranks = zipf_stream(args.requests, args.distinct, args.zipf_s, rng)
+    stream = [texts[rank] for rank in ranks]
+    source = ModelSource(MODEL, args.export, manifest)
+    with tempfile.TemporaryDirectory(prefix="cache-bench-") as scratch, ExitStack() as stack:
+        served = []
+        for name, options, cache_bytes in (("uncached", ServingOptions(), 0),
+                                           ("cached", ServingOptions(response_cache=True), args.cache_size)):
+            repo = Path(scratch) / name / "repo"
+            build_repository([source], repo, options)
+            one = start(name, repo, cache_bytes, args.concurrency, args.warmup)
+            stack.callback(one.triton.stop)
+            served.append(one)
+        compare(served, stream, args.rounds)
+    print(f"{args.export.name}: {args.requests} queries, Zipf s={args.zipf_s} over {args.distinct} distinct "
+          f"({len(set(ranks))} drawn), {args.concurrency} concurrent gRPC clients")
+    print(report(served, 1 - len(set(ranks)) / len(ranks)))
+
+
+if __name__ == "__main__":
+    main()
