@@ -9,38 +9,52 @@
    length bucket alone and in batches): a lone first request must be within 2x of the median.
 4. The Python-backend encode stage with `execution_provider: cuda`, in a process without torch
    (as in Triton's stub): CUDA must be active, and its ragged token-budget batches must agree with
-   the same stage on the CPU.
+   the same stage on the CPU, under the CPU's length-ratio rule and under the GPU batching policy.
 
 Prints a report and writes it as JSON to `$OUT/gpu_check.json` (or the work directory) after each
 part. Exits 1 when a check fails, 2 when the machine has no CUDA GPU or MiniLM.
+
+`--bench` instead measures bge-m3-sized models (random weights, `prensa.export.synthetic`) against
+the chip, in one run of a few minutes on a machine with torch (CUDA), transformers, numpy and
+onnxruntime and nothing else installed: the raw engine (torch fp16, `scaled_dot_product_attention`,
+sorted batches, no server) at 128 and 512 tokens with each throughput as a share of the H200's
+dense fp16 peak, a lone short query's latency, a 100-passage rerank at 256 tokens per pair, and
+the accuracy gate (fp16 on the device against fp32 on the CPU, cosine >= 0.999). Serving the same
+models through prensa (Triton gRPC and the gateway, 16/64/256 concurrent single-text clients)
+runs where its pieces are installed and is otherwise reported skipped with what is missing.
+`--dry-run` runs the same code on the CPU with the tiny size in seconds; writes `gpu_bench.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.tiny_models builds the tiny model (imported late: it brings torch)
 
+# Only modules that need numpy alone: `--bench` runs where prensa's serving dependencies
+# (tritonclient, protobuf) may be missing; the serving part imports them itself.
 from prensa.defaults import package_dir  # noqa: E402
 from prensa.export.agreement import agreement  # noqa: E402
 from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat, ExportOptions, export_model  # noqa: E402
 from prensa.export.tensorrt import EngineRunner, missing_cuda, missing_tensorrt  # noqa: E402
 from prensa.manifest import Manifest, Task  # noqa: E402
-from prensa.stages import load_stage  # noqa: E402
-from prensa.triton.native import length_buckets, warmup_shapes  # noqa: E402
-from prensa.triton.repo import ServingOptions  # noqa: E402
+from prensa.stages import contract, load_stage  # noqa: E402
 
 BATCHES = (1, 8, 32)
 BENCH_LENGTH = 128
@@ -49,7 +63,6 @@ FIRST_REQUEST_LIMIT = 2.0  # first request may take at most this many times the 
 FIRST_SHAPES = ((1, 64), (8, 64), (3, 128), (16, 256))  # rows x tokens; the first is the lone request
 STAGE_REQUESTS = 48  # ragged requests through the encode stage
 STAGE_MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999}  # per token, CUDA stage vs CPU stage
-SERVING = ServingOptions()  # the repository defaults the checks mirror (batch sizes, token budget)
 
 
 def token_arrays(encodings) -> dict[str, np.ndarray]:
@@ -110,8 +123,10 @@ def first_vs_steady(make: Callable[[], Callable], export: Path) -> dict[str, dic
     """Load and warm up on the shapes prensa's container config warms (`warmup_shapes`), then time
     each FIRST_SHAPES entry's first run against 30 more like it. The limit applies to the lone
     request; 3 and 8 rows are row counts the warmup leaves out."""
+    from prensa.triton.native import length_buckets, warmup_shapes
+
     run = make()
-    for rows, length in warmup_shapes(length_buckets(Manifest.read(export).max_length), SERVING.max_batch_size):
+    for rows, length in warmup_shapes(length_buckets(Manifest.read(export).max_length), contract.DEFAULT_MAX_BATCH_SIZE):
         run(token_batch(export, rows, length))
     figures = {}
     for rows, length in FIRST_SHAPES:
@@ -156,26 +171,38 @@ def ragged_requests(export: Path, count: int) -> list[dict[str, np.ndarray]]:
 
 
 def stage_check(export: Path) -> dict:
-    """The encode stage as Triton's stub runs it (no torch imported): CUDA vs CPU on ragged requests."""
+    """The encode stage as Triton's stub runs it (no torch imported): CUDA vs CPU on ragged requests,
+    on CUDA both with the CPU's length-ratio rule and with the GPU batching policy."""
     encode = load_stage("encode")
     manifest = Manifest.read(export)
     requests = ragged_requests(export, STAGE_REQUESTS)
     per_token = {o.name for o in manifest.outputs if o.per_token}
+    rows_cap = contract.DEFAULT_MAX_BATCH_SIZE
+    policies = {
+        "cuda": ("cuda", None),
+        "cuda gpu-batching": ("cuda", encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, rows_cap,
+                                                          encode.gpu_length_buckets(manifest.max_length))),
+        "cpu": ("cpu", None),
+    }
     outputs, figures = {}, {}
-    for provider in ("cuda", "cpu"):
+    for label, (provider, batching) in policies.items():
         session = encode.create_session(export / manifest.onnx_file, 0, provider)
-        encoder = encode.TokenBudgetEncoder(session, manifest.pad_id, max_batch_tokens=SERVING.max_batch_tokens,
-                                            length_ratio=SERVING.length_ratio, max_rows=SERVING.max_batch_size,
-                                            per_token_outputs=per_token)
-        outputs[provider] = encoder.encode(requests)
+        encoder = encode.TokenBudgetEncoder(session, manifest.pad_id, max_batch_tokens=contract.DEFAULT_MAX_BATCH_TOKENS,
+                                            length_ratio=contract.DEFAULT_LENGTH_RATIO, max_rows=rows_cap,
+                                            per_token_outputs=per_token, batching=batching)
+        if isinstance(batching, encode.GpuBatching):
+            encoder.warm_up(batching.shapes())
+        outputs[label] = encoder.encode(requests)
         start = time.perf_counter()
         rounds = 3 if provider == "cuda" else 1
         for _ in range(rounds):
             encoder.encode(requests)
         rows = sum(r["input_ids"].shape[0] for r in requests)
-        figures[provider] = {"active": session.get_providers()[0],
-                             "seq_per_s": round(rounds * rows / (time.perf_counter() - start), 1)}
-    figures_per_output = [figure for got, want, request in zip(outputs["cuda"], outputs["cpu"], requests)
+        figures[label] = {"active": session.get_providers()[0],
+                          "seq_per_s": round(rounds * rows / (time.perf_counter() - start), 1),
+                          "padded_per_real_token": round(encoder.padded_tokens / max(encoder.real_tokens, 1), 3)}
+    figures_per_output = [figure for label in ("cuda", "cuda gpu-batching")
+                          for got, want, request in zip(outputs[label], outputs["cpu"], requests)
                           for figure in agreement(got, want, request["attention_mask"], per_token).values()]
     cosines, max_diff = [cos for cos, _ in figures_per_output], max(diff for _, diff in figures_per_output)
     limit = STAGE_MIN_COSINE[manifest.dtype]
@@ -205,14 +232,377 @@ class Report:
         self.path.write_text(json.dumps(self.data, indent=2) + "\n")
 
 
+# --bench: bge-m3-sized models against the chip.
+
+H200_FP16_FLOPS = 989e12  # dense fp16 peak, FLOP/s
+BENCH_LENGTHS = (128, 512)  # tokens per row
+PEAK_TARGETS = {128: 0.50, 512: 0.55}  # the raw engine's targets (issue 24), as shares of the peak
+RERANK_PASSAGES, RERANK_PAIR_TOKENS = 100, 256
+RERANK_TARGET_P50_MS = 40.0
+LONE_QUERY = "how are module attributes looked up?"
+ACCURACY_MIN_COSINE = 0.999  # fp16 on the device vs fp32 on the CPU, per real token
+ACCURACY_ROWS = (128, 100, 64, 17)  # real tokens per row of the gate's batch, padded to the longest
+SERVE_MAX_LENGTH = 512  # the served exports' max length (FlagEmbedding's default for bge-m3)
+RERANK_MAX_BATCH = 128  # the served reranker's max_batch_size: one gRPC request carries all 100 pairs
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """How big and how long: the full run on a GPU, or the dry run's tiny models on the CPU."""
+
+    size: str  # prensa.export.synthetic size
+    device: str  # torch device of the fp16 engine
+    seconds: float  # per raw-engine configuration, after warm-up
+    repeats: int  # latency samples
+    batch_tokens: tuple[int, ...]  # rows x length of the raw engine's batches, one configuration each
+    serve: bool  # serve through prensa (Triton, gateway) where its pieces are installed
+    concurrencies: tuple[int, ...]
+    serve_requests: int  # single-text requests per concurrency and length
+
+
+FULL_PLAN = BenchPlan("full", "cuda", 3.0, 30, (16384, 65536), True, (16, 64, 256), 1024)
+DRY_PLAN = BenchPlan("tiny", "cpu", 0.2, 3, (1024,), False, (2, 4), 16)
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def torch_engine(directory: Path, kind: str, device: str, dtype: Any) -> Any:
+    """The model in `directory` on `device` in `dtype`, attention through torch's SDPA kernels."""
+    from transformers import XLMRobertaForSequenceClassification, XLMRobertaModel
+
+    if kind == "bge-m3":
+        model = XLMRobertaModel.from_pretrained(directory, attn_implementation="sdpa", add_pooling_layer=False)
+    else:
+        model = XLMRobertaForSequenceClassification.from_pretrained(directory, attn_implementation="sdpa")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def token_feed(real: list[int], vocab_size: int, device: str, seed: int = 0) -> dict[str, Any]:
+    """Rows of random ids (`real[i]` tokens each, `<s>` first, `</s>` last), right-padded to the longest."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    width = max(real)
+    ids = torch.full((len(real), width), 1, dtype=torch.int64)  # XLM-R's <pad>
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(real):
+        ids[row, :length] = torch.randint(5, vocab_size, (length,), generator=generator)
+        ids[row, 0], ids[row, length - 1] = 0, 2
+        mask[row, :length] = 1
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
+def steady_seq_per_s(run: Callable[[], object], rows: int, seconds: float, device: str) -> float:
+    for _ in range(3):
+        run()
+    synchronize(device)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        run()
+        synchronize(device)
+        calls += 1
+    return calls * rows / (time.perf_counter() - start)
+
+
+def latency_ms(run: Callable[[], object], repeats: int, device: str) -> dict[str, float]:
+    """p50/p90 of `repeats` synchronous calls after three warm-up calls."""
+    for _ in range(3):
+        run()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return {"p50_ms": round(float(np.percentile(samples, 50)), 3), "p90_ms": round(float(np.percentile(samples, 90)), 3)}
+
+
+def peak_share(seq_per_s: float, length: int, config: Any) -> float:
+    """The share of the H200's dense fp16 peak that `seq_per_s` rows of `length` tokens compute, to
+    four significant digits (the tiny models of a dry run compute a minute share)."""
+    from prensa.export.synthetic import flops_per_token
+
+    return float(f"{seq_per_s * length * flops_per_token(config, length) / H200_FP16_FLOPS:.4g}")
+
+
+def raw_engine(model: Any, plan: BenchPlan) -> dict[str, Any]:
+    """The limit: full rows of one length (sorted, no padding), no server, outputs left on the device."""
+    import torch
+
+    figures: dict[str, Any] = {}
+    for length in BENCH_LENGTHS:
+        best = 0.0
+        for tokens in plan.batch_tokens:
+            rows = max(tokens // length, 1)
+            feed = token_feed([length] * rows, model.config.vocab_size, plan.device)
+            with torch.inference_mode():
+                seq = steady_seq_per_s(lambda feed=feed: model(**feed), rows, plan.seconds, plan.device)
+            share = peak_share(seq, length, model.config)
+            best = max(best, share)
+            figures[f"{length} tokens x {rows} rows"] = {"seq_per_s": round(seq, 1), "tok_per_s": round(seq * length),
+                                                         "share_of_peak": share}
+        figures[f"{length} tokens best"] = {"share_of_peak": best, "target": PEAK_TARGETS[length],
+                                            "meets_target": best >= PEAK_TARGETS[length]}
+    return figures
+
+
+def lone_query(model: Any, tokenizer: Any, plan: BenchPlan) -> dict[str, Any]:
+    """One short query: ids to the device, the forward pass, its CLS vector back to the host."""
+    import torch
+
+    feed = {k: v.to(plan.device) for k, v in tokenizer(LONE_QUERY, return_tensors="pt").items()
+            if k in ("input_ids", "attention_mask")}
+    with torch.inference_mode():
+        figures = latency_ms(lambda: model(**feed).last_hidden_state[:, 0].float().cpu(), plan.repeats, plan.device)
+    return {"tokens": int(feed["input_ids"].shape[1]), **figures}
+
+
+def rerank(model: Any, plan: BenchPlan) -> dict[str, Any]:
+    """100 query-passage pairs of 256 tokens in one forward pass, scores back to the host."""
+    import torch
+
+    feed = token_feed([RERANK_PAIR_TOKENS] * RERANK_PASSAGES, model.config.vocab_size, plan.device, seed=1)
+    with torch.inference_mode():
+        figures = latency_ms(lambda: model(**feed).logits.float().cpu(), plan.repeats, plan.device)
+    share = peak_share(RERANK_PASSAGES / (figures["p50_ms"] / 1e3), RERANK_PAIR_TOKENS, model.config)
+    return {"pairs": RERANK_PASSAGES, "tokens_per_pair": RERANK_PAIR_TOKENS, **figures,
+            "share_of_peak_at_p50": share, "target_p50_ms": RERANK_TARGET_P50_MS,
+            "meets_target": figures["p50_ms"] <= RERANK_TARGET_P50_MS}
+
+
+def accuracy_gate(directory: Path, kind: str, model: Any, plan: BenchPlan) -> dict[str, Any]:
+    """`model` (fp16 on the device) against the same weights in fp32 on the CPU, on ragged rows:
+    per-token cosine of the hidden states (bge-m3), or the logits' largest difference (reranker)."""
+    import torch
+
+    reference = torch_engine(directory, kind, "cpu", torch.float32)
+    feed = token_feed(list(ACCURACY_ROWS), model.config.vocab_size, "cpu", seed=2)
+    with torch.inference_mode():
+        want = reference(**feed)
+        got = model(**{k: v.to(plan.device) for k, v in feed.items()})
+    del reference
+    if kind != "bge-m3":
+        diff = float((got.logits.float().cpu() - want.logits).abs().max())
+        return {"model": kind, "max_abs_logit_diff": round(diff, 5), "logit_range": round(float(want.logits.abs().max()), 3)}
+    mask = feed["attention_mask"].bool()
+    cosines = torch.nn.functional.cosine_similarity(got.last_hidden_state.float().cpu()[mask],
+                                                    want.last_hidden_state[mask], dim=-1)
+    minimum = float(cosines.min())
+    return {"model": kind, "rows": list(ACCURACY_ROWS), "min_token_cosine": round(minimum, 6),
+            "limit": ACCURACY_MIN_COSINE, "ok": minimum >= ACCURACY_MIN_COSINE}
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def serving_missing(plan: BenchPlan) -> list[str]:
+    """What stops serving the models through prensa here, in words; empty when nothing."""
+    needs = {"tritonclient.grpc": "tritonclient[grpc] (prensa's config schema and gRPC client)",
+             "google.protobuf": "protobuf", "psutil": "psutil", "onnx": "onnx (prensa export)",
+             "pytriton": "nvidia-pytriton (the pip tritonserver and its Python backend; a wheel to carry here)"}
+    missing = [f"{what} is not installed" for module, what in needs.items() if not importable(module)]
+    if plan.device.startswith("cuda"):
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            missing.append(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider, so the encode stage would "
+                           "run on the CPU: onnxruntime-gpu (with its CUDA and cuDNN wheels, far more than the 64 MiB "
+                           "that travels with the tree) must be installed")
+    return missing
+
+
+def gateway_missing() -> str | None:
+    if not (Path(sys.executable).parent / "prensa").exists():
+        return "the prensa command is not installed beside this Python (pip install -e .)"
+    missing = [m for m in ("fastapi", "uvicorn", "httpx", "orjson") if not importable(m)]
+    return f"the gateway's packages are missing: {', '.join(missing)}" if missing else None
+
+
+def texts_of_tokens(tokenizer: Any, tokens: int, count: int, pair_with: str | None = None) -> tuple[list[str], list[int]]:
+    """`count` distinct texts of about `tokens` tokens each (pairs with `pair_with` when given), and
+    their token counts: the synthetic tokenizer's pieces, found by bisecting on a word count."""
+    from prensa.export.synthetic import TOKENIZER_CORPUS
+
+    words = " ".join(dict.fromkeys(TOKENIZER_CORPUS)).split()
+
+    def text(n: int, shift: int = 0) -> str:
+        return " ".join(words[(shift + i) % len(words)] for i in range(n))
+
+    def length(n: int) -> int:
+        return len((tokenizer(pair_with, text(n), verbose=False) if pair_with else tokenizer(text(n), verbose=False))
+                   ["input_ids"])
+
+    low, high = 1, 4 * tokens
+    while low < high:  # the largest word count within `tokens`
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if length(middle) <= tokens else (low, middle - 1)
+    texts = [text(low, shift) for shift in range(count)]
+    encoded = tokenizer([pair_with] * count, texts, verbose=False) if pair_with else tokenizer(texts, verbose=False)
+    return texts, [len(ids) for ids in encoded["input_ids"]]
+
+
+@contextlib.contextmanager
+def step(label: str) -> Iterator[None]:
+    start = time.perf_counter()
+    print(f"... {label}", flush=True)
+    yield
+    print(f"    {label}: {time.perf_counter() - start:.1f}s", flush=True)
+
+
+def serve_through_prensa(plan: BenchPlan, work: Path, out: Path, models: dict[str, Path]) -> dict[str, Any]:
+    """bge-m3 at each length through Triton gRPC and the gateway (`prensa bench`'s own driver: one
+    repository and Triton per workload), and the 100-passage rerank at one client; skipped, with
+    what is missing, where prensa's serving pieces are not installed."""
+    if not plan.serve:
+        return {"skipped": ["not asked for: --serve starts Triton (and the gateway) on these models"]}
+    missing = serving_missing(plan)
+    if missing:
+        return {"skipped": missing}
+    from transformers import AutoTokenizer
+
+    from prensa.bench.load import Workload
+    from prensa.bench.suite import BenchOptions, _run_prensa
+    from prensa.export.synthetic import xlmr_config
+    from prensa.triton.repo import Pipeline, ServingOptions
+    from prensa.workload import RerankCase
+
+    cuda = plan.device.startswith("cuda")
+    serving = ServingOptions(execution_provider="cuda" if cuda else "cpu")
+    no_gateway = gateway_missing()
+    results: dict[str, Any] = {"execution_provider": serving.execution_provider,
+                               "gateway": f"skipped: {no_gateway}" if no_gateway else "measured"}
+    exports = {}
+    for kind, directory in models.items():
+        with step(f"exporting {kind} ({'fp16' if cuda else 'fp32'} ONNX, max length {SERVE_MAX_LENGTH})"):
+            manifest, report = export_model(ExportOptions(str(directory), work / f"{kind}-served",
+                                                          dtype="fp16" if cuda else "fp32", max_length=SERVE_MAX_LENGTH))
+        if not report.ok:
+            results[kind] = {"error": f"export check failed: {report.heading} {report.figures}"}
+            continue
+        exports[kind] = (work / f"{kind}-served", manifest)
+    config = xlmr_config(plan.size, 1)  # its layer sizes, which the FLOPs per token depend on
+    if "bge-m3" in exports:
+        export, manifest = exports["bge-m3"]
+        tokenizer = AutoTokenizer.from_pretrained(export)
+        for length in BENCH_LENGTHS:
+            texts, tokens = texts_of_tokens(tokenizer, length, plan.serve_requests)
+            workload = Workload([[t] for t in texts], [1] * len(texts), tokens)
+            options = BenchOptions(export, out, concurrencies=list(plan.concurrencies), single_repeats=plan.repeats,
+                                   gateway=no_gateway is None, serving=serving, pipelines=[Pipeline.ENSEMBLE])
+            systems, encoder = _run_prensa(Pipeline.ENSEMBLE, manifest, workload, [LONE_QUERY], options,
+                                           work / f"serve-bge-m3-{length}", step)
+            for system in systems:
+                for run in system["runs"]:
+                    run["share_of_peak"] = peak_share(run["seq_per_s"], length, config)
+            results[f"bge-m3 {length} tokens"] = {"mean_tokens": sum(tokens) / len(tokens), "systems": systems,
+                                                  "encoder": encoder}
+    if "reranker" in exports:
+        export, manifest = exports["reranker"]
+        passages, tokens = texts_of_tokens(AutoTokenizer.from_pretrained(export), RERANK_PAIR_TOKENS, RERANK_PASSAGES,
+                                           pair_with=LONE_QUERY)
+        case = RerankCase(LONE_QUERY, passages)
+        workload = Workload([case] * plan.repeats, [len(passages)] * plan.repeats, [sum(tokens)] * plan.repeats)
+        options = BenchOptions(export, out, concurrencies=[1], single_repeats=plan.repeats, gateway=no_gateway is None,
+                               serving=replace(serving, max_batch_size=RERANK_MAX_BATCH), pipelines=[Pipeline.ENSEMBLE])
+        os.environ["PRENSA_MAX_CLIENT_BATCH_SIZE"] = str(RERANK_MAX_BATCH)  # the gateway's: TEI's 32 by default
+        try:
+            systems, encoder = _run_prensa(Pipeline.ENSEMBLE, manifest, workload, case, options,
+                                           work / "serve-reranker", step)
+        finally:
+            del os.environ["PRENSA_MAX_CLIENT_BATCH_SIZE"]
+        results[f"rerank {RERANK_PASSAGES} passages"] = {
+            "systems": [{"name": s["name"], "p50_ms_100_pairs": s["single_query_p50_ms"], "runs": s["runs"]}
+                        for s in systems], "encoder": encoder}
+    return results
+
+
+def bench(args: argparse.Namespace) -> int:
+    """The --bench run: builds the models, measures, writes gpu_bench.json; 1 when the gate fails."""
+    plan = DRY_PLAN if args.dry_run else FULL_PLAN
+    overrides = {k: v for k, v in (("size", args.size), ("device", args.device), ("serve", args.serve)) if v is not None}
+    plan = BenchPlan(**{**plan.__dict__, **overrides})
+    if plan.device.startswith("cuda") and missing_cuda():
+        print(f"cannot run the GPU benchmark: missing {missing_cuda()} (--dry-run runs it on the CPU)")
+        return 2
+    import tempfile
+
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from prensa.export import synthetic
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="prensa-gpu-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(os.environ.get("OUT") or work)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out / "gpu_bench.json")
+    report.add("machine", {
+        "device": torch.cuda.get_device_name(0) if plan.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)",
+        "torch": torch.__version__, "transformers": transformers.__version__, "onnxruntime": ort.__version__,
+        "providers": ort.get_available_providers(), "numpy": np.__version__, "plan": plan.__dict__})
+    builders = {"bge-m3": synthetic.bge_m3, "reranker": synthetic.bge_reranker}
+    models, built = {}, {}
+    for kind, build in builders.items():
+        start = time.perf_counter()
+        models[kind] = build(work / f"{kind}-{plan.size}", plan.size)
+        config = transformers.AutoConfig.from_pretrained(models[kind])
+        built[kind] = {"seconds": round(time.perf_counter() - start, 1),
+                       "parameters": synthetic.parameter_count(config, "bge-m3" if kind == "bge-m3" else "reranker"),
+                       "layers": config.num_hidden_layers, "hidden": config.hidden_size}
+    report.add("models", built)
+
+    gates = []
+    encoder = torch_engine(models["bge-m3"], "bge-m3", plan.device, torch.float16)
+    gates.append(accuracy_gate(models["bge-m3"], "bge-m3", encoder, plan))
+    report.add("raw_engine", raw_engine(encoder, plan))
+    report.add("lone_query", lone_query(encoder, AutoTokenizer.from_pretrained(models["bge-m3"]), plan))
+    del encoder
+    reranker = torch_engine(models["reranker"], "reranker", plan.device, torch.float16)
+    gates.append(accuracy_gate(models["reranker"], "reranker", reranker, plan))
+    report.add("rerank", rerank(reranker, plan))
+    del reranker
+    report.add("accuracy", gates)
+    if plan.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    try:
+        serving = serve_through_prensa(plan, work, out, models)
+    except Exception as exc:  # noqa: BLE001 - reported; the engine figures above stand
+        serving = {"error": f"{type(exc).__name__}: {exc}"}
+    report.add("serving", serving)
+    failures = [f"{g['model']}: min cosine {g['min_token_cosine']} < {g['limit']}" for g in gates if g.get("ok") is False]
+    failures += [f"serving: {serving['error']}"] if "error" in serving else []
+    report.add("failures", failures)
+    print(f"wrote {report.path}; " + ("all checks passed" if not failures else "FAILED: " + "; ".join(failures)))
+    return 1 if failures else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="scratch directory for exports")
     parser.add_argument("--stage-check", type=Path, help="only the encode-stage check of this export, as JSON")
+    parser.add_argument("--bench", action="store_true", help="the bge-m3-sized benchmark instead of the checks")
+    parser.add_argument("--dry-run", action="store_true", help="--bench with the tiny models on the CPU, in seconds")
+    parser.add_argument("--size", choices=("tiny", "full"), help="--bench: model size (default full; tiny with --dry-run)")
+    parser.add_argument("--device", help="--bench: torch device of the fp16 engine (default cuda; cpu with --dry-run)")
+    parser.add_argument("--serve", action=argparse.BooleanOptionalAction, default=None,
+                        help="--bench: serve through prensa too (default on; off with --dry-run)")
     args = parser.parse_args()
     if args.stage_check:
         print(json.dumps(stage_check(args.stage_check)))
         return 0
+    if args.bench or args.dry_run:
+        return bench(args)
     if args.work is None:
         parser.error("--work is required")
     no_cuda, no_tensorrt = missing_cuda(), missing_tensorrt()

@@ -8,6 +8,12 @@
 # Environment: PYTHON (default python3, 3.11 or 3.12), GPU_VENV (default .venv-gpu),
 # TENSORRT_PIP (default: the TensorRT of compose.yaml's Triton, which prensa's gpu extra pins;
 # empty: none), WORK (scratch dir), OUT (report dir).
+#
+# `tools/gpu_check.sh --bench [args]` is the bge-m3-sized benchmark instead (tools/gpu_check.py
+# --bench, a few minutes): for a GPU machine that reaches no package index, it installs nothing
+# and runs on the Python the machine has (torch with CUDA, transformers, onnxruntime, numpy).
+# WHEELS=dir first installs the wheels there offline (pip --no-index), e.g. the pieces that
+# serving through prensa needs; what is still missing is reported skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,6 +23,16 @@ WORK=${WORK:-$(mktemp -d)}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi not found"
 start=$(date +%s)
+if [[ "${1:-}" == "--bench" ]]; then
+  shift
+  if [[ -n "${WHEELS:-}" ]]; then
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index --find-links "$WHEELS" "$WHEELS"/*.whl
+  fi
+  status=0
+  "$PYTHON" tools/gpu_check.py --bench --work "$WORK" "$@" || status=$?
+  echo "total $(( $(date +%s) - start ))s"
+  exit "$status"
+fi
 "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --upgrade pip

@@ -55,6 +55,15 @@ DEFAULT_LENGTH_RATIO = 1.25
 # and the token budget of one encoder forward pass (rows x padded length).
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_BATCH_TOKENS = 16384
+# The encode stage on CUDA pads each forward pass to a (rows, length) bucket and cuts only on this
+# token budget (rows x bucket length) and on the row limit: a GPU pays little for padding until it
+# is compute-bound, and a few fixed shapes stay warm. Length buckets are powers of two from
+# GPU_SMALLEST_LENGTH_BUCKET below the model's max length, then the max length itself; where the
+# stage is not told the max length they stop at GPU_UNTOLD_MAX_BUCKET and longer rows keep their
+# own width (a bucket past the model's positions would not run).
+DEFAULT_GPU_MAX_BATCH_TOKENS = 131072
+GPU_SMALLEST_LENGTH_BUCKET = 32
+GPU_UNTOLD_MAX_BUCKET = 512
 
 
 class TensorType(NamedTuple):

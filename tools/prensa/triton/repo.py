@@ -281,12 +281,17 @@ class ModelRenderer:
         if self.options.max_batch_tokens < self.m.max_length:
             raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
                              "a full-length text would never fit a sub-batch")
-        return {"onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
-                "length_ratio": self.options.length_ratio, "max_rows": encoder_rows(self.m, self.options),
-                "pad_id": self.m.pad_id, "intra_op_threads": self.options.cpu_threads,
-                "execution_provider": self.options.execution_provider,
-                "allow_spinning": str(self.options.encode_instances == 1).lower(),
-                "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
+        parameters: dict[str, object] = {
+            "onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
+            "max_rows": encoder_rows(self.m, self.options), "pad_id": self.m.pad_id,
+            "intra_op_threads": self.options.cpu_threads, "execution_provider": self.options.execution_provider,
+            "allow_spinning": str(self.options.encode_instances == 1).lower(),
+            "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
+        if self.options.execution_provider == "cuda":  # on a live GPU: few fixed shapes, no length-ratio cut
+            parameters["max_length"] = self.m.max_length  # (the stage's GpuBatching; its CPU fallback cuts)
+        else:
+            parameters["length_ratio"] = self.options.length_ratio
+        return parameters
 
     def served_parameters(self) -> dict[str, object]:
         """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call.

@@ -10,7 +10,16 @@ that fails on its own gets an error response. A request Triton marks cancelled (
 up) is answered CANCELLED: asked at the start of `execute` and before each of its sub-batches, so
 rows not yet computed are not computed at all. Config parameters: `onnx_file`,
 `max_batch_tokens`, `length_ratio`, `max_rows`, `pad_id`, `intra_op_threads`,
-`execution_provider` (cpu|cuda), `per_token_outputs`, `allow_spinning` (true|false).
+`execution_provider` (cpu|cuda), `per_token_outputs`, `allow_spinning` (true|false), and for the
+GPU policy below `batching` (auto|cpu|gpu), `gpu_max_batch_tokens`, `max_length`,
+`length_buckets`, `warmup_buckets` (true|false).
+
+On a GPU the length-ratio cut costs more than it saves: the GPU wants large batches, pays little
+for padding until it is compute-bound, and pays a one-off cost for each new input shape. So with
+`execution_provider` cuda (unless the config sets `length_ratio`, or `batching` says otherwise)
+the stage uses `GpuBatching`: rows sorted longest first, each forward pass as many rows as the
+token budget `gpu_max_batch_tokens` and `max_rows` allow, padded to a length bucket and a row
+bucket (see the contract's GPU defaults), so a few shapes recur and are warmed at load.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +43,9 @@ try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported outside Triton, e.g. by unit tests of the functions above the model
     pb_utils = None
+
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
 def plan_sub_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, length_ratio: float, max_rows: int) -> list[npt.NDArray[Any]]:
@@ -60,6 +72,106 @@ def plan_sub_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, length_ra
     return [np.asarray(batch, dtype=np.int64) for batch in batches]
 
 
+def bucket(value: int, buckets: Sequence[int]) -> int:
+    """The smallest of the ascending `buckets` holding `value`; `value` itself past the last one."""
+    return next((b for b in buckets if b >= value), value)
+
+
+def gpu_length_buckets(max_length: int | None, smallest: int = contract.GPU_SMALLEST_LENGTH_BUCKET) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `max_length`, then `max_length`; without a max length,
+    powers of two up to the contract's GPU_UNTOLD_MAX_BUCKET (longer rows keep their own width)."""
+    top = contract.GPU_UNTOLD_MAX_BUCKET if max_length is None else max_length
+    powers = [2**k for k in range(max(smallest, 1).bit_length() - 1, top.bit_length()) if smallest <= 2**k < top]
+    return (*powers, top)
+
+
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """Powers of two below `max_rows`, then `max_rows`."""
+    return (*(2**k for k in range(max_rows.bit_length()) if 2**k < max_rows), max(max_rows, 1))
+
+
+def plan_bucketed_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, max_rows: int,
+                          length_buckets: Sequence[int]) -> list[npt.NDArray[Any]]:
+    """Indices of rows per forward pass, longest rows first, with no length-ratio cut: each pass
+    takes as many rows as fit `max_rows` and the budget at its longest row's length bucket (rows x
+    bucket length <= `max_batch_tokens`); a row whose bucket alone passes the budget runs alone."""
+    order = np.argsort(-np.maximum(np.asarray(lengths, dtype=np.int64), 1), kind="stable")
+    batches: list[npt.NDArray[Any]] = []
+    start = 0
+    while start < len(order):
+        width = bucket(max(int(lengths[order[start]]), 1), length_buckets)
+        take = max(1, min(max_rows, max_batch_tokens // width))
+        batches.append(order[start: start + take].astype(np.int64))
+        start += take
+    return batches
+
+
+@dataclass(frozen=True)
+class CpuBatching:
+    """Length-sorted sub-batches cut at `length_ratio`, each padded to its own longest row."""
+
+    max_batch_tokens: int
+    length_ratio: float
+    max_rows: int
+
+    def plan(self, lengths: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
+        return plan_sub_batches(lengths, self.max_batch_tokens, self.length_ratio, self.max_rows)
+
+    def shape(self, lengths: Sequence[int]) -> tuple[int, int]:
+        """(rows, width) of the forward pass over rows of these lengths."""
+        return len(lengths), max(max(lengths), 1)
+
+
+@dataclass(frozen=True)
+class GpuBatching:
+    """Few fixed shapes: passes filled to the budget, padded to a length bucket and a row bucket."""
+
+    max_batch_tokens: int
+    max_rows: int
+    length_buckets: tuple[int, ...]
+
+    def plan(self, lengths: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
+        return plan_bucketed_batches(lengths, self.max_batch_tokens, self.max_rows, self.length_buckets)
+
+    def row_cap(self, width: int) -> int:
+        """The most rows one pass of `width` tokens takes."""
+        return max(1, min(self.max_rows, self.max_batch_tokens // width))
+
+    def shape(self, lengths: Sequence[int]) -> tuple[int, int]:
+        """(rows, width) of the forward pass over rows of these lengths: the length bucket of the
+        longest, and the row bucket of their count (never past what the budget allows there)."""
+        width = bucket(max(max(lengths), 1), self.length_buckets)
+        cap = self.row_cap(width)
+        return min(bucket(len(lengths), row_buckets(self.max_rows)), cap), width
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (rows, width) `shape` can return for rows within the length buckets."""
+        return sorted({(min(rows, self.row_cap(width)), width)
+                       for width in self.length_buckets for rows in row_buckets(self.max_rows)})
+
+
+Batching = CpuBatching | GpuBatching
+BATCHING_CHOICES = ("auto", "cpu", "gpu")
+
+
+def batching_policy(params: dict[str, str], max_rows: int, cuda_active: bool = True) -> Batching:
+    """The policy a config's parameters ask for: `batching` gpu, or auto on `execution_provider`
+    cuda where no `length_ratio` is set and CUDA is live (`cuda_active`: onnxruntime did not fall
+    back to the CPU), gets GpuBatching; everything else the CPU rule."""
+    choice = params.get("batching", "auto")
+    if choice not in BATCHING_CHOICES:
+        raise ValueError(f"batching {choice!r}: one of {', '.join(BATCHING_CHOICES)}")
+    gpu = choice == "gpu" or (choice == "auto" and params.get("execution_provider", "cpu") == "cuda"
+                              and "length_ratio" not in params and cuda_active)
+    if not gpu:
+        return CpuBatching(int(params["max_batch_tokens"]),
+                           float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)), max_rows)
+    max_length = int(params["max_length"]) if params.get("max_length") else None
+    buckets = tuple(contract.int_list(params.get("length_buckets", ""))) or gpu_length_buckets(max_length)
+    return GpuBatching(int(params.get("gpu_max_batch_tokens", contract.DEFAULT_GPU_MAX_BATCH_TOKENS)), max_rows,
+                       tuple(sorted(buckets)))
+
+
 @dataclass
 class Row:
     request: int
@@ -82,8 +194,8 @@ def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool 
         ort.preload_dlls()
     available = ort.get_available_providers()
     session = ort.InferenceSession(str(onnx_path), options, providers=[
-        p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
-    if session.get_providers()[0] != "CUDAExecutionProvider":
+        p for p in (CUDA_PROVIDER, "CPUExecutionProvider") if p in available])
+    if session.get_providers()[0] != CUDA_PROVIDER:
         print(f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
               f"onnxruntime {ort.__version__} has {available}", file=sys.stderr, flush=True)
     return session
@@ -93,7 +205,9 @@ class TokenBudgetEncoder:
     """Runs one ONNX encoder over many padded requests with as little padding as possible."""
 
     def __init__(self, session: ort.InferenceSession, pad_id: int, max_batch_tokens: int,
-                 length_ratio: float, max_rows: int, per_token_outputs: set[str]) -> None:
+                 length_ratio: float, max_rows: int, per_token_outputs: set[str], *,
+                 batching: Batching | None = None) -> None:
+        """`batching` None: the CPU rule with the budget, ratio and rows given here."""
         self.session = session
         self.input_names = {i.name for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
@@ -102,6 +216,7 @@ class TokenBudgetEncoder:
         self.length_ratio = length_ratio
         self.max_rows = max_rows
         self.per_token_outputs = per_token_outputs
+        self.batching: Batching = batching or CpuBatching(max_batch_tokens, length_ratio, max_rows)
         self.padded_tokens = 0  # rows x padded width, summed over forward passes
         self.real_tokens = 0  # tokens under the attention mask
 
@@ -127,7 +242,7 @@ class TokenBudgetEncoder:
         if not rows:
             return results
         lengths = np.array([row.length for row in rows])
-        for batch in plan_sub_batches(lengths, self.max_batch_tokens, self.length_ratio, self.max_rows):
+        for batch in self.batching.plan(lengths):
             for request in dict.fromkeys(rows[i].request for i in batch):
                 if not isinstance(results[request], Exception) and cancelled(request):
                     results[request] = contract.Cancelled()
@@ -164,15 +279,26 @@ class TokenBudgetEncoder:
         return outcomes
 
     def _run(self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]) -> dict[str, npt.NDArray[Any]]:
-        width = max(max(m.length for m in members), 1)
-        feed: dict[str, npt.NDArray[Any]] = contract.token_arrays(len(members), width, self.pad_id)
+        """The outputs of `members`' rows, one per member: the pass runs at the policy's shape, and
+        rows past the members repeat the last one (a real row: no all-masked row reaches the graph)."""
+        height, width = self.batching.shape([m.length for m in members])
+        feed: dict[str, npt.NDArray[Any]] = contract.token_arrays(height, width, self.pad_id)
         for position, m in enumerate(members):
             for name, array in feed.items():
                 array[position, : m.length] = requests[m.request][name][m.row, : m.length]
-        self.padded_tokens += width * len(members)
+        for array in feed.values():
+            array[len(members):] = array[len(members) - 1]
+        self.padded_tokens += width * height
         self.real_tokens += sum(m.length for m in members)
         values = self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
-        return dict(zip(self.output_names, values))
+        return {name: value[: len(members)] for name, value in zip(self.output_names, values)}
+
+    def warm_up(self, shapes: Sequence[tuple[int, int]]) -> None:
+        """Run each (rows, width) once on pad tokens, so no request pays a new shape's first run."""
+        for height, width in shapes:
+            feed = contract.token_arrays(height, width, self.pad_id)
+            feed[contract.ATTENTION_MASK][:] = 1
+            self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
 
     def _scatter(self, requests: list[dict[str, npt.NDArray[Any]]],
                  results: list[dict[str, npt.NDArray[Any]] | Exception], member: Row,
@@ -195,16 +321,23 @@ class TokenBudgetEncoder:
 def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncoder:
     """The encoder a model config's parameters describe (see the module docstring)."""
     params = contract.parameters(config)
+    max_rows = int(params.get("max_rows", str(config.get("max_batch_size", contract.DEFAULT_MAX_BATCH_SIZE))))
     session = create_session(version_dir / params["onnx_file"], int(params.get("intra_op_threads", "0")),
                              params.get("execution_provider", "cpu"), params.get("allow_spinning", "true") == "true")
-    return TokenBudgetEncoder(
+    batching = batching_policy(params, max_rows, session.get_providers()[0] == CUDA_PROVIDER)
+    encoder = TokenBudgetEncoder(
         session,
         pad_id=int(params["pad_id"]),
         max_batch_tokens=int(params["max_batch_tokens"]),
         length_ratio=float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)),
-        max_rows=int(params.get("max_rows", str(config.get("max_batch_size", 64)))),
+        max_rows=max_rows,
         per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
+        batching=batching,
     )
+    # Only where the max length is known: a bucket past the model's positions would not run.
+    if isinstance(batching, GpuBatching) and params.get("max_length") and params.get("warmup_buckets", "true") == "true":
+        encoder.warm_up(batching.shapes())
+    return encoder
 
 
 def read_token_inputs(request: Any) -> dict[str, npt.NDArray[Any]]:

@@ -1,0 +1,162 @@
+"""bge-m3 and bge-reranker-v2-m3 with random weights, at their real size or a tiny one.
+
+A GPU benchmark needs the real shapes, not the real weights: a forward pass costs the same
+whatever the weights hold. `full` is XLM-RoBERTa large as both BAAI models ship it (bge-m3:
+an encoder without pooler plus `sparse_linear.pt` and `colbert_linear.pt`; the reranker: a
+one-label sequence classifier); `tiny` has the same layout at a size CPU tests build in seconds.
+The tokenizer is a small unigram model with XLM-R's special tokens and ids, trained on the spot
+(nothing is downloaded); token ids stay below its vocabulary, which the full model's 250,002-row
+embedding covers. torch and transformers (the `export` extra) are imported inside functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Size = Literal["tiny", "full"]
+
+
+@dataclass(frozen=True)
+class XlmrShape:
+    """The dimensions that set a forward pass's cost; `vocab_size` None: the tokenizer's size."""
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab_size: int | None
+    max_positions: int
+
+
+SHAPES: dict[str, XlmrShape] = {
+    "tiny": XlmrShape(layers=2, hidden=32, heads=4, ffn=64, vocab_size=None, max_positions=514),
+    "full": XlmrShape(layers=24, hidden=1024, heads=16, ffn=4096, vocab_size=250002, max_positions=8194),
+}
+# What the tokenizers of both BAAI models declare (8192 tokens plus XLM-R's two offset positions).
+MAX_LENGTH: dict[str, int] = {"tiny": 512, "full": 8192}
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0-4, as in XLM-R's vocabulary
+TOKENIZER_VOCAB = 400
+TOKENIZER_CORPUS = [
+    "Berlin is the capital and largest city of Germany.",
+    "Dense retrieval encodes queries and passages into vectors.",
+    "Sparse retrieval weights individual terms of a document.",
+    "Late interaction keeps one vector per token and scores with max similarity.",
+    "Rerankers score a query together with each candidate passage.",
+    "Triton Inference Server batches requests dynamically on CPUs and GPUs.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。",
+] * 25
+BGE_M3_HEADS = ("sparse_linear.pt", "colbert_linear.pt")
+
+
+def shape(size: Size) -> XlmrShape:
+    if size not in SHAPES:
+        raise ValueError(f"unknown size {size!r}: one of {', '.join(SHAPES)}")
+    return SHAPES[size]
+
+
+def xlmr_tokenizer(directory: Path, max_length: int) -> Any:
+    """A fast XLM-R tokenizer (unigram, Metaspace, `<s> A </s></s> B </s>`) saved in `directory`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import XLMRobertaTokenizerFast
+
+    model = Tokenizer(models.Unigram())
+    model.normalizer = normalizers.NFKC()
+    model.pre_tokenizer = pre_tokenizers.Metaspace()
+    model.decoder = decoders.Metaspace()
+    model.train_from_iterator(TOKENIZER_CORPUS, trainers.UnigramTrainer(
+        vocab_size=TOKENIZER_VOCAB, special_tokens=XLMR_SPECIALS, unk_token="<unk>"))
+    model.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    tokenizer = XLMRobertaTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=model, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=max_length)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def xlmr_config(size: Size, vocab_size: int | None = None, **extra: Any) -> Any:
+    """The XLMRobertaConfig of `size`; `vocab_size` is used only where the size leaves it open."""
+    from transformers import XLMRobertaConfig
+
+    dims = shape(size)
+    vocab = dims.vocab_size or vocab_size
+    if vocab is None:
+        raise ValueError(f"size {size!r} takes its vocabulary from the tokenizer: pass vocab_size")
+    return XLMRobertaConfig(  # type: ignore[no-untyped-call]
+        vocab_size=vocab, hidden_size=dims.hidden, num_hidden_layers=dims.layers, num_attention_heads=dims.heads,
+        intermediate_size=dims.ffn, max_position_embeddings=dims.max_positions, type_vocab_size=1,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, **extra)
+
+
+def bge_m3_config(size: Size, vocab_size: int | None = None) -> Any:
+    return xlmr_config(size, vocab_size, architectures=["XLMRobertaModel"])
+
+
+def reranker_config(size: Size, vocab_size: int | None = None) -> Any:
+    return xlmr_config(size, vocab_size, architectures=["XLMRobertaForSequenceClassification"], num_labels=1,
+                       id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+
+
+def _heads(hidden: int) -> dict[str, Any]:
+    """bge-m3's two heads; the sparse bias is positive so a random model still yields sparse terms."""
+    import torch
+
+    sparse = torch.nn.Linear(hidden, 1)
+    torch.nn.init.constant_(sparse.bias, 0.5)
+    return {"sparse_linear.pt": sparse, "colbert_linear.pt": torch.nn.Linear(hidden, hidden)}
+
+
+def bge_m3(directory: Path, size: Size = "tiny", seed: int = 0) -> Path:
+    """XLMRobertaModel (no pooler, safetensors) + sparse_linear.pt + colbert_linear.pt + tokenizer."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = xlmr_tokenizer(directory, MAX_LENGTH[size])
+    torch.manual_seed(seed)
+    config = bge_m3_config(size, len(tokenizer))
+    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(directory)  # type: ignore[no-untyped-call]
+    for name, head in _heads(config.hidden_size).items():
+        torch.save(head.state_dict(), directory / name)
+    return directory
+
+
+def bge_reranker(directory: Path, size: Size = "tiny", seed: int = 1) -> Path:
+    """XLMRobertaForSequenceClassification with one label (bge-reranker-v2-m3's layout) + tokenizer.
+    The output projection is scaled up so random logits spread and orderings are not ties."""
+    import torch
+    from transformers import XLMRobertaForSequenceClassification
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = xlmr_tokenizer(directory, MAX_LENGTH[size])
+    torch.manual_seed(seed)
+    model = XLMRobertaForSequenceClassification(reranker_config(size, len(tokenizer)))  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        model.classifier.out_proj.weight.mul_(20.0)
+    model.save_pretrained(directory)
+    return directory
+
+
+def parameter_count(config: Any, kind: Literal["bge-m3", "reranker"]) -> int:
+    """Parameters of the model `config` describes, counted on torch's meta device: no weights are
+    allocated, so the full size costs no memory. bge-m3 includes its two head files."""
+    import torch
+    from transformers import XLMRobertaForSequenceClassification, XLMRobertaModel
+
+    with torch.device("meta"):
+        model = (XLMRobertaModel(config, add_pooling_layer=False) if kind == "bge-m3"  # type: ignore[no-untyped-call]
+                 else XLMRobertaForSequenceClassification(config))  # type: ignore[no-untyped-call]
+        heads = list(_heads(config.hidden_size).values()) if kind == "bge-m3" else []
+    return sum(p.numel() for module in (model, *heads) for p in module.parameters())
+
+
+def flops_per_token(config: Any, length: int) -> float:
+    """Forward FLOPs per token of an XLM-R encoder at `length` tokens per row: two per weight of
+    the layers' matrices (embeddings are lookups), plus QK^T and attention x V (4 x length x hidden
+    per layer). XLM-R large: 0.62 GFLOP at 128 tokens, 0.65 at 512."""
+    hidden, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    per_layer = 4 * hidden * hidden + 2 * hidden * ffn
+    return float(layers * (2 * per_layer + 4 * length * hidden))
