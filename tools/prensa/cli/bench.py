@@ -35,6 +35,7 @@ def bench(
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = DEFAULT_MAX_BATCH_TOKENS,
     pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
     workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages) or queries (short queries only, the online path).")] = Workloads.MIXED,
+    peers: Annotated[bool, typer.Option(help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed).")] = True,
     compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
@@ -43,6 +44,7 @@ def bench(
     manifest = Manifest.read(export_dir)
     source = Path(manifest.source)
     torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
+    torch_dir = torch_dir if peers else None
     options = BenchOptions(
         export_dir=export_dir, out_dir=out, concurrencies=concurrency or ([1, 4] if quick else [1, 8, 32]),
         texts=24 if quick else texts, rerank_queries=4 if quick else queries,
