@@ -13,7 +13,6 @@ The export must be an embedding or SPLADE model (the tasks `--response-cache` ca
 from __future__ import annotations
 
 import argparse
-import itertools
 import socket
 import statistics
 import tempfile
@@ -29,36 +28,9 @@ import tritonclient.grpc as grpcclient
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import CACHED_TASKS, ModelSource, ServingOptions, build_repository, cache_refusal
+from prensa.workload import distinct_queries, zipf_ranks
 
 MODEL = "bench"
-ASKING = ["how do", "why do", "when do", "where do", "what makes", "who repairs", "best way to clean",
-          "cheap ways to insure", "history of", "rules for", "safety of", "cost of", "how long do",
-          "can children visit", "photos of", "opening hours for", "tickets for", "reviews of", "map of",
-          "news about", "weather near", "events at", "jobs at", "parking near", "tours of"]
-SUBJECTS = ["old bridges", "river ferries", "city museums", "mountain huts", "night trains", "public libraries",
-            "harbour cranes", "tram lines", "castle ruins", "botanical gardens", "ice rinks", "wind farms",
-            "village bakeries", "lighthouses", "street markets", "football stadiums", "ski lifts",
-            "concert halls", "canal locks", "zoos"]
-PLACES = ["in lisbon", "in oslo", "in kyoto", "in quebec", "in porto", "in bergen", "in vienna", "in cusco",
-          "in hobart", "in tallinn", "in seville", "in dublin", "in krakow", "in lyon", "in ghent", "in turin",
-          "in galway", "in bilbao", "in utrecht", "in gdansk"]
-
-
-def queries(count: int, rng: np.random.Generator) -> list[str]:
-    """`count` distinct short queries in a random rank order (rank 0 the most asked)."""
-    every = [" ".join(words) for words in itertools.product(ASKING, SUBJECTS, PLACES)]
-    if count > len(every):
-        raise SystemExit(f"--distinct is at most {len(every)}")
-    order = rng.permutation(len(every))[:count]
-    return [every[i] for i in order]
-
-
-def zipf_stream(count: int, distinct: int, s: float, rng: np.random.Generator) -> list[int]:
-    """`count` ranks out of `distinct`, rank k (from 1) drawn with probability proportional to k^-s."""
-    weights = np.arange(1, distinct + 1, dtype=np.float64) ** -s
-    return rng.choice(distinct, size=count, p=weights / weights.sum()).tolist()
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -199,8 +171,8 @@ def main() -> None:
     if refusal := cache_refusal(manifest.task, ServingOptions().pipeline):
         raise SystemExit(f"{args.export}: {refusal} (cached tasks: {', '.join(t.value for t in CACHED_TASKS)})")
     rng = np.random.default_rng(args.seed)
-    texts = queries(args.distinct, rng)
-    ranks = zipf_stream(args.requests, args.distinct, args.zipf_s, rng)
+    texts = distinct_queries(args.distinct, rng)
+    ranks = zipf_ranks(args.requests, args.distinct, args.zipf_s, rng)
     stream = [texts[rank] for rank in ranks]
     source = ModelSource(MODEL, args.export, manifest)
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as scratch, ExitStack() as stack:

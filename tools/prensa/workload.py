@@ -8,11 +8,14 @@ passages of 60-250 words, and their opening clauses give short, query-like texts
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+
+import numpy as np
 
 QUERY_SHARE = 0.3
 
@@ -23,6 +26,11 @@ class Workloads(str, Enum):
 
     MIXED = "mixed"
     QUERIES = "queries"
+    ZIPF = "zipf"  # short queries repeated as search traffic repeats them: where a response cache pays
+
+
+# A Zipf stream (rank k asked with weight k^-s) over this many distinct queries, as search logs look.
+ZIPF_DISTINCT, ZIPF_S = 10_000, 1.1
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,43 @@ def query_texts(count: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     pool = _paragraphs()
     return [_query_from(pool[rng.randrange(len(pool))], rng) for _ in range(count)]
+
+
+# Query vocabulary for the Zipf stream: every combination is a distinct, plausible search query.
+ASKING = ["how do", "why do", "when do", "where do", "what makes", "who repairs", "best way to clean",
+          "cheap ways to insure", "history of", "rules for", "safety of", "cost of", "how long do",
+          "can children visit", "photos of", "opening hours for", "tickets for", "reviews of", "map of",
+          "news about", "weather near", "events at", "jobs at", "parking near", "tours of"]
+SUBJECTS = ["old bridges", "river ferries", "city museums", "mountain huts", "night trains", "public libraries",
+            "harbour cranes", "tram lines", "castle ruins", "botanical gardens", "ice rinks", "wind farms",
+            "village bakeries", "lighthouses", "street markets", "football stadiums", "ski lifts",
+            "concert halls", "canal locks", "zoos"]
+PLACES = ["in lisbon", "in oslo", "in kyoto", "in quebec", "in porto", "in bergen", "in vienna", "in cusco",
+          "in hobart", "in tallinn", "in seville", "in dublin", "in krakow", "in lyon", "in ghent", "in turin",
+          "in galway", "in bilbao", "in utrecht", "in gdansk"]
+
+
+def distinct_queries(count: int, rng: np.random.Generator) -> list[str]:
+    """`count` distinct short queries in a random rank order (rank 0 the most asked)."""
+    every = [" ".join(words) for words in itertools.product(ASKING, SUBJECTS, PLACES)]
+    if count > len(every):
+        raise ValueError(f"at most {len(every)} distinct queries")
+    order = rng.permutation(len(every))[:count]
+    return [every[i] for i in order]
+
+
+def zipf_ranks(count: int, distinct: int, s: float, rng: np.random.Generator) -> list[int]:
+    """`count` ranks out of `distinct`, rank k (from 1) drawn with probability proportional to k^-s."""
+    weights = np.arange(1, distinct + 1, dtype=np.float64) ** -s
+    ranks: list[int] = rng.choice(distinct, size=count, p=weights / weights.sum()).tolist()
+    return ranks
+
+
+def zipf_queries(count: int, seed: int = 0, distinct: int = ZIPF_DISTINCT, s: float = ZIPF_S) -> list[str]:
+    """`count` queries drawn from `distinct` by a Zipf law of exponent `s`: a few asked again and again."""
+    rng = np.random.default_rng(seed)
+    texts = distinct_queries(distinct, rng)
+    return [texts[rank] for rank in zipf_ranks(count, distinct, s, rng)]
 
 
 def rerank_cases(queries: int, passages_per_query: int, seed: int = 0) -> list[RerankCase]:

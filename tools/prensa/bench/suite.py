@@ -31,8 +31,8 @@ from prensa.bench.systems import (
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
-from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, encoder_model
-from prensa.workload import RerankCase, Workloads, embedding_texts, query_texts, rerank_cases
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, cache_refusal, encoder_model
+from prensa.workload import RerankCase, Workloads, embedding_texts, query_texts, rerank_cases, zipf_queries
 
 SHORT_QUERY = "how are module attributes looked up?"
 Step = Callable[[str], AbstractContextManager[Any]]
@@ -54,6 +54,7 @@ class BenchOptions:
     serving: ServingOptions = field(default_factory=ServingOptions)
     workload: Workloads = Workloads.MIXED
     coalescing: tuple[bool, ...] = (True,)  # gateway runs with --coalesce-requests on, off, or both
+    response_cache: tuple[bool, ...] = (False,)  # prensa runs without Triton's response cache, with it, or both
     pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
 
 
@@ -64,6 +65,9 @@ def free_port() -> int:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+BENCH_CACHE_BYTES = 256 << 20  # Triton's response cache in the cached runs: room for every distinct query
 
 
 def server_pids(triton: TritonProcess) -> list[int]:
@@ -77,7 +81,8 @@ def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) 
         cases = rerank_cases(options.rerank_queries, options.passages_per_query)
         tokens = [count_tokens(encoder, [(c.query, p) for p in c.passages]) for c in cases]
         return Workload(cases, [len(c.passages) for c in cases], tokens)
-    texts = query_texts(options.texts) if options.workload is Workloads.QUERIES else embedding_texts(options.texts)
+    texts = {Workloads.QUERIES: query_texts, Workloads.ZIPF: zipf_queries}.get(options.workload, embedding_texts)(
+        options.texts)
     return Workload([[t] for t in texts], [1] * len(texts), [count_tokens(encoder, [t]) for t in texts])
 
 
@@ -111,18 +116,21 @@ def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Tas
 
 
 def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any], short_item: list[str] | RerankCase,
-                options: BenchOptions,
-                work: Path, step: Step) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`;
-    also the encoder's padding, batching and queueing during the gRPC runs."""
-    name, label = "bench", "prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}"
+                options: BenchOptions, work: Path, step: Step,
+                cached: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`
+    (and Triton's response cache, `cached`); also the encoder's padding, batching and queueing
+    during the gRPC runs."""
+    name = "bench"
+    label = ("prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}") + (" cached" if cached else "")
+    variant = pipeline.value + ("-cached" if cached else "")
     build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
-                     replace(options.serving, pipeline=pipeline))
+                     replace(options.serving, pipeline=pipeline, response_cache=cached))
     systems, summary = [], None
     ports = TritonPorts(free_port(), free_port(), free_port())
     with step(f"{label}: starting Triton"):
-        triton = TritonProcess(TritonOptions(repo=work / "repo", ports=ports),
-                               log_path=options.out_dir / f"tritonserver-{pipeline.value}.log")
+        triton = TritonProcess(TritonOptions(repo=work / "repo", ports=ports, cache_bytes=BENCH_CACHE_BYTES if cached else 0),
+                               log_path=options.out_dir / f"tritonserver-{variant}.log")
         triton.start()
         triton.wait_ready()
     try:
@@ -142,7 +150,7 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any],
                 [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
                  "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000",
                  "--coalesce-requests" if coalesce else "--no-coalesce-requests"],
-                http_url(port, "/health"), options.out_dir / f"gateway-{pipeline.value}{'' if coalesce else '-no-coalescing'}.log")
+                http_url(port, "/health"), options.out_dir / f"gateway-{variant}{'' if coalesce else '-no-coalescing'}.log")
             with step(f"{label} via the gateway{variant} (TEI /embed, /rerank)"):
                 gateway.start()
                 try:
@@ -192,11 +200,15 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     try:
         report["prensa_encoder"] = {}
         for pipeline in options.pipelines:
-            measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / pipeline.value,
-                                            step)
-            systems += measured
-            if encoder:
-                report["prensa_encoder"][pipeline.value] = encoder
+            for cached in options.response_cache:
+                if cached and cache_refusal(manifest.task, pipeline) is not None:
+                    continue  # Triton's cache cannot key this layout's answers safely (see `cache_refusal`)
+                variant = pipeline.value + ("-cached" if cached else "")
+                measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / variant,
+                                                step, cached)
+                systems += measured
+                if encoder:
+                    report["prensa_encoder"][variant] = encoder
 
         if torch_dir:
             port = free_port()

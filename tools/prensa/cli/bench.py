@@ -34,8 +34,9 @@ def bench(
     queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
     max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = DEFAULT_MAX_BATCH_TOKENS,
     pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
-    workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages) or queries (short queries only, the online path).")] = Workloads.MIXED,
+    workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages), queries (short queries only, the online path) or zipf (short queries repeated by a Zipf law, s=1.1 over 10,000).")] = Workloads.MIXED,
     peers: Annotated[bool, typer.Option(help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed).")] = True,
+    compare_cache: Annotated[bool, typer.Option(help="Measure prensa without and with Triton's response cache (embedders and SPLADE, ensemble pipeline); with --workload zipf, repeated queries as search traffic repeats them.")] = False,
     compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
@@ -54,6 +55,7 @@ def bench(
                                max_batch_tokens=max_batch_tokens),
         pipelines=pipeline or list(Pipeline), workload=workload,
         coalescing=(True, False) if compare_coalescing else (True,),
+        response_cache=(False, True) if compare_cache else (False,),
     )
     out.mkdir(parents=True, exist_ok=True)
     with step_progress(console) as step:
