@@ -116,6 +116,17 @@ def test_serve_takes_the_cache_size_from_its_flag_or_variable(served, tmp_path):
     assert small.exit_code == 2 and "in bytes" in small.output and len(served) == 3
 
 
+def test_up_with_a_cache_size_builds_cached_ensembles(served, tmp_path, exports):
+    """`up` builds its own repository: a cache size turns the cache on there too."""
+    models_dir = exports["minilm"].parent
+    for size, repo in ((CACHE_SIZE, tmp_path / "cached"), (0, tmp_path / "plain")):
+        result = CliRunner().invoke(app, ["up", "--models-dir", str(models_dir), "--model", "minilm=unused",
+                                          "--repo", str(repo), "--cache-size", str(size), "--no-gateway"])
+        assert result.exit_code == 0, result.output
+        assert parse_pbtxt((repo / "minilm" / "config.pbtxt").read_text()).response_cache.enable is (size > 0)
+    assert [call["options"].cache_bytes for call in served] == [CACHE_SIZE, 0]
+
+
 def test_serve_warns_when_the_cache_and_the_repository_disagree(tmp_path, exports):
     build_repository(sources({"minilm": exports["minilm"]}), tmp_path / "cached", ServingOptions(response_cache=True))
     build_repository(sources({"minilm": exports["minilm"]}), tmp_path / "plain", ServingOptions())

@@ -188,6 +188,7 @@ def up(
     metrics_port: MetricsPort = TritonPorts.metrics,
     pipeline: Annotated[Pipeline, typer.Option(envvar="PRENSA_PIPELINE", help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
     triton_otlp_endpoint: TritonOtlpEndpoint = None,
+    cache_size: CacheSize = TritonOptions.cache_bytes,
     gateway: WithGateway = True,
     *,
     settings: GatewaySettings,
@@ -212,8 +213,11 @@ def up(
             console.print(f"exporting {item.source} -> {out}")
             export_model(ExportOptions(source=item.source, out=out, task=item.task))
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
-    written = build_repository(sources, repo, ServingOptions(pipeline=pipeline))
+    written = build_repository(sources, repo, ServingOptions(pipeline=pipeline, response_cache=cache_size > 0))
     console.print(f"repository {repo}: {', '.join(written)}")
-    options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                            tracing=triton_tracing(settings, triton_otlp_endpoint))
+    try:
+        options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
+                                tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--cache-size'") from exc
     run_triton(options, address if gateway else None, settings=settings)
