@@ -226,8 +226,34 @@ def test_a_merged_call_whose_callers_all_left_is_cancelled():
         await asyncio.sleep(0)
         assert not sent.done()  # c still waits for it
         merged[1].cancel()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        for _ in range(3):  # the callers leave, the call is cancelled, its done callback runs
+            await asyncio.sleep(0)
         assert sent.cancelled() and all(m.cancelled() for m in merged) and coalescer.in_triton == 0
+
+    run(scenario())
+
+
+def test_a_merged_call_cancelled_before_it_ran_frees_its_place():
+    """Callers that all hang up the moment their merged call is made: its task is cancelled before
+    it starts, and the place it held in Triton must come back, or every later call would wait."""
+    async def scenario():
+        model = FakeModel()
+        coalescer = Coalescer(model.send, max_calls=1, max_rows=16)
+        first = asyncio.ensure_future(coalescer.call(["a"], None, "r1"))
+        await asyncio.sleep(0)
+        merged = [asyncio.ensure_future(coalescer.call([t], None, t)) for t in ("b", "c")]
+        await asyncio.sleep(0)
+        # In one turn of the loop: the first call returns and hands its place to b and c's merged
+        # call, whose task is queued after both callers' cancellations, as in a hang-up storm.
+        model.gate.set()
+        for caller in merged:
+            caller.cancel()
+        await first
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert all(caller.cancelled() for caller in merged)
+        assert coalescer.in_triton == 0 and not coalescer._calls
+        later = await asyncio.wait_for(coalescer.call(["later"], None, "r4"), 1)
+        assert later["lengths"].ravel().tolist() == [5] and ["b", "c"] not in model.calls
 
     run(scenario())

@@ -113,7 +113,7 @@ def test_odd_input_gets_an_error_or_the_right_answer(served, direct, route, body
 # A valid body per POST route; the wrong-type test below fails for a route missing here.
 VALID = {
     "/embed": {"inputs": "ok", "truncate": True, "truncation_direction": "right", "prompt_name": None,
-               "normalize": True, "dimensions": 8, "model": "minilm"},
+               "normalize": True, "dimensions": 8, "model": "minilm", "outputs": None, "chunking": None},
     "/embed_sparse": {"inputs": "ok", "truncate": True, "truncation_direction": "right", "prompt_name": None,
                       "model": "splade"},
     "/embed_all": {"inputs": "ok", "truncate": True, "truncation_direction": "right", "prompt_name": None,
@@ -123,12 +123,12 @@ VALID = {
     "/predict": {"inputs": ["q", "p"], "truncate": True, "truncation_direction": "right", "raw_scores": False,
                  "model": "msmarco", "parameters": {"top_k": 1, "function_to_apply": "sigmoid"}},
     "/rerank": {"query": "q", "texts": ["p"], "truncate": True, "truncation_direction": "right",
-                "raw_scores": False, "return_text": False, "model": "msmarco"},
+                "raw_scores": False, "return_text": False, "model": "msmarco", "weights": None},
     "/similarity": {"inputs": {"source_sentence": "s", "sentences": ["t"]}, "parameters": None, "model": "minilm"},
     "/tokenize": {"inputs": "ok", "add_special_tokens": True, "prompt_name": None, "model": "minilm"},
     "/decode": {"ids": [101], "skip_special_tokens": True, "model": "minilm"},
     "/v1/embeddings": {"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
-                       "input_type": "query", "truncate": "END"},
+                       "input_type": "query", "truncate": "END", "chunking": None},
     "/v1/rerank": {"query": "q", "documents": ["p"], "model": "msmarco", "top_n": 1, "return_documents": True,
                    "max_chunks_per_doc": 2},
     "/v2/rerank": {"query": "q", "documents": ["p"], "model": "msmarco", "top_n": 1, "return_documents": True,
@@ -138,6 +138,11 @@ VALID = {
     "/v2/embed": {"texts": ["ok"], "model": "minilm", "input_type": "search_query", "embedding_types": ["int8"],
                   "truncate": "END", "output_dimension": None, "max_tokens": None},
     "/v1/ranking": {"model": "msmarco", "query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "END"},
+    "/embed_m3": {"inputs": "ok", "outputs": ["dense"], "truncate": True, "truncation_direction": "right",
+                  "prompt_name": None, "return_tokens": False, "colbert_encoding": "float",
+                  "chunking": {"enabled": True, "overlap": 8}, "model": "bge-m3"},
+    "/score": {"query": "q", "passages": ["p"], "weights": [0.4, 0.2, 0.4], "truncate": True,
+               "truncation_direction": "right", "model": "bge-m3"},
     "/": {"inputs": "ok"},  # any JSON object: no fields of its own
     "/vertex": {"instances": [{"inputs": "ok"}]},
 }

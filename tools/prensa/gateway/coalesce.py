@@ -101,32 +101,37 @@ class Coalescer:
             for one in group:
                 one.group, one.sent = group, task
             self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            task.add_done_callback(self._done)
 
     async def _run(self, group: list[Waiting]) -> None:
+        if len(group) == 1:
+            await self._alone(group[0])
+            return
+        texts = [text for one in group for text in one.texts]
+        pairs = [pair for one in group for pair in one.pairs or ()] if group[0].pairs is not None else None
         try:
-            if len(group) == 1:
-                await self._alone(group[0])
-                return
-            texts = [text for one in group for text in one.texts]
-            pairs = [pair for one in group for pair in one.pairs or ()] if group[0].pairs is not None else None
-            try:
-                merged = await self.send(texts, pairs, group[0].request_id)
-            except GatewayError as exc:
-                if exc.kind in INPUT_ERRORS:  # whose input? each call alone says
-                    await asyncio.gather(*(self._alone(one) for one in group))
-                else:
-                    for one in group:
-                        self._fail(one, exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - every caller gets it
+            merged = await self.send(texts, pairs, group[0].request_id)
+        except GatewayError as exc:
+            if exc.kind in INPUT_ERRORS:  # whose input? each call alone says
+                await asyncio.gather(*(self._alone(one) for one in group))
+            else:
                 for one in group:
                     self._fail(one, exc)
-                return
-            for one, rows in zip(group, split_rows(merged, [len(one.texts) for one in group])):
-                self._settle(one, rows)
-        finally:
-            self._finished()
+            return
+        except Exception as exc:  # noqa: BLE001 - every caller gets it
+            for one in group:
+                self._fail(one, exc)
+            return
+        for one, rows in zip(group, split_rows(merged, [len(one.texts) for one in group])):
+            self._settle(one, rows)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """A merged call's place is free again: called once however its task ended, cancelled
+        before it ever ran included (its `finally` would never run then)."""
+        self._calls.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: `_run` hands every error to its callers
+        self._finished()
 
     async def _alone(self, one: Waiting) -> None:
         try:

@@ -54,6 +54,9 @@ from prensa.tensors import texts_tensor
 POOL_STAGE = load_stage("pool")
 T = TypeVar("T")
 M3_OUTPUTS = (contract.DENSE, contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.COLBERT)
+# Windows of a chunked input fit the model by construction; re-tokenized from their span of the text
+# one may come out a token longer at its edges, which right truncation drops instead of refusing.
+WINDOW_TRUNCATION = Truncation(True, "right")
 
 
 @dataclass
@@ -290,7 +293,7 @@ class Service:
         if dimensions is not None and dimensions > dim:
             raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
         windows = await self.chunk_windows(model, items, chunking, timings)
-        run = windows.items if windows else items
+        run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
             if not normalize and model.normalize:  # Triton's pool stage normalises: pool the raw encoder output here
                 result = await self.infer(model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
@@ -341,7 +344,7 @@ class Service:
         text's windows combine as `chunking` says."""
         self.check(items)
         windows = await self.chunk_windows(model, items, chunking, timings)
-        run = windows.items if windows else items
+        run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         outputs = (*(name for name in M3_OUTPUTS if name in wanted), contract.NUM_TOKENS)
         with self.permits.hold(len(run)):
             result = await self.infer(model, run, None, truncation, outputs, timings)
