@@ -128,7 +128,7 @@ class Service:
         self.metrics = metrics
         self.permits = permits
         self.windows: dict[str, TritonWindow] = {}  # per ensemble, see `_send_texts`
-        self.coalescers: dict[tuple[str, tuple[str, ...], bool], Coalescer] = {}  # see `_text_call`
+        self.coalescers: dict[tuple[str, tuple[str, ...], bool], tuple[ServedModel, Coalescer]] = {}  # `_text_call`
 
     def chunking(self, asked: ChunkingRequest | None) -> Chunking | None:
         """A request's chunking of long inputs: what it asks, else the server's --chunk-long-inputs."""
@@ -166,13 +166,14 @@ class Service:
         if not self.settings.coalesce_requests or model.cached or sampled():
             return await self._send_texts(model, texts, pairs, outputs, request_id)
         key = (model.name, outputs, pairs is not None)
-        if key not in self.coalescers:
-            self.coalescers[key] = Coalescer(
+        known = self.coalescers.get(key)
+        if known is None or known[0] is not model:  # new, or the model was read again (reloaded, reconfigured)
+            self.coalescers[key] = model, Coalescer(
                 lambda t, p, rid: self._send_texts(model, t, p, outputs, rid),
                 max_calls=(model.encode_instances + ENSEMBLE_SPARE_BATCHES) * max(self.client.replica_count, 1),
                 max_rows=model.max_batch_size,  # what Triton takes in one request
                 on_merge=self.metrics.merged_calls.observe)
-        return await self.coalescers[key].call(texts, pairs, request_id)
+        return await self.coalescers[key][1].call(texts, pairs, request_id)
 
     async def _send_texts(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
                           outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
