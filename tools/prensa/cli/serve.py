@@ -8,7 +8,7 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -58,6 +58,14 @@ def triton_tracing(settings: GatewaySettings, triton_endpoint: str | None) -> Tr
     except TracingSetupError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--triton-otlp-endpoint'") from exc
     return TritonTracing(url, f"{settings.otlp_service_name}-triton")
+
+
+def triton_options(**fields: Any) -> TritonOptions:
+    """`TritonOptions(**fields)`, a size it refuses reported as the flag's error."""
+    try:
+        return TritonOptions(**fields)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--cache-size'") from exc
 
 
 def cache_mismatch(repo: Path, cache_bytes: int) -> str | None:
@@ -167,12 +175,9 @@ def serve(
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    try:
-        options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                                log_verbose=log_verbose, model_control_mode=model_control_mode,
-                                tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--cache-size'") from exc
+    options = triton_options(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
+                             log_verbose=log_verbose, model_control_mode=model_control_mode,
+                             tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
     run_triton(options, address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
                settings)
 
@@ -201,6 +206,8 @@ def up(
     from prensa.manifest import MANIFEST_FILE, Manifest
     from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 
+    options = triton_options(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
+                             tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
     chosen = [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model] if model else default_models()
     if not chosen:
         console.print("[red]error:[/] no model given and none of the offline defaults is installed")
@@ -215,9 +222,4 @@ def up(
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
     written = build_repository(sources, repo, ServingOptions(pipeline=pipeline, response_cache=cache_size > 0))
     console.print(f"repository {repo}: {', '.join(written)}")
-    try:
-        options = TritonOptions(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                                tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--cache-size'") from exc
     run_triton(options, address if gateway else None, settings=settings)

@@ -23,6 +23,7 @@ from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
 from prensa.gateway.models import Registry
+from prensa.gateway.protocol_tei import ERRORS as TEI_ERRORS
 from prensa.gateway.replicas import ReplicaPool
 from prensa.gateway.responses import Gateway, GatewayRoute
 from prensa.gateway.service import Service
@@ -43,7 +44,7 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
     """Vertex AI's routes where its variables put them: predictions as `/vertex`, health as `/health`."""
     router = APIRouter(route_class=GatewayRoute, tags=["Vertex AI"])
     if predict := environ.get(VERTEX_PREDICT_ROUTE):
-        router.add_api_route(predict, routes_tei.vertex, methods=["POST"], responses=routes_tei.ERRORS,
+        router.add_api_route(predict, routes_tei.vertex, methods=["POST"], responses=TEI_ERRORS,
                              summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})")
     if health := environ.get(VERTEX_HEALTH_ROUTE):
         router.add_api_route(health, routes_tei.health, methods=["GET"],

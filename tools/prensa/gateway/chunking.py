@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ class Windows:
     items: list[Item]
     counts: list[int]
 
-    @property
+    @cached_property
     def owners(self) -> npt.NDArray[np.int64]:
         """For each window, the index of its input."""
         return np.repeat(np.arange(len(self.counts)), self.counts)

@@ -59,7 +59,7 @@ def scores(rows: M3Rows, weights: Sequence[float] = DEFAULT_WEIGHTS) -> dict[str
         and rows.colbert is not None, "hybrid scores need all three outputs"
     w_dense, w_sparse, w_colbert = check_weights(weights)
     passages = range(1, len(rows.num_tokens))
-    dense = [float(np.dot(rows.dense[0].astype(np.float64), rows.dense[i])) for i in passages]
+    dense = (rows.dense[1:].astype(np.float64) @ rows.dense[0].astype(np.float64)).tolist()
     sparse = [lexical_match(rows.sparse_ids[0], rows.sparse_weights[0], rows.sparse_ids[i], rows.sparse_weights[i])
               for i in passages]
     colbert = [max_sim(rows.colbert[0], rows.colbert[i]) for i in passages]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_tei import CHUNKING, PROMPT, ChunkingRequest, Inputs, TruncatedRequest
+from prensa.gateway.protocol_tei import CHUNKING, PROMPT, ChunkingRequest, Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
 ColbertEncoding = Literal["float", "base64", "base64_float16"]
@@ -28,9 +28,7 @@ class M3Request(TruncatedRequest):
     chunking: ChunkingRequest | None = Field(None, description=CHUNKING)
 
 
-class SparseWeight(BaseModel):
-    index: int = Field(description="Vocabulary id.")
-    value: float = Field(description="Its weight (> 0).")
+class SparseWeight(SparseValue):
     token: str | None = Field(None, description="The id decoded, with `return_tokens`.")
 
 

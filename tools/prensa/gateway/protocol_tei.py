@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.chunking import DEFAULT_OVERLAP
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -170,3 +171,7 @@ class ErrorResponse(BaseModel):
     error: str = Field(description="What went wrong.")
     error_type: str = Field(description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ...")
     request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")
+
+
+# The error bodies a TEI-shaped route documents (its OpenAPI `responses`).
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES}

@@ -11,17 +11,16 @@ import numpy.typing as npt
 from fastapi import APIRouter, Response
 
 from prensa.gateway import hybrid
-from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorKind, GatewayError, validation
+from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_m3 import HybridScore, M3Embedding, M3Request, ScoreRequest
-from prensa.gateway.protocol_tei import ErrorResponse
+from prensa.gateway.protocol_tei import ERRORS
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
 from prensa.gateway.service import Timings
 from prensa.gateway.tokenization import as_items
 from prensa.stages import contract
 
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES}
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["bge-m3"])
 OUTPUT_TENSORS = {"dense": frozenset({contract.DENSE}), "sparse": frozenset({contract.SPARSE_IDS, contract.SPARSE_WEIGHTS}),
                   "colbert": frozenset({contract.COLBERT})}

@@ -20,15 +20,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import RootModel
 from tokenizers import Tokenizer
 
-from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorKind, GatewayError, error_body, validation
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_m3 import M3Request
 from prensa.gateway.protocol_tei import (
+    ERRORS,
     DecodeRequest,
     EmbedRequest,
-    ErrorResponse,
     Info,
     ModelRequest,
     Prediction,
@@ -58,7 +58,6 @@ from prensa.gateway.service import Timings, gather
 from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES}
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
