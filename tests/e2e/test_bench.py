@@ -48,6 +48,14 @@ def test_tune_picks_the_fastest_clean_point_and_writes_it(tmp_path, exports):
     assert fused != (repo / "minilm_encode").exists()  # the winner's layout, nothing of the other
     config = parse_pbtxt((repo / ("minilm" if fused else "minilm_encode") / "config.pbtxt").read_text())
     assert config.dynamic_batching.max_queue_delay_microseconds in {p.queue_delay_us for p in grid}
+    # Measured as HTTP clients call prensa: through a gateway, which logged every request.
+    assert (tmp_path / ".prensa" / "tune-gateway.log").read_text().count("POST /embed") >= 16  # the last point's
+
+
+def test_the_full_grid_crosses_both_pipelines_with_every_layout():
+    grid = default_grid(2, 256, quick=False)
+    assert {(p.pipeline, p.instances, p.threads) for p in grid} == \
+        {(pipeline, *layout) for pipeline in ("ensemble", "fused") for layout in ((1, 0), (2, 1))}
 
 
 def test_best_point_prefers_throughput_then_p99_and_skips_errors():
@@ -55,3 +63,16 @@ def test_best_point_prefers_throughput_then_p99_and_skips_errors():
             dict(instances=2, threads=1, queue_delay_us=0, max_batch_tokens=4096, seq_per_s=49, p99_ms=200, errors=0),
             dict(instances=1, threads=0, queue_delay_us=5000, max_batch_tokens=4096, seq_per_s=80, p99_ms=90, errors=3)]
     assert best_point(rows) == TunePoint(2, 1, 0, 4096)
+
+
+def test_compare_layout_measures_each_encoder_layout(tmp_path, exports):
+    result = CliRunner().invoke(app, ["bench", str(exports["minilm"]), "--quick", "--out", str(tmp_path), "--no-peers",
+                                      "--no-gateway", "--pipeline", "fused", "--compare-layout", "2x1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {s["name"] for s in report["systems"]} == {"onnxruntime limit", "prensa fused 1x0 (Triton gRPC)",
+                                                      "prensa fused 2x1 (Triton gRPC)"}
+    assert set(report["prensa_encoder"]) == {"fused-1x0", "fused-2x1"}
+    # Triton started the second instance only for the 2x1 layout.
+    assert "bench_0_1" in (tmp_path / "tritonserver-fused-2x1.log").read_text()
+    assert "bench_0_1" not in (tmp_path / "tritonserver-fused-1x0.log").read_text()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -21,9 +21,9 @@ from prensa.bench.systems import (
     InProcessResult,
     OnnxLimit,
     SentenceTransformersInProcess,
-    ServerProcess,
     TritonClient,
     count_tokens,
+    gateway_server,
     infinity_server,
     plain_fastapi_server,
     text_encoder,
@@ -55,6 +55,8 @@ class BenchOptions:
     workload: Workloads = Workloads.MIXED
     coalescing: tuple[bool, ...] = (True,)  # gateway runs with --coalesce-requests on, off, or both
     response_cache: tuple[bool, ...] = (False,)  # prensa runs without Triton's response cache, with it, or both
+    # More encoder layouts to measure beside `serving`'s, as (instances, onnxruntime threads per instance).
+    layouts: tuple[tuple[int, int], ...] = ()
     pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
 
 
@@ -115,17 +117,33 @@ def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Tas
     return asyncio.run(go())
 
 
+def layout_label(serving: ServingOptions) -> str:
+    """An encoder layout as `--compare-layout` spells it: instances x threads per instance (0: all cores)."""
+    return f"{serving.encode_instances}x{serving.cpu_threads}"
+
+
+def parse_layout(text: str) -> tuple[int, int]:
+    """`NxT` (N encoder instances of T onnxruntime threads each, T=0 for every core) as (N, T)."""
+    instances, sep, threads = text.lower().partition("x")
+    if not sep or not instances.isdigit() or not threads.isdigit() or int(instances) < 1:
+        raise ValueError(f"an encoder layout is INSTANCESxTHREADS, e.g. 2x1 (threads 0: every core), got {text!r}")
+    return int(instances), int(threads)
+
+
 def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any], short_item: list[str] | RerankCase,
-                options: BenchOptions, work: Path, step: Step,
-                cached: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+                options: BenchOptions, work: Path, step: Step, cached: bool = False,
+                serving: ServingOptions | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`
-    (and Triton's response cache, `cached`); also the encoder's padding, batching and queueing
-    during the gRPC runs."""
+    (and Triton's response cache, `cached`) on `serving` (default: the options'); also the
+    encoder's padding, batching and queueing during the gRPC runs."""
     name = "bench"
-    label = ("prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}") + (" cached" if cached else "")
-    variant = pipeline.value + ("-cached" if cached else "")
+    serving = serving or options.serving
+    layout = f" {layout_label(serving)}" if options.layouts else ""  # named only when layouts are compared
+    label = ("prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}") + layout + \
+        (" cached" if cached else "")
+    variant = pipeline.value + layout.replace(" ", "-") + ("-cached" if cached else "")
     build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
-                     replace(options.serving, pipeline=pipeline, response_cache=cached))
+                     replace(serving, pipeline=pipeline, response_cache=cached))
     systems, summary = [], None
     ports = TritonPorts(free_port(), free_port(), free_port())
     with step(f"{label}: starting Triton"):
@@ -144,17 +162,14 @@ def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any],
             summary = {"padded_per_real_token": encoder.padding_ratio, "average_batch": encoder.average_batch,
                        "queue_ms_per_request": encoder.queue_ms_per_request}
         for coalesce in options.coalescing if options.gateway else ():
-            port = free_port()
-            variant = "" if coalesce else ", no coalescing"
-            gateway = ServerProcess(
-                [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url,
-                 "--repo", str(work / "repo"), "--port", str(port), "--max-concurrent-requests", "100000",
-                 "--coalesce-requests" if coalesce else "--no-coalesce-requests"],
-                http_url(port, "/health"), options.out_dir / f"gateway-{variant}{'' if coalesce else '-no-coalescing'}.log")
-            with step(f"{label} via the gateway{variant} (TEI /embed, /rerank)"):
+            merging = "" if coalesce else ", no coalescing"
+            gateway = gateway_server(triton.grpc_url, work / "repo", free_port(),
+                                     options.out_dir / f"gateway-{variant}{'' if coalesce else '-no-coalescing'}.log",
+                                     coalesce=coalesce)
+            with step(f"{label} via the gateway{merging} (TEI /embed, /rerank)"):
                 gateway.start()
                 try:
-                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP{variant})", http_url(port), name,
+                    systems.append(_drive(HttpClient(f"{label} (gateway HTTP{merging})", gateway.base_url, name,
                                                      "tei"), workload, manifest.task, options, short_item,
                                           [*server_pids(triton), gateway.pid]))
                 finally:
@@ -199,16 +214,18 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="prensa-bench-"))
     try:
         report["prensa_encoder"] = {}
-        for pipeline in options.pipelines:
-            for cached in options.response_cache:
-                if cached and cache_refusal(manifest.task, pipeline) is not None:
-                    continue  # Triton's cache cannot key this layout's answers safely (see `cache_refusal`)
-                variant = pipeline.value + ("-cached" if cached else "")
-                measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / variant,
-                                                step, cached)
-                systems += measured
-                if encoder:
-                    report["prensa_encoder"][variant] = encoder
+        servings = [options.serving, *(replace(options.serving, encode_instances=instances, cpu_threads=threads)
+                                       for instances, threads in options.layouts)]
+        for pipeline, serving, cached in itertools.product(options.pipelines, servings, options.response_cache):
+            if cached and cache_refusal(manifest.task, pipeline) is not None:
+                continue  # Triton's cache cannot key this layout's answers safely (see `cache_refusal`)
+            variant = pipeline.value + (f"-{layout_label(serving)}" if options.layouts else "") + \
+                ("-cached" if cached else "")
+            measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / variant,
+                                            step, cached, serving)
+            systems += measured
+            if encoder:
+                report["prensa_encoder"][variant] = encoder
 
         if torch_dir:
             port = free_port()

@@ -80,6 +80,12 @@ class ServerProcess:
         assert self.process is not None, "start() first"
         return self.process.pid
 
+    @property
+    def base_url(self) -> str:
+        """Where it serves: its health URL without the path."""
+        url = urlsplit(self.health_url)
+        return f"{url.scheme}://{url.netloc}"
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -284,6 +290,14 @@ class HttpClient:
             return median_ms(call, repeats)
         finally:
             connection.close()
+
+
+def gateway_server(triton_grpc_url: str, repo: Path, port: int, log: Path, coalesce: bool = True) -> ServerProcess:
+    """`prensa gateway` on `repo`'s Triton, with no admission limit: a benchmark measures speed, not 429s."""
+    return ServerProcess([str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton_grpc_url,
+                          "--repo", str(repo), "--port", str(port), "--max-concurrent-requests", "100000",
+                          "--coalesce-requests" if coalesce else "--no-coalesce-requests"],
+                         http_url(port, "/health"), log)
 
 
 def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:

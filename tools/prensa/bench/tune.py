@@ -2,13 +2,16 @@
 write it to the repo.
 
 Each point builds a repository with one setting, starts Triton, drives the bench workload at a
-fixed concurrency through gRPC and records throughput and p99. Points run one after another so
-they never share the CPU.
+fixed concurrency through the gateway (as HTTP clients call prensa) or Triton's gRPC, and records
+throughput and p99. The path matters: the gateway shares the host's cores with the encoder, and
+on a small host the layout that serves gRPC clients best is not the one that serves HTTP clients
+best. Points run one after another so they never share the CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -20,7 +23,7 @@ from typing import Any
 
 from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.suite import BenchOptions, build_workload, free_port
-from prensa.bench.systems import TritonClient
+from prensa.bench.systems import HttpClient, TritonClient, gateway_server
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
@@ -32,6 +35,7 @@ from prensa.triton.repo import (
     build_repository,
     encoder_model,
 )
+from prensa.workload import Workloads
 
 
 @dataclass(frozen=True)
@@ -58,25 +62,34 @@ class TunePoint:
 
 
 def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
-    """Instances x threads (one instance on every core, or the cores split between instances), a few
-    queue delays and token budgets, for the ensemble; the fused pipeline at the default instances.
-    Quick: one point of each pipeline."""
+    """Both pipelines at every instances x threads layout (one instance on every core, or the cores
+    split between instances), a few queue delays and token budgets. Quick: one point of each pipeline."""
     layouts = [(DEFAULT_ENCODER_INSTANCES, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
     delays = [0, 2000] if quick else [0, 1000, 5000]
     budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
-    points = [TunePoint(i, t, d, b) for (i, t), d, b in itertools.product(layouts, delays, budgets)]
-    fused = [TunePoint(DEFAULT_ENCODER_INSTANCES, 0, d, b, Pipeline.FUSED.value) for d, b in itertools.product(delays, budgets)]
-    return [points[0], fused[0]] if quick else points + fused
+    points = {pipeline: [TunePoint(i, t, d, b, pipeline.value) for (i, t), d, b in
+                         itertools.product(layouts, delays, budgets)] for pipeline in Pipeline}
+    if quick:
+        return [each[0] for each in points.values()]
+    return [point for each in points.values() for point in each]
 
 
 def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concurrency: int, base: ServingOptions,
-            log_dir: Path) -> dict[str, Any]:
+            log_dir: Path, via_gateway: bool = True) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="prensa-tune-"))
     try:
         build_repository([model], work, point.serving(base))
         ports = TritonPorts(free_port(), free_port(), free_port())
-        with TritonProcess(TritonOptions(repo=work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton:
-            client = TritonClient("tune", triton.grpc_url, model.name)
+        with TritonProcess(TritonOptions(repo=work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton, \
+                contextlib.ExitStack() as gateway:
+            client: HttpClient | TritonClient
+            if via_gateway:
+                server = gateway_server(triton.grpc_url, work, free_port(), log_dir / "tune-gateway.log")
+                server.start()
+                gateway.callback(server.stop)
+                client = HttpClient("tune", server.base_url, model.name, "tei")
+            else:
+                client = TritonClient("tune", triton.grpc_url, model.name)
             send = client.rerank if model.manifest.task is Task.RERANK else client.embed
 
             async def go() -> LoadResult:
@@ -108,15 +121,17 @@ def best_point(results: list[dict[str, Any]]) -> TunePoint:
 
 
 def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bool, log_dir: Path,
-         on_result: Callable[[dict[str, Any]], object] = lambda result: None) -> tuple[TunePoint, list[dict[str, Any]]]:
+         on_result: Callable[[dict[str, Any]], object] = lambda result: None, *, via_gateway: bool = True,
+         workload_kind: Workloads = Workloads.MIXED) -> tuple[TunePoint, list[dict[str, Any]]]:
     manifest = Manifest.read(export_dir)
     model = ModelSource(name, export_dir, manifest)
-    options = BenchOptions(export_dir=export_dir, out_dir=log_dir, texts=requests, rerank_queries=max(requests // 10, 4))
+    options = BenchOptions(export_dir=export_dir, out_dir=log_dir, texts=requests, rerank_queries=max(requests // 10, 4),
+                           workload=workload_kind)
     workload = build_workload(manifest, export_dir, options)
     base = ServingOptions()
     results = []
     for point in default_grid(os.cpu_count() or 1, manifest.max_length, quick):
-        results.append(measure(point, model, workload, concurrency, base, log_dir))
+        results.append(measure(point, model, workload, concurrency, base, log_dir, via_gateway))
         on_result(results[-1])
     return best_point(results), results
 

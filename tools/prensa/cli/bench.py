@@ -10,12 +10,19 @@ import typer
 from rich.console import Console
 
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
-from prensa.bench.suite import BenchOptions, run_bench
+from prensa.bench.suite import BenchOptions, parse_layout, run_bench
 from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
 from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, DEFAULT_MAX_BATCH_TOKENS, Pipeline, ServingOptions
 from prensa.workload import Workloads
+
+
+def layout_option(text: str) -> tuple[int, int]:
+    try:
+        return parse_layout(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--compare-layout") from None
 
 
 def bench(
@@ -38,6 +45,7 @@ def bench(
     peers: Annotated[bool, typer.Option(help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed).")] = True,
     compare_cache: Annotated[bool, typer.Option(help="Measure prensa without and with Triton's response cache (embedders and SPLADE, ensemble pipeline); with --workload zipf, repeated queries as search traffic repeats them.")] = False,
     compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
+    compare_layout: Annotated[list[str] | None, typer.Option(metavar="INSTANCESxTHREADS", help="Also measure prensa with this encoder layout (e.g. 2x1: two instances of one onnxruntime thread each; threads 0 = every core) beside --instances/--cpu-threads; repeatable.")] = None,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     require("bench", "bench")
@@ -56,6 +64,7 @@ def bench(
         pipelines=pipeline or list(Pipeline), workload=workload,
         coalescing=(True, False) if compare_coalescing else (True,),
         response_cache=(False, True) if compare_cache else (False,),
+        layouts=tuple(layout_option(text) for text in compare_layout or ()),
     )
     out.mkdir(parents=True, exist_ok=True)
     with step_progress(console) as step:
