@@ -3,7 +3,13 @@ serialization) driven as ASGI in this process, no HTTP server and no network, ov
 in-process backend with every model answer memoised after its first call, so nothing but the
 gateway's code runs per request. Prints microseconds per request (best and median of 5 rounds).
 
+With `--http`, the same app behind its real HTTP server (uvicorn with prensa's connection
+protocol, the access log on) in a child process, driven over loopback by `--concurrency` aiohttp
+clients with distinct short queries, merging off (merged calls would miss the memo): the child's
+CPU per request and the requests per second one core of it answers, the gateway's own ceiling.
+
     .venv/bin/python tools/gateway_cost.py --repo model_repo --model minilm --requests 2000
+    .venv/bin/python tools/gateway_cost.py --repo model_repo --model minilm --http --concurrency 64
 """
 
 from __future__ import annotations
@@ -11,28 +17,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
+import uvicorn
 
+from prensa.addresses import LOOPBACK, http_url
+from prensa.bench.load import LoadResult, Workload, closed_loop
+from prensa.bench.suite import free_port
+from prensa.bench.systems import HttpClient, ServerProcess
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend
+from prensa.gateway.logs import configure_logging
+from prensa.gateway.server import ConnectionLimits, protocol_class
 from prensa.gateway.settings import GatewaySettings
+from prensa.workload import query_texts
 
 TEXT = "how are module attributes looked up?"
 
 
 class Memoised(InProcessBackend):
-    """Runs each distinct call once, then answers it from memory."""
+    """Runs each distinct call once, then answers it from memory (texts keyed by value: an object
+    array's bytes are its pointers)."""
 
     answers: ClassVar[dict[Any, dict[str, Any]]] = {}
 
     async def infer(self, model: str, inputs: Mapping[str, Any], outputs: Sequence[str],
                     request_id: str = "") -> dict[str, Any]:
-        key = (model, tuple((name, value.tobytes()) for name, value in inputs.items()), tuple(outputs))
+        key = (model, tuple((name, value.shape,
+                             tuple(value.reshape(-1).tolist()) if value.dtype == object else value.tobytes())
+                            for name, value in inputs.items()), tuple(outputs))
         if key not in self.answers:
             self.answers[key] = await super().infer(model, inputs, outputs, request_id)
         return self.answers[key]
@@ -95,14 +113,62 @@ async def measure(repo: Path, model: str, requests: int) -> list[float]:
     return rounds
 
 
+def serve(repo: Path, model: str, port: int) -> None:
+    """The gateway's real server on the memoised backend (the `--http` child)."""
+    settings = GatewaySettings(repo=repo, default_model=model, max_concurrent_requests=1_000_000,
+                               coalesce_requests=False)
+    configure_logging(settings.log_level, settings.json_output)
+    app = create_app(settings, environ={}, backend=lambda s: Memoised(s.repo, s.triton_timeout_s))
+    uvicorn.Server(uvicorn.Config(app, host=LOOPBACK, port=port, log_level="warning", access_log=False,
+                                  http=protocol_class(ConnectionLimits.of(settings)))).run()
+
+
+def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: Path) -> tuple[float, float]:
+    """(CPU ms per request, requests per second) of the served gateway at `concurrency` clients."""
+    port = free_port()
+    server = ServerProcess([sys.executable, __file__, "--repo", str(repo), "--model", model, "--serve", str(port)],
+                           http_url(port, "/health"), log)
+    server.start()
+    client = HttpClient("gateway", server.base_url, model, "tei")
+    items = [[text] for text in query_texts(200)]
+    work = Workload((items * (requests // len(items) + 1))[:requests], [1] * requests, [1] * requests)
+
+    async def run() -> LoadResult:
+        await client.open()
+        try:
+            await closed_loop(client.embed, Workload(items, [1] * len(items), [1] * len(items)), concurrency)  # memo
+            return await closed_loop(client.embed, work, concurrency, [server.pid])
+        finally:
+            await client.close()
+
+    try:
+        result = asyncio.run(run())
+    finally:
+        server.stop()
+    if result.errors or result.server_cpu_s is None:
+        raise SystemExit(f"{result.errors} requests failed; see {log}")
+    return result.server_cpu_s * 1000 / result.requests, result.requests / result.seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", type=Path, required=True, help="A rendered model repository (`prensa repo build`).")
     parser.add_argument("--model", required=True, help="An embedding model in it.")
-    parser.add_argument("--requests", type=int, default=2000, help="Requests per round (5 rounds).")
+    parser.add_argument("--requests", type=int, default=2000, help="Requests per round (5 rounds; --http: one run).")
+    parser.add_argument("--http", action="store_true", help="Through the real HTTP server, over loopback.")
+    parser.add_argument("--concurrency", type=int, default=64, help="--http: concurrent clients.")
+    parser.add_argument("--log", type=Path, default=Path("gateway-cost.log"), help="--http: the server's log.")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the --http child, on this port
     args = parser.parse_args()
-    rounds = asyncio.run(measure(args.repo, args.model, args.requests))
-    print(f"gateway CPU per /embed request: best {min(rounds):.0f} us, median {statistics.median(rounds):.0f} us")
+    if args.serve:
+        serve(args.repo, args.model, args.serve)
+    elif args.http:
+        cpu_ms, rate = measure_http(args.repo, args.model, args.requests, args.concurrency, args.log)
+        print(f"gateway over HTTP at {args.concurrency} clients: {cpu_ms * 1000:.0f} us CPU per /embed request, "
+              f"{rate:.0f} requests/s ({1000 / cpu_ms:.0f} per second of CPU)")
+    else:
+        rounds = asyncio.run(measure(args.repo, args.model, args.requests))
+        print(f"gateway CPU per /embed request: best {min(rounds):.0f} us, median {statistics.median(rounds):.0f} us")
 
 
 if __name__ == "__main__":
