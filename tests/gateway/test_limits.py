@@ -1,10 +1,12 @@
 """Admission rules: client batch size (refused or split), body size, API key, CORS, and a burst over
 --max-concurrent-requests (immediate 429s; admitted requests as fast as unloaded ones, right vectors);
-idle connections outlive the clients' own keep-alive."""
+idle connections outlive the clients' own keep-alive; a serving gateway keeps its startup heap out
+of the garbage collector."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
 import time
 
@@ -14,6 +16,7 @@ import openai
 import pytest
 
 from tests.bodies import error_of
+from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.triton
 
@@ -133,3 +136,14 @@ def test_burst_over_max_concurrent_requests(start_gateway, direct):
     assert slowest_admitted < 3 * quiet_s + 1.0, f"admitted {slowest_admitted:.2f} s vs {quiet_s:.2f} s unloaded"
     for i in admitted:
         np.testing.assert_allclose(results[i][0].json()[0], expected[i], atol=1e-5)
+
+
+def test_a_serving_gateway_freezes_its_startup_heap_and_thaws_it_on_shutdown(settings):
+    gc.unfreeze()  # another gateway of this session may have frozen it: start from nothing frozen
+    with running_gateway(settings) as url:
+        deadline = time.monotonic() + 10
+        while gc.get_freeze_count() == 0:  # frozen just after uvicorn reports it started
+            assert time.monotonic() < deadline, "the gateway's startup heap was not frozen"
+            time.sleep(0.02)
+        assert httpx.post(f"{url}/embed", json={"inputs": "a query"}).status_code == 200
+    assert gc.get_freeze_count() == 0  # collectable again once it stopped

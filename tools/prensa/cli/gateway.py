@@ -153,19 +153,20 @@ def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[...,
 
 def gateway_server(settings: GatewaySettings, host: str, port: int,
                    other_metrics: Sequence[CollectorRegistry] = ()) -> uvicorn.Server:
-    """A uvicorn server for the gateway; `run()` blocks, `should_exit = True` stops it, giving
-    in-flight requests `graceful_timeout_s` before cancelling them. Its connections are
-    prensa.gateway.server's protocol: read and write timeouts, header and connection limits.
-    `other_metrics` join the gateway's own on its /metrics."""
+    """A uvicorn server for the gateway (`GatewayServer`: its startup heap out of the garbage
+    collector); `run()` blocks, `should_exit = True` stops it, giving in-flight requests
+    `graceful_timeout_s` before cancelling them. Its connections are prensa.gateway.server's
+    protocol: read and write timeouts, header and connection limits. `other_metrics` join the
+    gateway's own on its /metrics."""
     from prensa.gateway.app import create_app
-    from prensa.gateway.server import ConnectionLimits, protocol_class
+    from prensa.gateway.server import ConnectionLimits, GatewayServer, protocol_class
 
     app = create_app(settings, other_metrics=other_metrics)
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                         # uvicorn hands both to asyncio as they are: fractions of a second hold
-                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
-                                         http=protocol_class(ConnectionLimits.of(settings)),
-                                         timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
+    return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                        # uvicorn hands both to asyncio as they are: fractions of a second hold
+                                        access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+                                        http=protocol_class(ConnectionLimits.of(settings)),
+                                        timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
 
 
 def run_server(server: uvicorn.Server) -> bool:

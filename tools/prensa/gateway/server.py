@@ -13,16 +13,24 @@ untrusted clients needs and uvicorn lacks.
 - Past `max_connections` open connections a new one gets 503 and is closed at once. uvicorn's
   `limit_concurrency` answers 503 only once a request's headers arrive, so connections that never
   send them would still take every descriptor and lock the listening socket out of accept().
+
+`GatewayServer` is uvicorn's server with the heap the gateway keeps for its whole life (modules,
+the app, its routes and schemas, the served models' tokenizers) moved out of the cyclic garbage
+collector once it has started (`gc.freeze`): a full collection then walks only what requests
+create, instead of the ~100,000 objects of the startup every time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import resource
+import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from prensa.gateway.settings import GatewaySettings
@@ -212,3 +220,17 @@ def protocol_class(limits: ConnectionLimits) -> type[GatewayProtocol]:
     """A GatewayProtocol bound to `limits`, for `uvicorn.Config(http=...)` (uvicorn builds the
     protocol of each connection itself, from the config alone)."""
     return type("GatewayProtocol", (GatewayProtocol,), {"limits": limits})
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, its startup heap frozen out of the garbage collector while it serves."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:  # the app's lifespan has run: the models are read, their tokenizers loaded
+            gc.collect()  # what startup left as garbage is freed, not frozen
+            gc.freeze()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets=sockets)
+        gc.unfreeze()  # the app can be collected again (several gateways come and go in a test process)
