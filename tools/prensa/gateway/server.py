@@ -15,7 +15,7 @@ untrusted clients needs and uvicorn lacks.
   send them would still take every descriptor and lock the listening socket out of accept().
 
 `GatewayServer` is uvicorn's server with the heap the gateway keeps for its whole life (modules,
-the app, its routes and schemas, the served models' tokenizers) moved out of the cyclic garbage
+the app, its routes and schemas, the served models) moved out of the cyclic garbage
 collector once it has started (`gc.freeze`): a full collection then walks only what requests
 create, instead of the ~100,000 objects of the startup every time.
 """
@@ -227,7 +227,7 @@ class GatewayServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
-        if self.started:  # the app's lifespan has run: the models are read, their tokenizers loaded
+        if self.started:  # the app's lifespan has run: the served models are read
             gc.collect()  # what startup left as garbage is freed, not frozen
             gc.freeze()
 
