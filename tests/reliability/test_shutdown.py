@@ -5,6 +5,7 @@ by such a leftover says who holds them instead of serving through it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from prensa.triton import leftovers
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ServingOptions
 from tests.conftest import free_port
@@ -145,3 +147,29 @@ def test_ports_held_by_a_leftover_triton_are_named(repo, tmp_path):
         said = " ".join((run.stdout + run.stderr).split())
         assert f"port 127.0.0.1:{ports.http} is taken by tritonserver (pid {leftover.process.pid})" in said, said
         assert "Triton is ready" not in said
+
+
+def stub_regions(triton: TritonProcess) -> set[str]:
+    """The /dev/shm regions of `triton`'s Python-backend stubs, from their command lines."""
+    assert triton.process is not None
+    return {arg for stub in psutil.Process(triton.process.pid).children() for arg in stub.cmdline()
+            if arg.startswith(leftovers.REGION_PREFIX)}
+
+
+def test_the_regions_of_a_killed_triton_are_cleared_and_a_live_ones_kept(repo, tmp_path):
+    def triton(name: str) -> TritonProcess:
+        ports = TritonPorts(free_port(), free_port(), free_port())
+        return TritonProcess(TritonOptions(repo, ports=ports), log_path=tmp_path / f"{name}.log")
+
+    with triton("live") as live, triton("killed") as killed:
+        kept, dropped = stub_regions(live), stub_regions(killed)
+        assert kept and dropped, "each Triton's stubs have their regions"
+        assert killed.process is not None
+        os.killpg(killed.process.pid, signal.SIGKILL)  # Triton and stubs at once: nobody unlinks a region
+        killed.process.wait(timeout=10)
+        wait_until(lambda: not leftovers.regions_in_use() & dropped, 10, "the killed stubs' mappings gone")
+        assert all((leftovers.SHM_DIR / name).exists() for name in dropped), "leaked, as Triton leaves them"
+        leftovers.clear(stale_after_s=0)  # the next start clears them once 30 s old
+        assert not any((leftovers.SHM_DIR / name).exists() for name in dropped)
+        assert all((leftovers.SHM_DIR / name).exists() for name in kept)
+        assert httpx.get(f"http://{live.http_url}/v2/health/ready").status_code == 200

@@ -7,7 +7,9 @@ first on PATH, hence the current interpreter's `bin/` goes first there.
 
 Triton runs in its own session (a Ctrl-C reaches prensa, which decides how Triton stops), so it
 would outlive a prensa killed with SIGKILL: the kernel's parent-death signal kills it then, and its
-stubs, which watch their parent, follow within a second. It starts in explicit model-control mode
+stubs, which watch their parent, follow within a second, but for a stub still loading its model,
+and the stubs' shared-memory regions stay in /dev/shm: `leftovers` clears both before a Triton
+starts and after one stops. It starts in explicit model-control mode
 with every model loaded, so that one model can be reloaded (`prensa.triton.healing`). With a cache
 size it also starts Triton's `local` response cache, whose library the wheel ships in `caches/`.
 """
@@ -36,6 +38,7 @@ import psutil
 import tritonclient.http as httpclient
 
 from prensa.addresses import LOOPBACK, TRITON_GRPC_PORT, TRITON_HTTP_PORT, TRITON_METRICS_PORT
+from prensa.triton import leftovers
 from prensa.triton.tracing import TritonTracing
 
 # Lines Triton logs as errors on every machine without a GPU.
@@ -232,6 +235,7 @@ class TritonProcess:
         """Start tritonserver, which dies with the thread calling this (see the module docstring):
         call it from a thread that outlives Triton, the main thread or the supervisor's."""
         self.check_ports()
+        leftovers.clear()  # what an earlier Triton killed abruptly left: orphaned stubs, their /dev/shm regions
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_read = 0
         with self.log_path.open("wb") as log:
@@ -320,7 +324,9 @@ class TritonProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=self.exit_deadline_s)
         self.reap_group()
-        return self.process.wait()
+        code = self.process.wait()
+        leftovers.clear()
+        return code
 
     def reap_group(self) -> None:
         """SIGKILL what is left of Triton's process group: the Python-backend stubs of a Triton that
