@@ -7,11 +7,12 @@ first on PATH, hence the current interpreter's `bin/` goes first there.
 
 Triton runs in its own session (a Ctrl-C reaches prensa, which decides how Triton stops), so it
 would outlive a prensa killed with SIGKILL: the kernel's parent-death signal kills it then, and its
-stubs, which watch their parent, follow within a second, but for a stub still loading its model,
-and the stubs' shared-memory regions stay in /dev/shm: `leftovers` clears both before a Triton
-starts and after one stops. It starts in explicit model-control mode
-with every model loaded, so that one model can be reloaded (`prensa.triton.healing`). With a cache
-size it also starts Triton's `local` response cache, whose library the wheel ships in `caches/`.
+stubs, which watch their parent, follow within a second. A stub still loading its model does not,
+and stubs killed along with Triton leave their shared-memory regions in /dev/shm: `leftovers`
+clears both before a Triton starts and after one stops. Triton starts in explicit model-control
+mode with every model loaded, so that one model can be reloaded (`prensa.triton.healing`). With a
+cache size it also starts Triton's `local` response cache, whose library the wheel ships in
+`caches/`.
 """
 
 from __future__ import annotations
