@@ -13,7 +13,6 @@ The export must be an embedding or SPLADE model (the tasks `--response-cache` ca
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import tempfile
 import threading
@@ -25,18 +24,13 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from prensa.bench.suite import free_port
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import CACHED_TASKS, ModelSource, ServingOptions, build_repository, cache_refusal
-from prensa.workload import distinct_queries, zipf_ranks
+from prensa.workload import zipf_queries
 
 MODEL = "bench"
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def text_input(text: str) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
@@ -170,10 +164,10 @@ def main() -> None:
     manifest = Manifest.read(args.export)
     if refusal := cache_refusal(manifest.task, ServingOptions().pipeline):
         raise SystemExit(f"{args.export}: {refusal} (cached tasks: {', '.join(t.value for t in CACHED_TASKS)})")
-    rng = np.random.default_rng(args.seed)
-    texts = distinct_queries(args.distinct, rng)
-    ranks = zipf_ranks(args.requests, args.distinct, args.zipf_s, rng)
-    stream = [texts[rank] for rank in ranks]
+    try:
+        stream = zipf_queries(args.requests, args.seed, args.distinct, args.zipf_s)
+    except ValueError as exc:  # more distinct queries asked than the vocabulary makes
+        raise SystemExit(f"--distinct: {exc}") from None
     source = ModelSource(MODEL, args.export, manifest)
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as scratch, ExitStack() as stack:
         served = []
@@ -186,8 +180,8 @@ def main() -> None:
             served.append(one)
         compare(served, stream, args.rounds)
     print(f"{args.export.name}: {args.requests} queries, Zipf s={args.zipf_s} over {args.distinct} distinct "
-          f"({len(set(ranks))} drawn), {args.concurrency} concurrent gRPC clients")
-    print(report(served, 1 - len(set(ranks)) / len(ranks)))
+          f"({len(set(stream))} drawn), {args.concurrency} concurrent gRPC clients")
+    print(report(served, 1 - len(set(stream)) / len(stream)))
 
 
 if __name__ == "__main__":

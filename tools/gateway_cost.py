@@ -24,16 +24,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
-import uvicorn
 
 from prensa.addresses import LOOPBACK, http_url
 from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.suite import free_port
 from prensa.bench.systems import HttpClient, ServerProcess
+from prensa.cli.gateway import gateway_server
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.logs import configure_logging
-from prensa.gateway.server import ConnectionLimits, GatewayServer, protocol_class
 from prensa.gateway.settings import GatewaySettings
 from prensa.workload import query_texts
 
@@ -114,14 +113,11 @@ async def measure(repo: Path, model: str, requests: int) -> list[float]:
 
 
 def serve(repo: Path, model: str, port: int) -> None:
-    """The gateway's real server (`GatewayServer`, as `prensa gateway` runs it) on the memoised
-    backend (the `--http` child)."""
+    """The gateway's real server, as `prensa gateway` runs it, on the memoised backend (the `--http` child)."""
     settings = GatewaySettings(repo=repo, default_model=model, max_concurrent_requests=1_000_000,
                                coalesce_requests=False)
     configure_logging(settings.log_level, settings.json_output)
-    app = create_app(settings, environ={}, backend=lambda s: Memoised(s.repo, s.triton_timeout_s))
-    GatewayServer(uvicorn.Config(app, host=LOOPBACK, port=port, log_level="warning", access_log=False,
-                                 http=protocol_class(ConnectionLimits.of(settings)))).run()
+    gateway_server(settings, LOOPBACK, port, backend=lambda s: Memoised(s.repo, s.triton_timeout_s)).run()
 
 
 def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: Path) -> tuple[float, float]:

@@ -130,18 +130,22 @@ def parse_layout(text: str) -> tuple[int, int]:
     return int(instances), int(threads)
 
 
+def _names(pipeline: Pipeline, serving: ServingOptions, cached: bool, options: BenchOptions) -> tuple[str, str]:
+    """A prensa variant's label in the report ("prensa fused 2x1 cached") and its name in files
+    ("fused-2x1-cached"); the layout is named only when layouts are compared."""
+    parts = [*([layout_label(serving)] if options.layouts else []), *(["cached"] if cached else [])]
+    label = " ".join(["prensa", *([] if pipeline is Pipeline.ENSEMBLE else [pipeline.value]), *parts])
+    return label, "-".join([pipeline.value, *parts])
+
+
 def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any], short_item: list[str] | RerankCase,
-                options: BenchOptions, work: Path, step: Step, cached: bool = False,
-                serving: ServingOptions | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+                options: BenchOptions, work: Path, step: Step, cached: bool,
+                serving: ServingOptions) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`
-    (and Triton's response cache, `cached`) on `serving` (default: the options'); also the
-    encoder's padding, batching and queueing during the gRPC runs."""
+    (and Triton's response cache, `cached`) on `serving`; also the encoder's padding, batching and
+    queueing during the gRPC runs."""
     name = "bench"
-    serving = serving or options.serving
-    layout = f" {layout_label(serving)}" if options.layouts else ""  # named only when layouts are compared
-    label = ("prensa" if pipeline is Pipeline.ENSEMBLE else f"prensa {pipeline.value}") + layout + \
-        (" cached" if cached else "")
-    variant = pipeline.value + layout.replace(" ", "-") + ("-cached" if cached else "")
+    label, variant = _names(pipeline, serving, cached, options)
     build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
                      replace(serving, pipeline=pipeline, response_cache=cached))
     systems, summary = [], None
@@ -219,8 +223,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
         for pipeline, serving, cached in itertools.product(options.pipelines, servings, options.response_cache):
             if cached and cache_refusal(manifest.task, pipeline) is not None:
                 continue  # Triton's cache cannot key this layout's answers safely (see `cache_refusal`)
-            variant = pipeline.value + (f"-{layout_label(serving)}" if options.layouts else "") + \
-                ("-cached" if cached else "")
+            variant = _names(pipeline, serving, cached, options)[1]
             measured, encoder = _run_prensa(pipeline, manifest, workload, short_item, options, work / variant,
                                             step, cached, serving)
             systems += measured

@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, fields
-from typing import Annotated, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 import uvicorn
@@ -23,6 +23,9 @@ from prometheus_client import CollectorRegistry
 from prensa.addresses import GATEWAY_PORT, LOOPBACK
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
+
+if TYPE_CHECKING:
+    from prensa.gateway.backend import BackendFactory
 
 R = TypeVar("R")
 PANEL = "Gateway"  # the --help panel of the gateway options of serve and up
@@ -151,17 +154,17 @@ def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[...,
     return decorate
 
 
-def gateway_server(settings: GatewaySettings, host: str, port: int,
-                   other_metrics: Sequence[CollectorRegistry] = ()) -> uvicorn.Server:
+def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
+                   backend: BackendFactory | None = None) -> uvicorn.Server:
     """A uvicorn server for the gateway (`GatewayServer`: its startup heap out of the garbage
     collector); `run()` blocks, `should_exit = True` stops it, giving in-flight requests
     `graceful_timeout_s` before cancelling them. Its connections are prensa.gateway.server's
     protocol: read and write timeouts, header and connection limits. `other_metrics` join the
-    gateway's own on its /metrics."""
+    gateway's own on its /metrics; `backend` is `create_app`'s (default: the Tritons of the settings)."""
     from prensa.gateway.app import create_app
     from prensa.gateway.server import ConnectionLimits, GatewayServer, protocol_class
 
-    app = create_app(settings, other_metrics=other_metrics)
+    app = create_app(settings, other_metrics=other_metrics, backend=backend)
     return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                         # uvicorn hands both to asyncio as they are: fractions of a second hold
                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
