@@ -139,12 +139,14 @@ def _names(pipeline: Pipeline, serving: ServingOptions, cached: bool, options: B
 
 
 def _run_prensa(pipeline: Pipeline, manifest: Manifest, workload: Workload[Any], short_item: list[str] | RerankCase,
-                options: BenchOptions, work: Path, step: Step, cached: bool,
-                serving: ServingOptions) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+                options: BenchOptions, work: Path, step: Step, cached: bool = False,
+                serving: ServingOptions | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """prensa through Triton gRPC, then through the gateway, on a repository built with `pipeline`
-    (and Triton's response cache, `cached`) on `serving`; also the encoder's padding, batching and
-    queueing during the gRPC runs."""
+    (and Triton's response cache, `cached`) on `serving` (default: the options', as
+    tools/gpu_check.py runs it); also the encoder's padding, batching and queueing during the gRPC
+    runs."""
     name = "bench"
+    serving = serving or options.serving
     label, variant = _names(pipeline, serving, cached, options)
     build_repository([ModelSource(name, options.export_dir, manifest)], work / "repo",
                      replace(serving, pipeline=pipeline, response_cache=cached))
