@@ -14,7 +14,9 @@ from prensa.triton.config import parse_pbtxt
 
 pytestmark = pytest.mark.triton
 
-SYSTEMS = {"onnxruntime limit", "sentence-transformers (in-process)", "prensa (Triton gRPC)",
+# In-process references of every run: the limit before and after the servers, the encode stage alone.
+REFERENCES = {"onnxruntime limit", "onnxruntime limit, again after the servers", "encode stage alone (random batches of 32)"}
+SYSTEMS = {*REFERENCES, "sentence-transformers (in-process)", "prensa (Triton gRPC)",
            "prensa (gateway HTTP)", "prensa fused (Triton gRPC)", "prensa fused (gateway HTTP)",
            "FastAPI + sentence-transformers"}
 
@@ -25,6 +27,8 @@ def test_quick_bench_reports_every_system(tmp_path, exports, export):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench.json").read_text())
     assert {s["name"] for s in report["systems"]} >= SYSTEMS
+    limits = [s["runs"][0]["seq_per_s"] for s in report["systems"] if s["name"].startswith("onnxruntime limit")]
+    assert report["limit"]["measured"] == limits and len(limits) == 2
     for system in report["systems"]:
         assert system["single_query_p50_ms"] > 0
         for run in system["runs"]:
@@ -70,7 +74,7 @@ def test_compare_layout_measures_each_encoder_layout(tmp_path, exports):
                                       "--no-gateway", "--pipeline", "fused", "--compare-layout", "2x1"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert {s["name"] for s in report["systems"]} == {"onnxruntime limit", "prensa fused 1x0 (Triton gRPC)",
+    assert {s["name"] for s in report["systems"]} == {*REFERENCES, "prensa fused 1x0 (Triton gRPC)",
                                                       "prensa fused 2x1 (Triton gRPC)"}
     assert set(report["prensa_encoder"]) == {"fused-1x0", "fused-2x1"}
     # Triton started the second instance only for the 2x1 layout.

@@ -1,8 +1,10 @@
 """Benchmark output: a terminal table, a JSON file and a throughput-vs-p99 plot, with every
-figure also given as a ratio to the onnxruntime limit measured in the same run."""
+figure also given as a ratio to the onnxruntime limit measured in the same run (at its start and
+its end, so the machine's drift is stated beside the ratios)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -10,13 +12,23 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+LIMIT_NAME = "onnxruntime limit"
+
+
+def limit_figures(report: dict[str, Any]) -> list[float]:
+    """Every measurement of the limit in the run, in order (the bench takes one first and one last)."""
+    return [float(s["runs"][0]["seq_per_s"]) for s in report["systems"] if s["name"].startswith(LIMIT_NAME)]
+
 
 def limit_throughput(report: dict[str, Any]) -> float:
-    return float(next(s["runs"][0]["seq_per_s"] for s in report["systems"] if s["name"].startswith("onnxruntime")))
+    figures = limit_figures(report)
+    return sum(figures) / len(figures)
 
 
 def add_ratios(report: dict[str, Any]) -> dict[str, Any]:
     limit = limit_throughput(report)
+    figures = limit_figures(report)
+    report["limit"] = {"seq_per_s": limit, "measured": figures, "spread": (max(figures) - min(figures)) / limit}
     for system in report["systems"]:
         for run in system["runs"]:
             run["vs_limit"] = run["seq_per_s"] / limit if limit else 0.0
@@ -38,6 +50,10 @@ def print_table(report: dict[str, Any], console: Console) -> None:
                           f"{run['client_cpu_cores']:.2f}" if "client_cpu_cores" in run else "-",
                           f"{system['single_query_p50_ms']:.1f}" if index == 0 else "")
     console.print(table)
+    limit = report["limit"]
+    console.print(f"ratios are to the mean of the limit's {len(limit['measured'])} measurements, "
+                  f"{', '.join(f'{x:.1f}' for x in limit['measured'])} seq/s: they moved by "
+                  f"{limit['spread']:.0%} of it during the run")
     for pipeline, encoder in report.get("prensa_encoder", {}).items():
         console.print(f"prensa encoder ({pipeline}): {encoder['padded_per_real_token']:.3f} tokens computed per real "
                       f"token, {encoder['average_batch']:.1f} sequences per execute, "
@@ -55,7 +71,7 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8, 5))
-    baseline_styles = iter([("black", "--"), ("gray", ":"), ("gray", "-.")])
+    baseline_styles = itertools.cycle([("black", "--"), ("gray", ":"), ("gray", "-."), ("silver", "--")])
     for system in report["systems"]:
         runs = system["runs"]
         if system["kind"] == "server":

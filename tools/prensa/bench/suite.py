@@ -17,6 +17,7 @@ from typing import Any
 from prensa.addresses import LOOPBACK, http_url
 from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import (
+    EncodeStageAlone,
     HttpClient,
     InProcessResult,
     OnnxLimit,
@@ -35,6 +36,7 @@ from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repo
 from prensa.workload import RerankCase, Workloads, embedding_texts, query_texts, rerank_cases, zipf_queries
 
 SHORT_QUERY = "how are module attributes looked up?"
+AGAIN = ", again after the servers"  # the name of the limit measured a second time, at the end
 Step = Callable[[str], AbstractContextManager[Any]]
 
 
@@ -96,6 +98,15 @@ def _in_process_entry(name: str, result: InProcessResult, single_ms: float) -> d
     return {"name": name, "kind": "in-process", "single_query_p50_ms": single_ms,
             "runs": [{"concurrency": None, "seq_per_s": result.sequences / result.seconds,
                       "tok_per_s": result.tokens / result.seconds}]}
+
+
+def _limit_entry(export_dir: Path, workload: Workload[Any], short_input: str | tuple[str, str],
+                 options: BenchOptions, suffix: str = "") -> dict[str, Any]:
+    """The limit measured now; `add_ratios` divides by the mean of every such entry, so a machine
+    that speeds up or slows down during the run shows as their spread rather than in the ratios."""
+    limit = OnnxLimit(export_dir)
+    return _in_process_entry(limit.name + suffix, limit.run(_flat(workload)),
+                             limit.single_latency_ms(short_input, options.single_repeats))
 
 
 def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Task, options: BenchOptions,
@@ -203,10 +214,12 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
               "systems": systems}
 
     with step("onnxruntime limit (sorted batches of 32, no server)"):
-        limit = OnnxLimit(export_dir)
-        systems.append(_in_process_entry(limit.name, limit.run(_flat(workload)),
-                                         limit.single_latency_ms(short_input, options.single_repeats)))
-        del limit
+        systems.append(_limit_entry(export_dir, workload, short_input, options))
+    with step("prensa's encode stage alone (random batches of 32, no server)"):
+        stage = EncodeStageAlone(export_dir, options.serving)
+        systems.append(_in_process_entry(stage.name, stage.run(_flat(workload)),
+                                         stage.single_latency_ms(short_input, options.single_repeats)))
+        del stage
 
     torch_dir = options.torch_model_dir
     if torch_dir:
@@ -255,4 +268,6 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                     infinity.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    with step("onnxruntime limit again, after the servers"):
+        systems.append(_limit_entry(export_dir, workload, short_input, options, AGAIN))
     return report

@@ -1,9 +1,9 @@
 """The systems `prensa bench` compares, each behind the same small interface.
 
-In-process systems (the onnxruntime limit, sentence-transformers) are timed on the whole
-workload at once; servers (prensa through Triton gRPC or the gateway, a plain FastAPI app,
-Infinity) are driven by the closed-loop client in `load.py`, one system running at a time so
-they never compete for the CPU. A single query's latency is timed for every system by one
+In-process systems (the onnxruntime limit, prensa's encode stage alone, sentence-transformers)
+are timed on the whole workload at once; servers (prensa through Triton gRPC or the gateway, a
+plain FastAPI app, Infinity) are driven by the closed-loop client in `load.py`, one system running
+at a time so they never compete for the CPU. A single query's latency is timed for every system by one
 blocking caller: the limit has no client at all, and the servers get the lightest there is
 (stdlib `http.client` on a kept-alive connection, tritonclient's synchronous gRPC), so the
 figure is the server's rather than an asyncio client's (aiohttp added about 1.1 ms a request).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -28,15 +29,18 @@ import numpy as np
 import orjson
 
 from prensa.addresses import LOOPBACK, http_url
+from prensa.bench.report import LIMIT_NAME
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
+from prensa.triton.repo import ServingOptions
 from prensa.workload import RerankCase
 
 if TYPE_CHECKING:
     import aiohttp
 
 LIMIT_BATCH = 32
+ARRIVAL_SEED = 0  # the order `EncodeStageAlone` draws requests in: the same in every run
 # Calls before a single-query latency is timed, for every system alike: a server just started (and
 # onnxruntime on a new shape) answers its first requests slower than it will from then on.
 WARMUP_CALLS = 10
@@ -120,9 +124,10 @@ def count_tokens(encoder: Any, inputs: list[Any]) -> int:
 
 
 class OnnxLimit:
-    """onnxruntime on the served graph with ideal batches: sorted by length, 32 rows, no server."""
+    """onnxruntime on the served graph with ideal batches: the whole workload tokenized (timed) and
+    sorted by length, 32 rows a pass, no server."""
 
-    name = "onnxruntime limit"
+    name = LIMIT_NAME
 
     def __init__(self, export_dir: Path) -> None:
         import onnxruntime as ort
@@ -141,8 +146,8 @@ class OnnxLimit:
 
     def run(self, items: list[str] | list[RerankCase]) -> InProcessResult:
         inputs = _pairs(items) if items and isinstance(items[0], RerankCase) else items
-        encodings = sorted(self.encoder.encode_requests([inputs])[0], key=lambda e: len(e.ids))
         started = time.perf_counter()
+        encodings = sorted(self.encoder.encode_requests([inputs])[0], key=lambda e: len(e.ids))
         for start in range(0, len(encodings), LIMIT_BATCH):
             self._run(encodings[start : start + LIMIT_BATCH])
         return InProcessResult(time.perf_counter() - started, len(encodings), sum(len(e.ids) for e in encodings))
@@ -150,6 +155,40 @@ class OnnxLimit:
     def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
         encoding = self.encoder.encode_requests([[text]])[0][0]
         return median_ms(lambda: self._run([encoding]), repeats)
+
+
+class EncodeStageAlone:
+    """The encode stage's own encoder (its sessions options, sub-batch cut and token budget) on
+    batches as a busy server receives them: the workload shuffled, 32 one-sequence requests a batch,
+    tokenized per batch (timed), no server. Beside the limit it shows what arrival order costs a
+    server (random lengths, cut into sub-batches); beside prensa, what serving adds on top."""
+
+    name = f"encode stage alone (random batches of {LIMIT_BATCH})"
+
+    def __init__(self, export_dir: Path, serving: ServingOptions) -> None:
+        self.manifest = Manifest.read(export_dir)
+        stage = load_stage("encode")
+        session = stage.create_session(export_dir / self.manifest.onnx_file, serving.cpu_threads, "cpu", True)
+        self.stage = stage.TokenBudgetEncoder(session, self.manifest.pad_id, serving.max_batch_tokens,
+                                              serving.length_ratio, serving.max_batch_size, set())
+        self.encoder = text_encoder(export_dir, self.manifest)
+        self.tokenize = load_stage("tokenize")
+
+    def _run(self, inputs: list[Any]) -> int:
+        """Encode one batch of one-sequence requests; its token count."""
+        encodings = self.encoder.encode_requests([inputs])[0]
+        self.stage.encode([self.tokenize.pad_encodings([e], self.manifest.pad_id) for e in encodings])
+        return sum(len(e.ids) for e in encodings)
+
+    def run(self, items: list[str] | list[RerankCase]) -> InProcessResult:
+        inputs: list[Any] = _pairs(items) if items and isinstance(items[0], RerankCase) else list(items)
+        shuffled = random.Random(ARRIVAL_SEED).sample(inputs, len(inputs))
+        started = time.perf_counter()
+        tokens = sum(self._run(shuffled[start : start + LIMIT_BATCH]) for start in range(0, len(shuffled), LIMIT_BATCH))
+        return InProcessResult(time.perf_counter() - started, len(shuffled), tokens)
+
+    def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
+        return median_ms(lambda: self._run([text]), repeats)
 
 
 class SentenceTransformersInProcess:
