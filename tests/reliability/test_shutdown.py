@@ -1,7 +1,8 @@
 """Stopping `prensa serve`: SIGTERM under load, with a dead stage or with a client sending its body
 a byte a second exits 0 within the grace period (`GRACE_S`) plus `SLACK_S`, leaving no process
 behind; SIGKILL of prensa takes Triton and its stubs with it; a start that finds Triton's ports held
-by such a leftover says who holds them instead of serving through it."""
+by such a leftover says who holds them instead of serving through it. `prensa bench` stopped either
+way takes its own Triton and gateway with it."""
 
 from __future__ import annotations
 
@@ -135,6 +136,41 @@ def test_sigkill_takes_triton_along(repo, tmp_path):
             if process.is_running():
                 process.kill()
         stop_tree(serve.process)
+
+
+def command_line(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_bench_stopped_while_it_measures_leaves_nothing_running(tmp_path, exports, sig):
+    """`prensa bench` starts a Triton and a gateway of its own. SIGTERM while it measures through the
+    gateway: it stops both the orderly way and exits 143; SIGKILL: both die with it."""
+    with (tmp_path / "bench.log").open("wb") as log:
+        bench = subprocess.Popen([PRENSA, "bench", str(exports["minilm"]), "--out", str(tmp_path / "out"),
+                                  "--no-peers", "--pipeline", "fused", "--texts", "400", "--concurrency", "1"],
+                                 stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def family() -> list[psutil.Process]:
+            return psutil.Process(bench.pid).children(recursive=True)
+
+        # `prensa gateway` runs as `python .../prensa gateway ...` (the script's interpreter first).
+        wait_until(lambda: any("gateway" in command_line(p)[1:3] for p in family()), 300, "the bench's gateway")
+        processes = family()
+        assert len(processes) > 2, "Triton, its stub and the gateway"
+        bench.send_signal(sig)
+        code = bench.wait(timeout=60)
+        wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes), 30,
+                   "every process of the bench gone")
+        output = (tmp_path / "bench.log").read_text(errors="replace")
+        assert code == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL), output
+        if sig == signal.SIGTERM:  # Triton was asked to stop, not killed by its parent-death signal
+            assert "successfully unloaded" in (tmp_path / "out" / "tritonserver-fused.log").read_text()
+    finally:
+        stop_tree(bench)
 
 
 def test_ports_held_by_a_leftover_triton_are_named(repo, tmp_path):

@@ -11,6 +11,7 @@ figure is the server's rather than an asyncio client's (aiohttp added about 1.1 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
 import random
@@ -33,6 +34,7 @@ from prensa.bench.report import LIMIT_NAME
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
+from prensa.triton.launcher import die_with_parent
 from prensa.triton.repo import ServingOptions
 from prensa.workload import RerankCase
 
@@ -54,7 +56,8 @@ class InProcessResult:
 
 
 class ServerProcess:
-    """A benchmark peer started as a subprocess on loopback and stopped by PID."""
+    """A benchmark peer started as a subprocess on loopback and stopped by PID; it dies with the
+    thread that started it, as Triton does (`die_with_parent`)."""
 
     def __init__(self, command: list[str], health_url: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.command, self.health_url, self.log, self.env = command, health_url, log, env
@@ -64,7 +67,8 @@ class ServerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                            env=self.env or dict(os.environ), start_new_session=True)
+                                            env=self.env or dict(os.environ), start_new_session=True,
+                                            preexec_fn=functools.partial(die_with_parent, os.getpid()))  # noqa: PLW1509 - prctl only
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -12,6 +12,7 @@ from rich.console import Console
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, parse_layout, run_bench
 from prensa.cli.extras import require
+from prensa.cli.interrupt import sigterm_exits
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
 from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, DEFAULT_MAX_BATCH_TOKENS, Pipeline, ServingOptions
@@ -67,7 +68,7 @@ def bench(
         layouts=tuple(layout_option(text) for text in compare_layout or ()),
     )
     out.mkdir(parents=True, exist_ok=True)
-    with step_progress(console) as step:
+    with sigterm_exits(), step_progress(console) as step:
         report = add_ratios(run_bench(options, step))
     print_table(report, console)
     write_json(report, out / "bench.json")

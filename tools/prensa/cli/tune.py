@@ -11,6 +11,7 @@ from rich.table import Table
 
 from prensa.bench.tune import TunePoint, write_best
 from prensa.bench.tune import tune as run_tune
+from prensa.cli.interrupt import sigterm_exits
 from prensa.workload import Workloads
 
 
@@ -36,8 +37,9 @@ def tune(
                       f"{result['queue_delay_us']} us, budget {result['max_batch_tokens']}: "
                       f"{result['seq_per_s']:.1f} seq/s, p99 {result['p99_ms']:.0f} ms")
 
-    best, results = run_tune(export_dir, name, requests, concurrency, quick, repo.parent / ".prensa", show,
-                             via_gateway=gateway, workload_kind=workload)
+    with sigterm_exits():
+        best, results = run_tune(export_dir, name, requests, concurrency, quick, repo.parent / ".prensa", show,
+                                 via_gateway=gateway, workload_kind=workload)
     for r in results:
         mark = "[green]" if TunePoint.of(r) == best else ""
         table.add_row(*(f"{mark}{v}" for v in (r["pipeline"], r["instances"], r["threads"] or "all", r["queue_delay_us"],
