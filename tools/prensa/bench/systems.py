@@ -2,11 +2,12 @@
 
 In-process systems (the onnxruntime limit, prensa's encode stage alone, sentence-transformers)
 are timed on the whole workload at once; servers (prensa through Triton gRPC or the gateway, a
-plain FastAPI app, Infinity) are driven by the closed-loop client in `load.py`, one system running
-at a time so they never compete for the CPU. A single query's latency is timed for every system by one
-blocking caller: the limit has no client at all, and the servers get the lightest there is
-(stdlib `http.client` on a kept-alive connection, tritonclient's synchronous gRPC), so the
-figure is the server's rather than an asyncio client's (aiohttp added about 1.1 ms a request).
+plain FastAPI app, Infinity) are driven by the closed-loop client in `load.py`, one system
+running at a time so they never compete for the CPU. A single query's latency is timed for every
+system by one blocking caller: the in-process ones have no client at all (their figure includes
+tokenizing the query), and the servers get the lightest there is (stdlib `http.client` on a
+kept-alive connection, tritonclient's synchronous gRPC), so the figure is the server's rather than
+an asyncio client's (aiohttp added about 1.1 ms a request).
 """
 
 from __future__ import annotations
@@ -157,12 +158,11 @@ class OnnxLimit:
         return InProcessResult(time.perf_counter() - started, len(encodings), sum(len(e.ids) for e in encodings))
 
     def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
-        encoding = self.encoder.encode_requests([[text]])[0][0]
-        return median_ms(lambda: self._run([encoding]), repeats)
+        return median_ms(lambda: self._run(self.encoder.encode_requests([[text]])[0]), repeats)
 
 
 class EncodeStageAlone:
-    """The encode stage's own encoder (its sessions options, sub-batch cut and token budget) on
+    """The encode stage's own encoder (its session options, sub-batch cut and token budget) on
     batches as a busy server receives them: the workload shuffled, 32 one-sequence requests a batch,
     tokenized per batch (timed), no server. Beside the limit it shows what arrival order costs a
     server (random lengths, cut into sub-batches); beside prensa, what serving adds on top."""
