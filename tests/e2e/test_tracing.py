@@ -35,14 +35,46 @@ def by_name(spans: list[Span]) -> dict[str, list[Span]]:
     return named
 
 
-def wait_for_trace(collector: Collector, trace_id: str, names: set[str]) -> dict[str, list[Span]]:
+def wait_for_trace(collector: Collector, trace_id: str, names: set[str], timeout_s: float = 30) -> dict[str, list[Span]]:
     try:
-        wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), 30, f"spans {sorted(names)}")
+        wait_until(lambda: names <= set(by_name(collector.of_trace(trace_id))), timeout_s, f"spans {sorted(names)}")
     except AssertionError as exc:
         triton = sorted({(s.trace_id[:8], s.name) for s in collector.spans if s.service == "prensa-triton"})
         raise AssertionError(f"{exc}; the trace holds {sorted(by_name(collector.of_trace(trace_id)))}; exports "
                              f"received: {collector.exports}; Triton's spans: {triton}") from None
     return by_name(collector.of_trace(trace_id))
+
+
+# Triton 2.51's exporter loses the spans of a few traced calls (2-8 in 100 sequential requests here,
+# every export it sends arriving whole): a trace whose gateway spans all came but some of Triton's
+# did not is asked again with a new trace, at most this many times in all. Its first waits are short.
+TRACE_ATTEMPTS = 3
+TRITON_SPANS_S = 10.0
+GATEWAY_SPANS = {"POST /embed", "parse and validate", "tokenize", "serialize"}  # and "triton <model>" per call
+
+
+def is_gateway_span(name: str) -> bool:
+    return name in GATEWAY_SPANS or name.startswith("triton ")
+
+
+def traced(collector: Collector, url: str, body: dict[str, object], names: set[str], request_id: str = "",
+           ) -> tuple[httpx.Response, str, str, dict[str, list[Span]]]:
+    """POST `body` to /embed with a sampled `traceparent` until its trace holds `names`: the response,
+    the trace id, the client's span id and the trace's spans by name."""
+    for attempt in range(1, TRACE_ATTEMPTS + 1):
+        header, trace_id, client_span = traceparent()
+        headers = {"traceparent": header, **({"x-request-id": f"{request_id}-{attempt}"} if request_id else {})}
+        response = httpx.post(f"{url}/embed", json=body, headers=headers, timeout=30)
+        assert response.status_code == 200, response.text
+        try:
+            return response, trace_id, client_span, wait_for_trace(
+                collector, trace_id, names, 30 if attempt == TRACE_ATTEMPTS else TRITON_SPANS_S)
+        except AssertionError:
+            missing = names - set(by_name(collector.of_trace(trace_id)))
+            if attempt == TRACE_ATTEMPTS or any(is_gateway_span(name) for name in missing):
+                raise  # the gateway's own spans are never lost: a missing one is a failure
+            print(f"\nTriton's spans of trace {trace_id[:8]} lost ({sorted(missing)}), asking again")
+    raise AssertionError("unreachable")
 
 
 def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
@@ -53,17 +85,15 @@ def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
                       "--otlp-endpoint", collector.grpc_endpoint, "--triton-otlp-endpoint", collector.http_endpoint)
         try:
             serve.wait_healthy(120)
-            header, trace_id, client_span = traceparent()
-            response = httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, timeout=30,
-                                  headers={"traceparent": header, "x-request-id": "rag-query-42"})
-            assert response.status_code == 200 and response.headers["x-request-id"] == "rag-query-42"
-
-            spans = wait_for_trace(collector, trace_id, {"POST /embed", "parse and validate", "triton minilm",
-                                                          "serialize", "InferRequest", "minilm", "minilm_tokenize",
-                                                          "minilm_encode", "minilm_pool", "compute"})
+            response, trace_id, client_span, spans = traced(
+                collector, serve.url, {"inputs": TEXT}, {"POST /embed", "parse and validate", "triton minilm",
+                                                         "serialize", "InferRequest", "minilm", "minilm_tokenize",
+                                                         "minilm_encode", "minilm_pool", "compute"}, "rag-query")
+            request_id = response.headers["x-request-id"]
+            assert request_id.startswith("rag-query-")
             (root,) = spans["POST /embed"]
             assert (root.service, root.kind, root.parent_id) == ("prensa", "SERVER", client_span)
-            assert root.attributes["prensa.request_id"] == "rag-query-42"
+            assert root.attributes["prensa.request_id"] == request_id
             assert root.attributes["http.response.status_code"] == 200 and root.attributes["prensa.model"] == "minilm"
             for stage in ("parse and validate", "triton minilm", "serialize"):
                 (span,) = spans[stage]
@@ -75,7 +105,7 @@ def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
             (infer,) = spans["InferRequest"]
             assert (infer.service, infer.parent_id) == ("prensa-triton", call.span_id)
             (ensemble,) = spans["minilm"]
-            assert ensemble.parent_id == infer.span_id and ensemble.attributes["triton.request_id"] == "rag-query-42"
+            assert ensemble.parent_id == infer.span_id and ensemble.attributes["triton.request_id"] == request_id
             for stage in ("minilm_tokenize", "minilm_encode", "minilm_pool"):
                 (span,) = spans[stage]
                 assert span.parent_id == ensemble.span_id and "QUEUE_START" in span.events, stage
@@ -84,11 +114,8 @@ def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
 
             # Left truncation of a long text takes the token path: the gateway tokenizes, then calls
             # encode and pool.
-            header, left_trace, _ = traceparent()
-            assert httpx.post(f"{serve.url}/embed", json={"inputs": LONG, "truncation_direction": "Left"},
-                              headers={"traceparent": header}, timeout=30).status_code == 200
-            left = wait_for_trace(collector, left_trace, {"tokenize", "triton minilm_encode", "triton minilm_pool",
-                                                          "minilm_encode", "minilm_pool"})
+            *_, left = traced(collector, serve.url, {"inputs": LONG, "truncation_direction": "Left"},
+                              {"tokenize", "triton minilm_encode", "triton minilm_pool", "minilm_encode", "minilm_pool"})
             (left_root,) = left["POST /embed"]
             assert left["tokenize"][0].parent_id == left_root.span_id
             assert left["minilm_encode"][0].parent_id in {s.span_id for s in left["InferRequest"]}
@@ -97,16 +124,14 @@ def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
             header, unsampled, _ = traceparent(sampled=False)
             quiet = httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, headers={"traceparent": header}, timeout=30)
             assert quiet.status_code == 200 and quiet.headers["x-request-id"] == unsampled
-            header, later, _ = traceparent()
-            httpx.post(f"{serve.url}/embed", json={"inputs": TEXT}, headers={"traceparent": header}, timeout=30)
-            wait_for_trace(collector, later, {"POST /embed", "minilm"})  # what was sent before it has arrived too
+            traced(collector, serve.url, {"inputs": TEXT}, {"POST /embed", "minilm"})  # what was sent before it has arrived too
             time.sleep(0.5)
             assert collector.of_trace(unsampled) == []
         finally:
             assert stop_tree(serve.process) == 0, serve.output()[-3000:]
 
     lines = [json.loads(line) for line in serve.output().splitlines() if line.startswith("{")]
-    (access,) = [line for line in lines if line.get("request_id") == "rag-query-42"]
+    (access,) = [line for line in lines if line.get("request_id") == request_id]
     assert access["target"] == "prensa.access" and access["trace_id"] == trace_id and access["status"] == 200
     assert access["model"] == "minilm" and access["path"] == "/embed"
     assert any(line["message"].startswith("starting tritonserver") and line["triton_log"] for line in lines)
