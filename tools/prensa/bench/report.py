@@ -20,14 +20,9 @@ def limit_figures(report: dict[str, Any]) -> list[float]:
     return [float(s["runs"][0]["seq_per_s"]) for s in report["systems"] if s["name"].startswith(LIMIT_NAME)]
 
 
-def limit_throughput(report: dict[str, Any]) -> float:
-    figures = limit_figures(report)
-    return sum(figures) / len(figures)
-
-
 def add_ratios(report: dict[str, Any]) -> dict[str, Any]:
-    limit = limit_throughput(report)
     figures = limit_figures(report)
+    limit = sum(figures) / len(figures)
     report["limit"] = {"seq_per_s": limit, "measured": figures, "spread": (max(figures) - min(figures)) / limit}
     for system in report["systems"]:
         for run in system["runs"]:

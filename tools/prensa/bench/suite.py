@@ -100,13 +100,11 @@ def _in_process_entry(name: str, result: InProcessResult, single_ms: float) -> d
                       "tok_per_s": result.tokens / result.seconds}]}
 
 
-def _limit_entry(export_dir: Path, workload: Workload[Any], short_input: str | tuple[str, str],
-                 options: BenchOptions, suffix: str = "") -> dict[str, Any]:
-    """The limit measured now; `add_ratios` divides by the mean of every such entry, so a machine
-    that speeds up or slows down during the run shows as their spread rather than in the ratios."""
-    limit = OnnxLimit(export_dir)
-    return _in_process_entry(limit.name + suffix, limit.run(_flat(workload)),
-                             limit.single_latency_ms(short_input, options.single_repeats))
+def _reference_entry(system: OnnxLimit | EncodeStageAlone, workload: Workload[Any], short_input: str | tuple[str, str],
+                     options: BenchOptions, suffix: str = "") -> dict[str, Any]:
+    """An in-process reference measured now: the whole workload, then one short input."""
+    return _in_process_entry(system.name + suffix, system.run(_flat(workload)),
+                             system.single_latency_ms(short_input, options.single_repeats))
 
 
 def _drive(client: TritonClient | HttpClient, workload: Workload[Any], task: Task, options: BenchOptions,
@@ -213,13 +211,12 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                            "mean_tokens": sum(workload.tokens) / max(sum(workload.sequences), 1)},
               "systems": systems}
 
+    # The limit is measured first and again last: `add_ratios` divides by the mean of the two, so a
+    # machine that speeds up or slows down during the run shows as their spread, not in the ratios.
     with step("onnxruntime limit (sorted batches of 32, no server)"):
-        systems.append(_limit_entry(export_dir, workload, short_input, options))
+        systems.append(_reference_entry(OnnxLimit(export_dir), workload, short_input, options))
     with step("prensa's encode stage alone (random batches of 32, no server)"):
-        stage = EncodeStageAlone(export_dir, options.serving)
-        systems.append(_in_process_entry(stage.name, stage.run(_flat(workload)),
-                                         stage.single_latency_ms(short_input, options.single_repeats)))
-        del stage
+        systems.append(_reference_entry(EncodeStageAlone(export_dir, options.serving), workload, short_input, options))
 
     torch_dir = options.torch_model_dir
     if torch_dir:
@@ -269,5 +266,5 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     with step("onnxruntime limit again, after the servers"):
-        systems.append(_limit_entry(export_dir, workload, short_input, options, AGAIN))
+        systems.append(_reference_entry(OnnxLimit(export_dir), workload, short_input, options, AGAIN))
     return report

@@ -30,7 +30,6 @@ SHM_DIR = Path("/dev/shm")
 STUB_NAME = "triton_python_backend_stub"  # the Python backend's stub executable
 REGION_PREFIX = "triton_python_backend_shm_region_"  # how the Python backend names a stub's region
 TRITON_NAME = "tritonserver"
-COMM_LENGTH = 15  # the kernel keeps this much of a process's name in /proc/<pid>/comm
 STALE_AFTER_S = 30.0  # Triton maps a region microseconds after creating it
 
 
@@ -45,42 +44,42 @@ class Uninspectable(Exception):
     """A process of this user whose mappings cannot be read."""
 
 
-def orphaned_stubs() -> list[psutil.Process]:
-    """This user's Python-backend stubs with no tritonserver above them (theirs died). A process a
-    live stub forked still has that stub's Triton above it."""
-    uid, orphans = os.getuid(), list[psutil.Process]()
-    for process in psutil.process_iter(["cmdline", "uids"]):
-        with contextlib.suppress(psutil.Error):
+def triton_family() -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """This user's tritonservers and Python-backend stubs, in one pass over the processes: those
+    with a tritonserver (or none needed: Triton itself), and the stubs whose tritonserver is gone. A
+    process a live stub forked still has that stub's Triton above it."""
+    uid, live, orphans = os.getuid(), list[psutil.Process](), list[psutil.Process]()
+    for process in psutil.process_iter(["name", "cmdline", "uids"]):
+        with contextlib.suppress(psutil.Error):  # exited meanwhile
             cmdline, uids = process.info["cmdline"], process.info["uids"]
-            if not cmdline or Path(cmdline[0]).name != STUB_NAME or uids is None or uids.real != uid:
+            if uids is None or uids.real != uid:
                 continue
-            if not any(ancestor.name() == TRITON_NAME for ancestor in process.parents()):
-                orphans.append(process)
-    return orphans
+            if process.info["name"] == TRITON_NAME:
+                live.append(process)
+            elif cmdline and Path(cmdline[0]).name == STUB_NAME:
+                orphaned = not any(ancestor.name() == TRITON_NAME for ancestor in process.parents())
+                (orphans if orphaned else live).append(process)
+    return live, orphans
 
 
-def triton_processes() -> list[Path]:
-    """/proc entries of this user's tritonservers and stubs: the only processes that map regions."""
-    uid, found = os.getuid(), []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):  # exited meanwhile, or not ours to read
-            if entry.name.isdigit() and entry.stat().st_uid == uid and \
-                    (entry / "comm").read_text().strip() in (TRITON_NAME, STUB_NAME[:COMM_LENGTH]):
-                found.append(entry)
-    return found
+def orphaned_stubs() -> list[psutil.Process]:
+    """This user's Python-backend stubs with no tritonserver above them (theirs died)."""
+    return triton_family()[1]
 
 
-def regions_in_use() -> set[str]:
-    """Names of the regions that a tritonserver or stub of this user has mapped or open."""
+def regions_in_use(processes: list[psutil.Process] | None = None) -> set[str]:
+    """Names of the regions that `processes` (default: this user's tritonservers and stubs, the only
+    processes that map them) have mapped or open."""
     used = set[str]()
-    for entry in triton_processes():
+    for process in triton_family()[0] if processes is None else processes:
+        entry = Path("/proc") / str(process.pid)
         try:
             maps = (entry / "maps").read_text()
             targets = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
         except (FileNotFoundError, ProcessLookupError):
             continue  # it exited meanwhile
         except PermissionError as exc:
-            raise Uninspectable(f"pid {entry.name}") from exc
+            raise Uninspectable(f"pid {process.pid}") from exc
         used.update(region_name(line) for line in (*maps.splitlines(), *targets) if REGION_PREFIX in line)
     return used
 
@@ -92,13 +91,13 @@ def region_name(path: str) -> str:
 
 def clear(stale_after_s: float = STALE_AFTER_S) -> Cleared:
     """Kill orphaned stubs and unlink abandoned regions (see the module docstring)."""
-    orphans = orphaned_stubs()
+    live, orphans = triton_family()
     for stub in orphans:
         with contextlib.suppress(psutil.Error):
             stub.kill()
     psutil.wait_procs(orphans, timeout=5)
     try:
-        used = regions_in_use()
+        used = regions_in_use(live)
     except Uninspectable as exc:
         log.warning("left Triton's shared-memory regions in %s alone: cannot read the mappings of %s", SHM_DIR, exc)
         return Cleared(len(orphans), 0, 0)
