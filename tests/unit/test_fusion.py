@@ -45,8 +45,8 @@ def test_fused_graph_matches_the_traced_one_on_a_padded_batch(name, exports, unf
 def test_a_fused_graph_that_disagrees_with_torch_is_not_kept(tmp_path, m3_dir, monkeypatch):
     fuse = fusion.fuse_transformer_ops
 
-    def fuse_wrongly(graph, target):
-        fused = fuse(graph, target)
+    def fuse_wrongly(graph, target, *args, **kwargs):
+        fused = fuse(graph, target, *args, **kwargs)
         model = onnx.load(str(target))
         weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
         weight = next(t for t in model.graph.initializer if t.name in weights)

@@ -4,6 +4,8 @@ and with compose.yaml, and the committed example in deploy/k8s/ reproducible fro
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from pathlib import Path
 
 import kubernetes_validate
@@ -12,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from prensa.cli import app
+from prensa.deploy import k8s
 from prensa.deploy.k8s import (
     ADAPTER_VALUES,
     GATEWAY_IMAGE,
@@ -27,6 +30,7 @@ from prensa.deploy.k8s import (
     Stage,
     read_repository,
     render,
+    triton_memory,
 )
 from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, Target, build_repository
@@ -182,6 +186,7 @@ def test_repository_reading(exports, tmp_path):
     assert sorted(models) == ["all-MiniLM-L6-v2", "ms-marco-MiniLM-L-12-v2", "splade-tiny"]
     assert models["all-MiniLM-L6-v2"].encoder == Stage("all-MiniLM-L6-v2_encode", True, 1, False, 0)
     assert models["ms-marco-MiniLM-L-12-v2"].encoder == Stage("ms-marco-MiniLM-L-12-v2_encode", False, 1, True, 0)
+    assert models["ms-marco-MiniLM-L-12-v2"].encoder.graph_bytes == (exports["msmarco"] / "model.onnx").stat().st_size
     assert models["splade-tiny"].task == "splade"
     stages = [s.model for s in models["splade-tiny"].stages]
     assert stages == [f"splade-tiny_{s}" for s in ("tokenize", "encode", "pool")]
@@ -213,6 +218,36 @@ def test_cpu_repository_from_a_claim_without_gpus():
     requests = pod["containers"][0]["resources"]["requests"]
     assert requests["cpu"] == "8" and "nvidia.com/gpu" not in requests  # 1 + 3 x 2 threads + 1
     assert 'model=~"m\\\\.v1_encode"' in files[ADAPTER_VALUES]["rules"]["custom"][0]["metricsQuery"]
+
+
+def test_memory_follows_the_graphs_and_their_attention_unless_given():
+    """bge-m3 in fp32 (2.27 GB, 16 heads, 8192 tokens: two max-length rows fit the default token
+    budget) in two instances, and an adopted graph whose heads are unknown (three times its size):
+    /dev/shm, Triton, the stubs, each instance's graph and attention; `--memory` wins."""
+    heads = {"attention_heads": "16", "max_batch_tokens": "16384"}
+    attention = k8s._attention_bytes(heads, {"max_length": "8192", "dtype": "fp32"})
+    assert attention == int(1.25 * 2 * 16 * 8192 * 8192 * 4)
+    assert k8s._attention_bytes(heads, {"max_length": "8192", "dtype": "int8"}) == int(2.5 * 2 * 16 * 8192 * 8192 * 4)
+    assert k8s._attention_bytes({}, {"max_length": "512"}) == 0
+    big, small = cpu_model("m3", 2, 0), cpu_model("adopted", 1, 0)
+    encoder = dataclasses.replace(big.encoder, graph_bytes=2_270_000_000, attention_bytes=attention)
+    big = dataclasses.replace(big, encoder=encoder, stages=(big.stages[0], encoder, big.stages[2]))
+    small_encoder = dataclasses.replace(small.encoder, graph_bytes=90_000_000)
+    small = dataclasses.replace(small, encoder=small_encoder, stages=(small.stages[0], small_encoder, small.stages[2]))
+    expected = math.ceil(SHM_GB + 1 + 0.1 * 7 + (2 * (2_270_000_000 + attention) + 3 * 90_000_000) / 2**30)
+    assert triton_memory([big, small]) == f"{expected}Gi" == "31Gi"
+    for options, memory in ((K8sOptions(repo_claim="c"), "31Gi"), (K8sOptions(repo_claim="c", memory="64Gi"), "64Gi")):
+        triton = render([big, small], options)["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+        assert triton["resources"]["requests"]["memory"] == triton["resources"]["limits"]["memory"] == memory
+
+
+def test_an_exported_encoder_names_its_heads_for_the_memory(exports, tmp_path):
+    build_repository([ModelSource("m3", exports["bge-m3"], Manifest.read(exports["bge-m3"]))], tmp_path, ServingOptions())
+    (model,) = read_repository(tmp_path)
+    manifest = Manifest.read(exports["bge-m3"])
+    assert manifest.attention_heads == 4 and manifest.max_length == 512
+    assert model.encoder.attention_bytes == int(1.25 * (16384 // 512) * 4 * 512 * 512 * 4)
+    assert model.encoder.graph_bytes == (exports["bge-m3"] / "model.onnx").stat().st_size
 
 
 def test_gpu_stages_need_a_gpu_and_tensorrt_caches_get_a_volume():

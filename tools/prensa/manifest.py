@@ -79,6 +79,7 @@ class Manifest:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompt name -> text to prepend
     default_prompt_name: str | None = None  # the prompt sentence-transformers applies when none is named
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
+    attention_heads: int | None = None  # the transformer's; with max_length, what one text's attention can hold
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:

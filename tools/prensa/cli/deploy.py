@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from prensa.deploy.k8s import ADAPTER_VALUES, K8sOptions, read_repository, render, write_manifests
+from prensa.deploy.k8s import ADAPTER_VALUES, K8sOptions, read_repository, render, triton_memory, write_manifests
 
 app = typer.Typer(help="Render deployment manifests for a model repository.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -34,7 +34,7 @@ def k8s(
     name: Annotated[str, typer.Option(help="Name of the Deployment, Service, autoscaler and monitor.")] = "prensa",
     registry: Annotated[str | None, typer.Option(help="Registry prefix of the Triton and gateway images (compose.yaml's names and tags).")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs per pod; default 1 when any stage runs on the GPU, else 0.")] = None,
-    memory: Annotated[str, typer.Option(help="Memory request and limit of the Triton container (/dev/shm counts against it).")] = "16Gi",
+    memory: Annotated[str | None, typer.Option(help="Memory request and limit of the Triton container (/dev/shm counts against it). Default: from the repository: /dev/shm, Triton, each stub, and each encoder instance's graph plus its attention at the max length (docs/kubernetes.md).", show_default=False)] = None,
     min_replicas: Annotated[int, typer.Option(help="Fewest pods the autoscaler keeps.")] = 1,
     max_replicas: Annotated[int, typer.Option(help="Most pods the autoscaler starts.")] = 4,
     target_queue_ms: Annotated[float, typer.Option(help="Average encoder queue time per request, per pod, the autoscaler aims at.")] = 50.0,
@@ -56,5 +56,7 @@ def k8s(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     written = write_manifests(out, files, models)
+    console.print(f"Triton container memory: {memory or triton_memory(models)}"
+                  + ("" if memory else " (from the repository's graphs; --memory sets it)"))
     console.print(f"wrote {len(written)} files to {out} for {', '.join(m.name for m in models)}: "
                   f"`kubectl apply -k {out}`; prometheus-adapter: `helm install ... -f {out / ADAPTER_VALUES}`")

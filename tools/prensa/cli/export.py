@@ -11,6 +11,7 @@ from rich.table import Table
 
 from prensa.cli.extras import require
 from prensa.cli.progress import step_progress
+from prensa.export import calibration
 from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.source import SourceError
 from prensa.export.tensorrt import SERVING_TENSORRT, SERVING_TRITON, TensorRTError, TensorRTUnavailable
@@ -34,6 +35,8 @@ def export(
     trt_opt_batch: Annotated[int, typer.Option(help="TensorRT profile: the batch size kernels are tuned for.")] = ExportOptions.trt_opt_batch,
     trt_opt_length: Annotated[int | None, typer.Option(help="TensorRT profile: the length kernels are tuned for; default min(128, max length), capped at it. The profile's max length is the export's max length.")] = None,
     fuse_ops: Annotated[bool, typer.Option(help="ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops (TensorRT through onnxruntime).")] = True,
+    external_data: Annotated[bool, typer.Option(help="Keep the weights in one model.onnx.data file beside the graph even when they fit in it (graphs over 2 GB always do).")] = False,
+    calibrate: Annotated[bool | None, typer.Option("--calibrate/--no-calibrate", help="Measure int8/uint8 embedding ranges (calibration.json) on a fixed corpus. Default: for models up to 150M parameters; larger ones take minutes on a CPU, so ask for it, or run `prensa calibrate` on the export later.", show_default=False)] = None,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
     require("export", "export")
@@ -49,7 +52,8 @@ def export(
     options = ExportOptions(source=source, out=out, task=task, pooling=pooling, max_length=max_length, dtype=dtype,
                             dense_only=dense_only, revision=revision, quantize_int8=quantize == "int8",
                             format=export_format, trt_max_batch=trt_max_batch, trt_opt_batch=trt_opt_batch,
-                            trt_opt_length=trt_opt_length, fuse_ops=fuse_ops)
+                            trt_opt_length=trt_opt_length, fuse_ops=fuse_ops, external_data=external_data,
+                            calibrate=calibrate)
     failure: SourceError | TensorRTUnavailable | TensorRTError | None
     with step_progress(console) as step:
         try:
@@ -76,3 +80,17 @@ def export(
         console.print("[red]error:[/] the exported graph failed its check (table above)")
         raise typer.Exit(1)
     console.print(f"wrote {out} (task {manifest.task.value}, max length {manifest.max_length}, revision {manifest.revision})")
+
+
+def calibrate(
+    export_dir: Annotated[Path, typer.Argument(help="An embedding export from `prensa export` (its prensa.json).")],
+) -> None:
+    """Measure an embedding export's int8/uint8 ranges (calibration.json) after the fact; rebuild the repository to serve them."""
+    require("export", "calibrate")
+    try:
+        with step_progress(console) as step, step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
+            result = calibration.calibrate_export(export_dir)
+    except (FileNotFoundError, ValueError, calibration.CalibrationUnavailable) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"{export_dir}: {calibration.describe(result)}; run `prensa repo build` again to serve them")

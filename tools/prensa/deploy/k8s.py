@@ -18,8 +18,9 @@ queueing is what clients feel, while a GPU server's CPU use says little about it
 
 from __future__ import annotations
 
+import math
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, cast
@@ -48,6 +49,16 @@ TRITON_LOOPBACK = [f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", "
 # Probes run inside the container (kubelet's httpGet cannot reach loopback), as compose.yaml's healthcheck.
 PROBE_SCRIPT = "import urllib.request; urllib.request.urlopen('http://{host}:{port}{path}', timeout=4)"
 SHM_GB = 4  # Python-backend stages exchange tensors through /dev/shm
+# The Triton container's memory when `--memory` is not given, from the repository (`triton_memory`):
+# /dev/shm, tritonserver itself, each Python stub, and each encoder instance's graph plus what its
+# attention holds in its largest pass: as many max-length rows as the token budget admits, times
+# heads x length x length floats. onnxruntime's copies of those scores are measured
+# (docs/performance.md): bge-m3 fp32 rose 4.5 GiB for one 8192-token text (4.0 GiB of scores),
+# int8 8.6 GiB. A graph whose heads are unknown (adopted) counts three times its size.
+TRITON_BASE_GIB = 1.0
+STUB_GIB = 0.1
+ATTENTION_COPIES = {"int8": 2.5}  # by the served dtype; others 1.25
+ENCODER_GRAPH_FACTOR = 3.0
 STARTUP_BUDGET_S = 15 * 60  # compose.yaml's start_period: a first start may build TensorRT engines
 
 # Triton's counters behind the autoscaling metric, and the name prometheus-adapter gives the quotient.
@@ -71,6 +82,15 @@ class Stage:
     instances: int
     python: bool  # Python backend: one process per instance
     threads: int  # onnxruntime intra-op threads of a Python encoder; 0 when not pinned
+    graph_bytes: int = field(default=0, compare=False)  # the model files its instances load (graph, weights, engine)
+    attention_bytes: int = field(default=0, compare=False)  # an encoder's largest pass's attention; 0: unknown
+
+    @property
+    def memory_bytes(self) -> float:
+        """What its instances hold at most (see ATTENTION_COPIES)."""
+        if self.graph_bytes and not self.attention_bytes:
+            return self.instances * ENCODER_GRAPH_FACTOR * self.graph_bytes
+        return self.instances * (self.graph_bytes + self.attention_bytes)
 
     @property
     def cores(self) -> int:
@@ -87,7 +107,26 @@ class ServedModel:
     accelerator_cache: str | None  # onnxruntime's TensorRT engine cache directory, when the encoder has one
 
 
-def _stage(name: str, config: model_config_pb2.ModelConfig) -> Stage:
+GRAPH_SUFFIXES = (".onnx", ".data", ".onnx_data", ".plan")  # what an encoder's version folder loads
+
+
+def _graph_bytes(version_dir: Path) -> int:
+    return sum(p.stat().st_size for p in version_dir.glob("*") if p.is_file() and p.name.endswith(GRAPH_SUFFIXES))
+
+
+def _attention_bytes(parameters: dict[str, str], served: dict[str, str]) -> int:
+    """The largest pass's attention scores of an encoder that names its heads: the rows of the
+    served max length its token budget admits, x heads x length x length floats, x the copies
+    onnxruntime keeps of them."""
+    if "attention_heads" not in parameters or "max_length" not in served:
+        return 0
+    length = int(served["max_length"])
+    rows = max(1, int(parameters.get("max_batch_tokens", length)) // length)
+    copies = ATTENTION_COPIES.get(served.get("dtype", "fp32"), 1.25)
+    return int(copies * rows * int(parameters["attention_heads"]) * length * length * 4)
+
+
+def _stage(name: str, config: model_config_pb2.ModelConfig, version_dir: Path, served: dict[str, str]) -> Stage:
     parameters = config_parameters(config)
     kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group]
     return Stage(
@@ -96,6 +135,8 @@ def _stage(name: str, config: model_config_pb2.ModelConfig) -> Stage:
         instances=sum(max(group.count, 1) for group in config.instance_group) or 1,
         python=config.backend == "python",
         threads=int(parameters.get("intra_op_threads", "0")),
+        graph_bytes=_graph_bytes(version_dir),
+        attention_bytes=_attention_bytes(parameters, served),
     )
 
 
@@ -119,7 +160,7 @@ def read_repository(repo: Path) -> list[ServedModel]:
         missing = [step for step in steps if step not in configs]
         if missing:
             raise ValueError(f"{repo}: ensemble {name} runs {', '.join(missing)}, which the repository lacks")
-        stages = tuple(_stage(step, configs[step]) for step in steps)
+        stages = tuple(_stage(step, configs[step], repo / step / "1", config_parameters(config)) for step in steps)
         encoder_name = encoder_model(name, pipeline)
         encoder = next((stage for stage in stages if stage.model == encoder_name), None)
         if encoder is None:
@@ -140,7 +181,7 @@ class K8sOptions:
     name: str = "prensa"
     registry: str | None = None  # prefix of the Triton and gateway images, e.g. ghcr.io/acme
     gpus: int | None = None  # per pod; None: 1 when a stage runs on the GPU, else 0
-    memory: str = "16Gi"  # per Triton container, request and limit (/dev/shm counts against it)
+    memory: str | None = None  # per Triton container, request and limit; None: `triton_memory` of the repository
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue_ms: float = 50.0  # average encoder queue time per request the autoscaler aims at
@@ -193,11 +234,20 @@ def triton_ports(options: K8sOptions) -> list[tuple[str, int]]:
     return [*exposed, ("metrics", TRITON_PORTS.metrics)]
 
 
+def triton_memory(models: list[ServedModel]) -> str:
+    """The Triton container's memory for these models, whole GiB (see ATTENTION_COPIES)."""
+    stages = {stage.model: stage for model in models for stage in model.stages}.values()
+    stubs = sum(stage.instances for stage in stages if stage.python)
+    encoders = sum(stage.memory_bytes for stage in stages) / 2**30
+    return f"{math.ceil(SHM_GB + TRITON_BASE_GIB + STUB_GIB * stubs + encoders)}Gi"
+
+
 def _triton_container(models: list[ServedModel], options: K8sOptions) -> Manifest:
     gpus = pod_gpus(models, options)
     cores = max(sum(stage.cores for model in models for stage in model.stages), 1)
-    limits: dict[str, Any] = {"memory": options.memory}
-    requests: dict[str, Any] = {"cpu": str(cores), "memory": options.memory}
+    memory = options.memory or triton_memory(models)
+    limits: dict[str, Any] = {"memory": memory}
+    requests: dict[str, Any] = {"cpu": str(cores), "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = gpus
     mounts = [{"name": "model-repo", "mountPath": MODELS_PATH, "readOnly": True},

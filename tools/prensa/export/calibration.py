@@ -32,6 +32,10 @@ CORPUS = f"prensa.bench.workload.embedding_texts({CORPUS_TEXTS}, seed={CORPUS_SE
 MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corpus fits within it
 BATCH_ROWS = 32  # length-sorted, so little padding
 FIGURE = "calibration"  # the export report's line; not "int8 ...", which names the quantised graph's lines
+# `prensa export` calibrates by itself up to this size (base-size encoders: seconds on a CPU). Past it
+# the corpus costs minutes on a CPU (bge-m3: 4 min on 2 cores, more than the rest of its export), so
+# larger models are calibrated when asked: `--calibrate`, or `prensa calibrate` on the export later.
+AUTO_MAX_PARAMETERS = 150_000_000
 
 Run = Callable[[Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]]  # tokenizer output -> graph outputs by name
 
@@ -46,6 +50,25 @@ class Calibration:
     texts: int
     max_tokens: int
     rows: int  # texts per forward pass
+
+
+def graph_parameters(graph: Path) -> int:
+    """Weights in an ONNX graph (its initializers' elements), read without loading them."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sum(int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer)
+
+
+def skip_reason(requested: bool | None, parameters: int) -> str | None:
+    """Why an export leaves calibration out (None: it calibrates): not asked for, or left to the user
+    past AUTO_MAX_PARAMETERS when the export was not told either way."""
+    if requested is False:
+        return "skipped (--no-calibrate)"
+    if requested is None and parameters > AUTO_MAX_PARAMETERS:
+        return (f"skipped: {parameters / 1e6:.0f}M parameters cost minutes on a CPU; int8/uint8 embeddings need "
+                "it: run `prensa calibrate` on this export (or export with --calibrate)")
+    return None
 
 
 def calibration_texts() -> list[str]:
@@ -117,3 +140,17 @@ def describe(calibration: Calibration) -> str:
     dim = calibration.ranges.shape[1]
     return (f"int8 embedding ranges: {calibration.texts} texts (<= {calibration.max_tokens} tokens, "
             f"{calibration.rows} per pass), {dim} dims -> {CALIBRATION_FILE}")
+
+
+def calibrate_export(export_dir: Path) -> Calibration:
+    """Ranges for an existing export (`prensa calibrate`): calibration.json written and named in its
+    manifest, as `prensa export --calibrate` would have."""
+    from transformers import AutoTokenizer
+
+    manifest = Manifest.read(export_dir)
+    # transformers leaves from_pretrained unannotated; there is no typed way to call it.
+    tokenizer = AutoTokenizer.from_pretrained(export_dir, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
+    result = calibrate(export_dir, manifest, tokenizer)
+    manifest.calibration_file = write_calibration(export_dir, result, manifest)
+    manifest.write(export_dir)
+    return result

@@ -12,20 +12,35 @@ a fused graph only if it still agrees with torch.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import onnx
 
 
-def fuse_transformer_ops(model: onnx.ModelProto, target: Path) -> dict[str, int]:
+def fuse_transformer_ops(model: onnx.ModelProto, target: Path, external: bool = False,
+                         weights_dir: Path | None = None) -> dict[str, int]:
     """Write `model` with BERT-family fusions (BERT, RoBERTa and XLM-R share the patterns) to
-    `target`; returns the fused ops and their counts, empty (and nothing written) when none matched."""
+    `target`, its weights in `<name>.data` when asked or when they do not fit a protobuf; returns
+    the fused ops and their counts, empty (and nothing written) when none matched.
+
+    `model` may leave its weights in external data (`weights_dir` holds the files): the optimizer
+    deep-copies the graph for shape inference four times, which costs seconds without the weights
+    and minutes and four copies of them with (bge-m3: 13 GB). The fusions that read weights (Q, K
+    and V merged into one) resolve external data from the working directory, so they run there."""
+    from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.transformers.optimizer import optimize_model
 
+    from prensa.export.graph_store import data_file, needs_external_data
+
     # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
-    fusing = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    with contextlib.chdir(weights_dir or Path.cwd()):
+        fusing = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
     fused = {op: count for op, count in fusing.get_fused_operator_statistics().items()
              if count and op != "LayerNormalization"}  # plain LayerNorm is what torch exports already
     if fused:
-        fusing.save_model_to_file(str(target))
+        if weights_dir is not None:
+            load_external_data_for_model(fusing.model, str(weights_dir))  # written out again below, one by one
+        data_file(target).unlink(missing_ok=True)
+        fusing.save_model_to_file(str(target), use_external_data_format=external or needs_external_data(fusing.model))
     return fused

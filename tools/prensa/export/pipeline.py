@@ -6,6 +6,7 @@ produce the outputs its task needs)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.export import calibration
+from prensa.export.graph_store import move_graph, rewrite_graph, save_graph
 from prensa.export.inspect import ModelPlan, plan_model
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
@@ -74,6 +76,8 @@ class ExportOptions:
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
     fuse_ops: bool = True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
+    external_data: bool = False  # weights in model.onnx.data even when the graph would fit in one file
+    calibrate: bool | None = None  # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,12 @@ def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int
     else:
         encoded = tokenizer(VERIFY_TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="np")
     return {k: v.astype(np.int64) for k, v in encoded.items()}
+
+
+def _attention_heads(config: dict[str, Any]) -> int | None:
+    """Attention heads of the transformer (a classifier's or a causal LM's config may nest its text model's)."""
+    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
+    return int(heads) if heads else None
 
 
 def _read_config(source: SourceModel) -> dict[str, Any]:
@@ -135,6 +145,7 @@ def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[
 
 
 def _trace(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, npt.NDArray[Any]], path: Path) -> None:
+    """torch's trace at `path`; over 2 GB torch writes one weights file per tensor beside it."""
     import torch
 
     args = tuple(torch.from_numpy(sample[name]) for name in inputs)
@@ -145,17 +156,26 @@ def _trace(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], samp
                           dynamic_axes=axes, opset_version=OPSET, dynamo=False, do_constant_folding=True)
 
 
-def _to_fp16(source: Path, target: Path) -> None:
+def _trace_into(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, npt.NDArray[Any]],
+                path: Path, external: bool) -> None:
+    """The trace, written at `path` in the export's layout: torch's per-tensor files (a graph over
+    2 GB) are gathered into one data file beside the graph."""
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trace-") as staging:
+        traced = Path(staging) / path.name
+        _trace(graph, inputs, outputs, sample, traced)
+        rewrite_graph(traced, path, external)
+
+
+def _to_fp16(source: Path, target: Path, external: bool) -> None:
     """fp16 weights and compute, fp32 inputs/outputs; LayerNorm and softmax stay fp32 (overflow).
     TensorRT builds from the same graph, strongly typed, so both keep those layers in fp32."""
-    import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = onnx.load(str(source))
+    # By path: onnxruntime then infers shapes from the file, which works past 2 GB (in memory it cannot).
     converted = convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"]
+        str(source), keep_io_types=True, op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"]
     )
-    onnx.save(converted, str(target), save_as_external_data=converted.ByteSize() > 2_000_000_000)
+    save_graph(converted, target, external)
 
 
 def run_torch(graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]) -> list[npt.NDArray[Any]]:
@@ -234,7 +254,7 @@ def check_adopted(actual: dict[str, npt.NDArray[Any]], outputs: list[GraphOutput
 
 
 def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]],
-                  plain: VerifyReport) -> tuple[dict[str, int], VerifyReport]:
+                  plain: VerifyReport, external: bool) -> tuple[dict[str, int], VerifyReport]:
     """Swap in the fused graph when it agrees with torch within the plain graph's tolerance; the
     report says which graph was kept and why."""
     import onnx
@@ -244,18 +264,17 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[A
     def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
         return {}, VerifyReport(plain.heading, {**plain.figures, FUSED_FIGURE: reason}, plain.ok)
 
-    graph = onnx.load(str(path), load_external_data=False)  # read once: fusion rewrites this copy
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
-        return kept_plain("none: the graph's weights are external (over 2 GB); kept as traced")
-    staging = path.with_name(f".fused-{path.name}")
-    fused = fuse_transformer_ops(graph, staging)
-    if not fused:
-        return kept_plain("none matched; kept as traced")
-    checked = compare_with_torch(run_onnx(staging, inputs, sample), expected, sample[contract.ATTENTION_MASK], "fp32")
-    if not checked.ok:
-        staging.unlink()
-        return kept_plain(f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})")
-    staging.replace(path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".fused-") as staging:
+        fused_path = Path(staging) / path.name  # same name: the graph names its data file after itself
+        structure = onnx.load(str(path), load_external_data=False)  # fusion rewrites this copy
+        fused = fuse_transformer_ops(structure, fused_path, external, weights_dir=path.parent)
+        if not fused:
+            return kept_plain("none matched; kept as traced")
+        checked = compare_with_torch(run_onnx(fused_path, inputs, sample), expected,
+                                     sample[contract.ATTENTION_MASK], "fp32")
+        if not checked.ok:
+            return kept_plain(f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})")
+        move_graph(fused_path, path)
     counts = ", ".join(f"{op} x{count}" for op, count in fused.items())
     return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
 
@@ -271,18 +290,20 @@ def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan:
         expected = run_torch(graph, inputs, sample)
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
-        _trace(graph, inputs, outputs, sample, onnx_path)
+        _trace_into(graph, inputs, outputs, sample, onnx_path, options.external_data)
+        del graph  # the torch weights: as large as the graph's, and not needed past the trace
+        gc.collect()
     with step("Verifying onnxruntime against torch"):
         report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
                                     sample[contract.ATTENTION_MASK], "fp32")
     fused: dict[str, int] = {}
     if fuse and report.ok:  # in fp32, before any fp16 conversion: its casts hide the patterns
         with step("Fusing transformer ops for onnxruntime, checking against torch"):
-            fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report)
+            fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report, options.external_data)
     if dtype == "fp32" or not report.ok:  # a trace that disagrees with torch stays fp32; the report says why
         return GraphInfo(inputs, outputs, "fp32", fused), report
     with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
-        _to_fp16(onnx_path, onnx_path)
+        _to_fp16(onnx_path, onnx_path, options.external_data)
     with step("Checking fp16 against fp32 on a sample"):
         checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
     fusion = {k: v for k, v in report.figures.items() if k == FUSED_FIGURE}  # the fp32 fusion step's figure
@@ -308,17 +329,12 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedToken
 
     if graph.dtype != "fp32":
         raise SourceError(f"--quantize int8 needs an fp32 graph; this one is {graph.dtype}")
-    staging = options.out / ".fp32"
-    staging.mkdir(exist_ok=True)
-    for path in options.out.iterdir():  # the graph and its external data move together
-        if path.is_file() and path.name.startswith(Path(ONNX_FILE).stem) and path.suffix != ".json":
-            path.replace(staging / path.name)
-    try:
+    with tempfile.TemporaryDirectory(dir=options.out, prefix=".fp32-") as staging:
+        fp32 = Path(staging) / ONNX_FILE
+        move_graph(options.out / ONNX_FILE, fp32)  # with its data file: the graph names it
         with step("Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"):
-            result = quantize_with_report(staging / ONNX_FILE, options.out / ONNX_FILE, graph.inputs, tokenizer,
-                                          plan.task, plan.pooling, plan.max_length)
-    finally:
-        shutil.rmtree(staging)
+            result = quantize_with_report(fp32, options.out / ONNX_FILE, graph.inputs, tokenizer,
+                                          plan.task, plan.pooling, plan.max_length, options.external_data)
     figures = dict(report.figures)
     for label, values in result.figures.items():
         kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
@@ -344,7 +360,7 @@ def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer: PreTraine
         if options.dtype == "fp16":
             source = Path(staging) / ONNX_FILE
             with step("Converting a copy to fp16 (LayerNorm and softmax kept in fp32)"):
-                _to_fp16(onnx_path, source)
+                _to_fp16(onnx_path, source, options.external_data)
         with step(f"Building the {options.dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"):
             version = tensorrt.build_engine(source, plan_path, profile)
     with step("Running the engine on a sample batch"):
@@ -359,13 +375,17 @@ def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer: PreTraine
 
 def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, options: ExportOptions,
                step: Step) -> tuple[str | None, VerifyReport]:
-    """calibration.json for a dense export whose graph passed its check; the report's line says how
-    it was made, or why there is none."""
+    """calibration.json for a dense export whose graph passed its check, when asked or cheap; the
+    report's line says how it was made, or why there is none."""
     def reported(figure: str) -> VerifyReport:
         return VerifyReport(report.heading, {**report.figures, calibration.FIGURE: figure}, report.ok)
 
     if not report.ok:
         return None, reported("skipped: the graph failed its check")
+    skipped = calibration.skip_reason(options.calibrate,
+                                      calibration.graph_parameters(options.out / manifest.onnx_file))
+    if skipped:
+        return None, reported(skipped)
     with step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
         try:
             result = calibration.calibrate(options.out, manifest, tokenizer)
@@ -428,6 +448,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         normalize=plan.normalize,
         dim=hidden if plan.task in calibration.DENSE_TASKS else None,
         id2label=labels if plan.task is Task.CLASSIFY else {},
+        attention_heads=_attention_heads(config),
         tensorrt=engine,
         fused_ops=graph.fused_ops,
         prompts=prompts,

@@ -6,6 +6,7 @@ the figures of both are reported so the choice is visible.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,23 @@ class QuantizeReport:
     figures: dict[str, dict[str, float]]  # "per-tensor" / "per-channel" -> metric -> value
 
 
-def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool) -> None:
+def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool, external: bool = False) -> None:
+    """`fp32` (external data beside it read through the graph) quantised to `int8`, whose weights
+    go to one `<name>.data` file when asked or when they do not fit a protobuf."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from prensa.export.graph_store import PROTOBUF_LIMIT, data_file
+    from prensa.files import graph_data_files
+
+    data_file(int8).unlink(missing_ok=True)  # onnx appends to an existing data file
+    # int8 weights take a quarter of fp32's bytes; past half of them, the graph may not fit a protobuf.
+    fp32_bytes = sum((fp32.parent / name).stat().st_size for name in (fp32.name, *graph_data_files(fp32)))
+    external = external or fp32_bytes >= 2 * PROTOBUF_LIMIT
     # ONNX shape inference cannot see through onnxruntime's fused ops (export/fusion.py); the
     # tensors it leaves untyped there are fp32.
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=per_channel,
+                     use_external_data_format=external,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
@@ -95,17 +106,25 @@ def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_len
     return scores
 
 
-def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None,
-              max_length: int) -> dict[str, float]:
+Outputs = npt.NDArray[Any] | list[npt.NDArray[Any]]  # vectors [texts, dim], or each query's scores
+
+
+def task_outputs(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None,
+                 max_length: int) -> Outputs:
+    """What clients receive from `run` on the workload: rerank scores per query, else vectors."""
     if task is Task.RERANK:
-        want_scores = _rerank_scores(fp32, tokenizer, max_length)
-        got_scores = _rerank_scores(int8, tokenizer, max_length)
-        taus = [_kendall_tau(w, g) for w, g in zip(want_scores, got_scores)]
-        top1 = [int(np.argmax(w) == np.argmax(g)) for w, g in zip(want_scores, got_scores)]
+        return _rerank_scores(run, tokenizer, max_length)
+    return _vectors(run, tokenizer, task, pooling, max_length)
+
+
+def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
+    """int8 outputs `got` against fp32's `want`: ranking agreement for rerankers, cosine otherwise."""
+    if isinstance(want, list) and isinstance(got, list):
+        taus = [_kendall_tau(w, g) for w, g in zip(want, got)]
+        top1 = [int(np.argmax(w) == np.argmax(g)) for w, g in zip(want, got)]
         return {"kendall_tau_mean": float(np.mean(taus)), "kendall_tau_min": float(np.min(taus)),
                 "top1_agreement": float(np.mean(top1))}
-    want = _vectors(fp32, tokenizer, task, pooling, max_length)
-    got = _vectors(int8, tokenizer, task, pooling, max_length)
+    assert not isinstance(want, list) and not isinstance(got, list)
     cosines = _cosine(want, got)
     figures = {"cosine_mean": float(cosines.mean()), "cosine_min": float(cosines.min())}
     if task is Task.CLASSIFY:
@@ -114,21 +133,23 @@ def agreement(fp32: GraphRunner, int8: GraphRunner, tokenizer: PreTrainedTokeniz
 
 
 def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer: PreTrainedTokenizerBase, task: Task,
-                         pooling: Pooling | None, max_length: int) -> QuantizeReport:
+                         pooling: Pooling | None, max_length: int, external: bool = False) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
-    reference = GraphRunner(fp32, inputs)
-    figures, headline = {}, {}
-    for per_channel in (False, True):
-        candidate = int8.with_name(f"{int8.stem}.{'channel' if per_channel else 'tensor'}{int8.suffix}")
-        quantize_dynamic_int8(fp32, candidate, per_channel)
-        label = "per-channel" if per_channel else "per-tensor"
-        figures[label] = agreement(reference, GraphRunner(candidate, inputs), tokenizer, task, pooling, max_length)
-        headline[per_channel] = next(iter(figures[label].values()))
-    keep = headline[True] > headline[False]
-    for per_channel in (False, True):
-        candidate = int8.with_name(f"{int8.stem}.{'channel' if per_channel else 'tensor'}{int8.suffix}")
-        if per_channel == keep:
-            candidate.replace(int8)
-        else:
-            candidate.unlink()
+    from prensa.export.graph_store import move_graph
+
+    reference = task_outputs(GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length)  # once for both
+    figures, candidates = {}, {}
+    with tempfile.TemporaryDirectory(dir=int8.parent, prefix=".int8-") as staging:
+        for per_channel in (False, True):
+            label = "per-channel" if per_channel else "per-tensor"
+            candidates[per_channel] = Path(staging) / label / int8.name  # its own folder: the data file keeps its name
+            candidates[per_channel].parent.mkdir()
+            quantize_dynamic_int8(fp32, candidates[per_channel], per_channel, external)
+            int8_outputs = task_outputs(GraphRunner(candidates[per_channel], inputs), tokenizer, task, pooling,
+                                        max_length)
+            figures[label] = agreement(reference, int8_outputs, task)
+        headline = {per_channel: next(iter(figures[label].values()))
+                    for per_channel, label in ((False, "per-tensor"), (True, "per-channel"))}
+        keep = headline[True] > headline[False]
+        move_graph(candidates[keep], int8)
     return QuantizeReport(keep, figures)

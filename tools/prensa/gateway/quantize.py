@@ -51,6 +51,6 @@ def check_ranged(model_name: str, ranges: npt.NDArray[Any] | None, dim: int, pre
         return
     if ranges is None:
         raise validation(f"model `{model_name}` has no int8 calibration ranges (calibration.json in its repository); "
-                         "re-export it with `prensa export` and rebuild the repository")
+                         "run `prensa calibrate` on its export and rebuild the repository")
     if ranges.shape[-1] != dim:
         raise validation("int8 and uint8 embeddings come at the model's full dimension: drop `output_dimension`")

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from prensa.files import link_graph_files, link_or_copy
+from prensa.files import graph_data_files, link_graph_files, link_or_copy
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
@@ -287,6 +287,8 @@ class ModelRenderer:
             "intra_op_threads": self.options.cpu_threads, "execution_provider": self.options.execution_provider,
             "allow_spinning": str(self.options.encode_instances == 1).lower(),
             "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
+        if self.m.attention_heads:  # with the served max length, `prensa deploy k8s` sizes the encoder's memory
+            parameters["attention_heads"] = self.m.attention_heads
         if self.options.execution_provider == "cuda":  # on a live GPU: few fixed shapes, no length-ratio cut
             parameters["max_length"] = self.m.max_length  # (the stage's GpuBatching; its CPU fallback cuts)
         else:
@@ -452,6 +454,9 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
         raise ValueError(f"model names must be unique, got {names}")
     if options.pipeline is Pipeline.FUSED and options.target is not Target.CPU:
         raise ValueError("the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target")
+    for model in models:  # a graph missing its weights is named here, before anything is written
+        if not (options.target is Target.CONTAINER and model.manifest.tensorrt):  # an engine replaces the graph
+            graph_data_files(model.export_dir / model.manifest.onnx_file)
     repo.mkdir(parents=True, exist_ok=True)
     written = []
     for model in models:
