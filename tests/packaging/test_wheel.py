@@ -25,7 +25,8 @@ from tests.reliability.conftest import status_of, stop_tree, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Imported only by the commands that need them (onnx: repo build; the rest: the export, corpus, distributed and bench extras).
-HEAVY = ("torch", "transformers", "onnxscript", "onnx", "pyarrow", "ray", "matplotlib", "locust", "aiohttp")
+HEAVY = ("torch", "transformers", "sentence_transformers", "onnxscript", "onnx", "pyarrow", "ray", "matplotlib", "locust",
+         "aiohttp")
 STAGE_FILES = ("prensa/ensembles/prensa_stage.py", "prensa/ensembles/README.md",
                *(f"prensa/ensembles/{stage}/model.py" for stage in ("tokenize", "encode", "pool", "fused")))
 TEXT = "a wheel that serves"

@@ -1,6 +1,6 @@
-"""bge-m3 and bge-reranker-v2-m3 at their real size (XLM-R large, 2.27 GB in fp32), random weights:
-exported (fp32 fused, int8), rendered, served by a real Triton behind the gateway, and answering as
-FlagEmbedding and FlagReranker do on the same weights. Prints each step's time and peak memory and
+"""bge-m3 and bge-reranker-v2-m3 at their real size (XLM-R large, 2.27 GB in fp32), and Qwen3-Embedding-0.6B's
+(2.4 GB), random weights: exported (fp32 fused, int8), rendered, served by a real Triton behind the
+gateway, and answering as FlagEmbedding, FlagReranker and sentence-transformers do on the same weights. Prints each step's time and peak memory and
 each Triton stub's memory, the figures docs/performance.md records.
 
 Not part of `make test`: it takes about 20 minutes and 16 GB on a 2-core machine. Run it by hand:
@@ -38,7 +38,8 @@ TEXTS = ["What is the capital of Germany?", "ok", "Émilie a mangé une pomme à
 QUERY = "What is the capital of Germany?"
 PASSAGES = ["Berlin is the capital and largest city of Germany.", "Bananas are rich in potassium.",
             "The Bundestag meets in the Reichstag building in Berlin.", LONG]
-EXPORTS = {"bge-m3": ("m3", []), "bge-m3-int8": ("m3", ["--quantize", "int8"]), "reranker": ("reranker", [])}
+EXPORTS = {"bge-m3": ("m3", []), "bge-m3-int8": ("m3", ["--quantize", "int8"]), "reranker": ("reranker", []),
+           "qwen3-embedding": ("qwen3", [])}
 
 
 def peak_rss(process: psutil.Process, stop: threading.Event, peaks: list[int]) -> None:
@@ -75,11 +76,13 @@ def work() -> Path:
 def sources(work) -> dict[str, Path]:
     from prensa.export import synthetic
 
-    built = {"m3": work / "bge-m3-full", "reranker": work / "bge-reranker-full"}
+    built = {"m3": work / "bge-m3-full", "reranker": work / "bge-reranker-full", "qwen3": work / "qwen3-embedding-full"}
     if not (built["m3"] / "colbert_linear.pt").exists():
         synthetic.bge_m3(built["m3"], "full")
     if not (built["reranker"] / "model.safetensors").exists():
         synthetic.bge_reranker(built["reranker"], "full")
+    if not (built["qwen3"] / "modules.json").exists():
+        synthetic.qwen3_embedding(built["qwen3"], "full")
     return built
 
 
@@ -167,3 +170,17 @@ def test_rerank_equals_flagreranker(served, sources):
     scores = np.asarray([row["score"] for row in sorted(answer, key=lambda row: row["index"])])
     print(f"\nreranker: max |score - FlagReranker| {np.abs(scores - expected).max():.2e}")
     np.testing.assert_allclose(scores, expected, atol=1e-4)
+
+
+def test_qwen3_embedding_equals_sentence_transformers(served, sources):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(sources["qwen3"]), device="cpu")
+    for prompt in (None, "query"):
+        body = {"inputs": TEXTS, "model": "qwen3-embedding", **({"prompt_name": prompt} if prompt else {})}
+        response = httpx.post(f"{served}/embed", json=body, timeout=600)
+        assert response.status_code == 200, response.text
+        got, want = np.asarray(response.json()), model.encode(TEXTS, prompt_name=prompt, batch_size=len(TEXTS))
+        print(f"\nqwen3-embedding (prompt {prompt}): max |diff| {np.abs(got - want).max():.2e}, "
+              f"least cosine {cosine(got, want).min():.6f}")
+        assert np.abs(got - want).max() <= 1e-4 and cosine(got, want).min() >= 0.99999

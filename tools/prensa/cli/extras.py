@@ -16,7 +16,7 @@ from rich.markup import escape
 
 # What `pip install 'prensa[EXTRA]'` brings that prensa imports, by extra.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "export": ("torch", "transformers", "onnxscript", "huggingface_hub", "safetensors"),
+    "export": ("torch", "transformers", "onnxscript", "huggingface_hub", "safetensors", "sentence_transformers"),
     "corpus": ("pyarrow",),
     "bench": ("matplotlib", "aiohttp", "locust"),
 }

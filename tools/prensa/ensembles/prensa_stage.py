@@ -37,6 +37,9 @@ TOKEN_WEIGHTS = "token_weights"  # bge-m3: relu(sparse_linear(h)), [tokens]
 COLBERT_VECS = "colbert_vecs"  # bge-m3: colbert_linear(h), [tokens, hidden], CLS row included
 LOGITS = "logits"  # sequence classification / rerank, [labels]
 SPLADE_WEIGHTS = "splade_weights"  # SPLADE: max_t log(1 + relu(mlm logits)), [vocab]
+# sentence-transformers' own Pooling and Dense modules run inside the graph (models with Dense
+# layers or poolings the pool stage does not compute): [dim], before Normalize.
+SENTENCE_EMBEDDING = "sentence_embedding"
 
 # Ensemble outputs.
 DENSE = "dense"  # [dim]

@@ -14,6 +14,10 @@ import numpy as np
 import numpy.typing as npt
 
 MIN_COSINE = 0.999
+# What prensa serves in fp32 against the model's own library (sentence-transformers' encode, an
+# LLM reranker card's formula) on the same weights.
+REFERENCE_MAX_DIFF = 1e-4  # largest |served - reference| on any component
+REFERENCE_MIN_COSINE = 0.99999  # least cosine between a served vector and the reference's
 
 
 def output_vectors(value: npt.NDArray[Any], mask: npt.NDArray[Any], per_token: bool) -> npt.NDArray[Any]:
@@ -42,3 +46,17 @@ def agreement(actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArr
         ref = output_vectors(want, mask, name in per_token)
         figures[name] = (min_cosine(got, ref), float(np.abs(got - ref).max()) if ref.size else 0.0)
     return figures
+
+
+def reference_agreement(served: npt.NDArray[Any], expected: npt.NDArray[Any]) -> tuple[float, float]:
+    """(max |served - expected|, least row cosine) over every row; one score a row is one vector
+    (a row's cosine could only say +1 or -1). Different shapes (a dimension lost) agree nowhere."""
+    if served.shape != expected.shape:
+        return float("inf"), -1.0
+    diff = float(np.abs(served - expected).max()) if expected.size else 0.0
+    if expected.ndim == 2 and expected.shape[1] == 1:
+        served, expected = served.reshape(1, -1), expected.reshape(1, -1)
+    left, right = np.linalg.norm(served, axis=1), np.linalg.norm(expected, axis=1)
+    both_zero = (left == 0) & (right == 0)
+    cosine = np.where(both_zero, 1.0, (served * expected).sum(axis=1) / np.maximum(left * right, 1e-12))
+    return diff, float(cosine.min()) if cosine.size else 1.0

@@ -75,18 +75,21 @@ def calibration_texts() -> list[str]:
     return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
 
 
-def embed_texts(run: Run, tokenizer: PreTrainedTokenizerBase, texts: list[str], pooling: Pooling, normalize: bool, max_tokens: int,
-                rows: int) -> npt.NDArray[Any]:
-    """Served dense vectors of `texts`, in their order; run `rows` at a time, shortest first."""
+def embed_texts(run: Run, tokenizer: PreTrainedTokenizerBase, texts: list[str], pooling: Pooling | None, normalize: bool,
+                max_tokens: int, rows: int) -> npt.NDArray[Any]:
+    """Served dense vectors of `texts`, in their order, through the pool stage (`pooling` None: the
+    graph pools); run `rows` at a time, shortest first, padded on the right as the stages pad."""
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_tokens)[contract.INPUT_IDS]]
     order = np.argsort(lengths, kind="stable")
     vectors: list[npt.NDArray[Any] | None] = [None] * len(texts)
     for start in range(0, len(texts), rows):
         chosen = order[start : start + rows]
         encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
-                            return_tensors="np")
-        hidden = run(encoded)[contract.LAST_HIDDEN_STATE]
-        dense = load_stage("pool").dense_vectors(hidden, encoded[contract.ATTENTION_MASK], pooling.value, normalize)
+                            return_tensors="np", padding_side="right")
+        tokens = {name: np.asarray(value, dtype=np.int64) for name, value in encoded.items()}
+        pooled = load_stage("pool").pool_request({**tokens, **run(encoded)}, pooling.value if pooling else "none",
+                                                 normalize, np.zeros(0, dtype=np.int64), "sigmoid")
+        dense = pooled[contract.DENSE]
         for i, vector in zip(chosen, dense.astype(np.float32)):
             vectors[i] = vector
     return np.stack(cast(list[npt.NDArray[Any]], vectors))  # every slot is filled: `order` covers every text
@@ -106,7 +109,7 @@ def calibrate(export_dir: Path, manifest: Manifest, tokenizer: PreTrainedTokeniz
     from prensa.export.quantize import GraphRunner
     from prensa.triton.repo import ServingOptions, encoder_rows
 
-    if manifest.task not in DENSE_TASKS or manifest.pooling is None:
+    if manifest.task not in DENSE_TASKS:
         raise ValueError(f"{manifest.task.value} exports have no dense vectors to calibrate")
     rows = encoder_rows(manifest, ServingOptions(max_batch_size=BATCH_ROWS))
     max_tokens = min(manifest.max_length, MAX_TOKENS)

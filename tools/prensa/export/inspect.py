@@ -6,11 +6,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from prensa.export import llm_reranker
 from prensa.export.source import SourceError, SourceModel
-from prensa.manifest import Pooling, Task
+from prensa.export.st_layout import SentenceLayout, read_layout
+from prensa.manifest import PairTemplate, Pooling, Task
 
 M3_HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+# sentence-transformers' pooling modes the pool stage computes itself.
+STAGE_POOLING = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pooling.LAST}
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,15 @@ class ModelPlan:
     pooling: Pooling | None
     normalize: bool
     max_length: int
+    layout: SentenceLayout | None = None  # sentence-transformers' modules, for embedders and SPLADE that have them
+    template: PairTemplate | None = None  # an LLM reranker's prompt (Qwen3-Reranker)
+
+    @property
+    def graph_pooling(self) -> str | None:
+        """The pooling modes the graph runs itself (sentence-transformers' modules traced into it)."""
+        if self.task is not Task.EMBED or self.layout is None or self.layout.simple_pooling:
+            return None
+        return "+".join(self.layout.pooling_modes)
 
 
 def _read_json(source: SourceModel, relative: str) -> Any:
@@ -27,54 +40,88 @@ def _read_json(source: SourceModel, relative: str) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def detect_task(source: SourceModel, architectures: list[str]) -> Task:
+def detect_task(source: SourceModel, architectures: list[str], layout: SentenceLayout | None) -> Task:
     if any(source.has(head) for head in M3_HEADS) or "bge-m3" in source.name.lower():
         return Task.M3
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         config: dict[str, Any] = _read_json(source, "config.json") or {}
         return Task.RERANK if len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
-    if any(a.endswith("ForMaskedLM") for a in architectures) and not source.has("modules.json"):
+    if layout is None and causal_lm(architectures):
+        if llm_reranker_layout(architectures):
+            return Task.RERANK
+        raise SourceError(f"{source.name} is a causal LM ({', '.join(architectures)}) without a sentence-transformers "
+                          f"config: prensa serves {', '.join(llm_reranker.ARCHITECTURES)} as an LLM reranker "
+                          "(Qwen3-Reranker), and decoder embedders from their sentence-transformers directory "
+                          "(modules.json with a Pooling module); pass --task embed to pool its last token")
+    if layout is not None and layout.is_splade:
+        return Task.SPLADE
+    if any(a.endswith("ForMaskedLM") for a in architectures) and layout is None:
         return Task.SPLADE
     return Task.EMBED
 
 
-def detect_pooling(source: SourceModel) -> Pooling | None:
-    config: dict[str, Any] | None = _read_json(source, "1_Pooling/config.json")
-    if not config:
-        return None
-    if config.get("pooling_mode_cls_token"):
-        return Pooling.CLS
-    if config.get("pooling_mode_mean_tokens"):
-        return Pooling.MEAN
-    if config.get("pooling_mode_lasttoken"):
-        return Pooling.LAST
-    raise SourceError(f"{source.name}: 1_Pooling/config.json asks for a pooling prensa does not serve: {config}")
+def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
+    """A model transformers builds with its own code passes; one that needs the model's code
+    (`auto_map`), or whose type this transformers does not know, is refused by name."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not model_type or model_type in CONFIG_MAPPING:
+        return
+    if config.get("auto_map"):
+        raise SourceError(f"{source.name} needs its own Python code (model type {model_type!r}, auto_map in "
+                          "config.json): prensa never runs a model's code. Export it to ONNX with its authors' "
+                          "tooling and pass that directory (prensa adopts a model.onnx beside its tokenizer)")
+    raise SourceError(f"{source.name}: transformers {transformers.__version__} does not know model type "
+                      f"{model_type!r}, so prensa cannot trace it; export it to ONNX yourself and pass that directory")
 
 
-def detect_normalize(source: SourceModel) -> bool:
-    modules: list[Any] | None = _read_json(source, "modules.json")
-    if modules is None:
-        return True  # TEI normalises by default; sentence-transformers configs below say otherwise
-    return any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+def causal_lm(architectures: list[str]) -> bool:
+    return any(a.endswith("ForCausalLM") for a in architectures)
+
+
+def llm_reranker_layout(architectures: list[str]) -> bool:
+    return any(a in llm_reranker.ARCHITECTURES for a in architectures)
 
 
 def detect_max_length(source: SourceModel, tokenizer_limit: int | None, position_limit: int | None) -> int:
+    """sentence-transformers' `max_seq_length`, else the tokenizer's limit, within the model's positions."""
     st_config: dict[str, Any] = _read_json(source, "sentence_bert_config.json") or {}
     if st_config.get("max_seq_length"):
-        return int(st_config["max_seq_length"])
-    if tokenizer_limit and tokenizer_limit < MAX_SANE_LENGTH:
-        return int(tokenizer_limit)
-    if position_limit:
-        return int(position_limit)
-    return 512
+        length = int(st_config["max_seq_length"])
+    elif tokenizer_limit and tokenizer_limit < MAX_SANE_LENGTH:
+        length = int(tokenizer_limit)
+    else:
+        length = int(position_limit or 512)
+    return min(length, position_limit) if position_limit else length
+
+
+def _embedding_pooling(source: SourceModel, layout: SentenceLayout | None, requested: Pooling | None,
+                       decoder: bool) -> Pooling | None:
+    """The pool stage's pooling: asked for, the sentence-transformers config's, else cls (a decoder's
+    last token, as sentence-transformers pools one without a config); None when the graph pools
+    (its modules cannot be overridden)."""
+    if layout is None:
+        return requested or (Pooling.LAST if decoder else Pooling.CLS)
+    if layout.simple_pooling is None:
+        if requested:
+            raise SourceError(f"{source.name} pools with its own sentence-transformers modules "
+                              f"({'+'.join(layout.pooling_modes)}, {len(layout.dense)} Dense layers), which prensa "
+                              "runs inside the graph: --pooling cannot replace them")
+        return None
+    return requested or STAGE_POOLING[layout.simple_pooling]
 
 
 def plan_model(source: SourceModel, architectures: list[str], requested_task: Task | None,
                pooling: Pooling | None, max_length: int | None, dense_only: bool,
-               tokenizer_limit: int | None, position_limit: int | None) -> ModelPlan:
-    task = requested_task or detect_task(source, architectures)
+               tokenizer_limit: int | None, position_limit: int | None,
+               prompts: dict[str, str] | None = None) -> ModelPlan:
+    layout = read_layout(source)
+    task = requested_task or detect_task(source, architectures, layout)
+    length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
     if task is Task.M3 and dense_only:
-        return ModelPlan(Task.EMBED, Pooling.CLS, True, max_length or detect_max_length(source, tokenizer_limit, position_limit))
+        return ModelPlan(Task.EMBED, Pooling.CLS, True, length)
     if task is Task.M3:
         missing = [head for head in M3_HEADS if not source.has(head)]
         if missing:
@@ -82,10 +129,19 @@ def plan_model(source: SourceModel, architectures: list[str], requested_task: Ta
                 f"{source.name} is a bge-m3 model but {', '.join(missing)} is missing from {source.path}; "
                 "prensa never serves randomly initialised heads. Add the file, or pass --dense-only."
             )
-    if task in (Task.EMBED, Task.M3):
-        pooling = pooling or (Pooling.CLS if task is Task.M3 else detect_pooling(source) or Pooling.CLS)
-    else:
-        pooling = None
-    normalize = True if task is Task.M3 else detect_normalize(source)
-    length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
-    return ModelPlan(task, pooling, normalize, length)
+        return ModelPlan(task, pooling or Pooling.CLS, True, length)
+    if task is Task.SPLADE and layout is not None and not layout.is_splade:
+        raise SourceError(f"{source.name}: its {'modules.json'} describes a dense embedder, not SPLADE; drop --task splade")
+    if task is Task.EMBED and layout is not None and layout.is_splade:
+        raise SourceError(f"{source.name}: its modules.json describes SPLADE (SpladePooling); export it as --task splade")
+    if task is Task.RERANK and layout is None and llm_reranker_layout(architectures):
+        return ModelPlan(task, None, True, length, None, llm_reranker.QWEN3_RERANKER)
+    if task is not Task.EMBED:
+        return ModelPlan(task, None, layout.normalize if layout else True, length, layout if task is Task.SPLADE else None)
+    if layout is not None and not layout.include_prompt and any(prompts.values() if prompts else ()):
+        raise SourceError(f"{source.name}: {layout.pooling_path}/config.json leaves prompt tokens out of the pooling "
+                          "(include_prompt: false) and the model has prompts; prensa pools every token of a prompted "
+                          "text, so it does not serve this model")
+    normalize = layout.normalize if layout is not None else True  # TEI normalises plain models by default
+    return ModelPlan(task, _embedding_pooling(source, layout, pooling, causal_lm(architectures)), normalize, length,
+                     layout)

@@ -6,6 +6,7 @@ produce the outputs its task needs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import shutil
@@ -15,19 +16,19 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from prensa.export import calibration
+from prensa.export import calibration, llm_reranker
 from prensa.export.graph_store import move_graph, rewrite_graph, save_graph
-from prensa.export.inspect import ModelPlan, plan_model
+from prensa.export.inspect import ModelPlan, plan_model, require_native_code
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import link_graph_files
-from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, Pooling, Task, TensorRTEngine
-from prensa.stages import contract
+from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, PairTemplate, Pooling, Task, TensorRTEngine
+from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,14 +100,26 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return sorted({getattr(tokenizer, n) for n in names if getattr(tokenizer, n, None) is not None})
 
 
-def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int) -> dict[str, npt.NDArray[Any]]:
+def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int,
+                 template: PairTemplate | None = None) -> dict[str, npt.NDArray[Any]]:
+    """The verification texts as the stages feed the encoder: padded on the right, whatever side the
+    tokenizer pads by itself; an LLM reranker's pairs written into its prompt."""
+    if template is not None:
+        return llm_reranker.sample_rows(tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length)
     if task in (Task.RERANK, Task.CLASSIFY):
         queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
         encoded = tokenizer(queries, passages, padding=True, truncation="only_second", max_length=max_length,
-                            return_tensors="np")
+                            return_tensors="np", padding_side="right")
     else:
-        encoded = tokenizer(VERIFY_TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        encoded = tokenizer(VERIFY_TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="np",
+                            padding_side="right")
     return {k: v.astype(np.int64) for k, v in encoded.items()}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _attention_heads(config: dict[str, Any]) -> int | None:
@@ -133,14 +146,16 @@ def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
     return prompts, default
 
 
-def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], options: ExportOptions, task: Task | None) -> ModelPlan:
+def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], options: ExportOptions,
+          task: Task | None, prompts: dict[str, str]) -> ModelPlan:
     pad_offset = (config.get("pad_token_id") or 0) + 1 if config.get("model_type") in ("xlm-roberta", "roberta") else 0
     positions = config.get("max_position_embeddings")
     plan = plan_model(source, list(config.get("architectures") or []), task, options.pooling, options.max_length,
                       options.dense_only, getattr(tokenizer, "model_max_length", None),
-                      positions - pad_offset if positions else None)
-    if plan.task is Task.RERANK and options.max_length is None:
-        plan = ModelPlan(plan.task, plan.pooling, plan.normalize, min(plan.max_length, RERANK_DEFAULT_MAX_LENGTH))
+                      positions - pad_offset if positions else None, prompts)
+    if plan.task is Task.RERANK and options.max_length is None:  # an LLM reranker's card reads 8192 tokens
+        default = llm_reranker.MAX_LENGTH if plan.template else RERANK_DEFAULT_MAX_LENGTH
+        plan = dataclasses.replace(plan, max_length=min(plan.max_length, default))
     return plan
 
 
@@ -179,10 +194,13 @@ def _to_fp16(source: Path, target: Path, external: bool) -> None:
 
 
 def run_torch(graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]) -> list[npt.NDArray[Any]]:
-    """Reference outputs; taken before tracing, which can leave the torch module altered."""
+    """Reference outputs, a decoder's with transformers' own masks (the trace gets masks built for
+    it); taken before tracing, which can leave the torch module altered."""
     import torch
 
-    with torch.no_grad():
+    from prensa.export.graphs import transformers_masks
+
+    with torch.no_grad(), transformers_masks(graph):
         expected = graph(*(torch.from_numpy(sample[n]) for n in inputs))
     return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
 
@@ -279,18 +297,80 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[A
     return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
 
 
-def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions, dtype: str,
-                  fuse: bool, step: Step) -> tuple[GraphInfo, VerifyReport]:
+def served_values(outputs: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan) -> npt.NDArray[Any]:
+    """What clients receive for the sample, from the graph's outputs through the pool stage: dense
+    vectors, or SPLADE's vocabulary weights (the pool stage lists their non-zero ones)."""
+    if contract.SPLADE_WEIGHTS in outputs:
+        return outputs[contract.SPLADE_WEIGHTS]
+    if contract.LOGITS in outputs:  # one-label scores: the pool stage's sigmoid
+        return cast(npt.NDArray[Any], load_stage("pool").activate(outputs[contract.LOGITS], "sigmoid"))
+    pooled = load_stage("pool").pool_request({**sample, **outputs}, plan.pooling.value if plan.pooling else "none",
+                                             plan.normalize, np.zeros(0, dtype=np.int64), "sigmoid")
+    return cast(npt.NDArray[Any], pooled[contract.DENSE])
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the model's own library answers for the sample, which the served values must equal."""
+
+    name: str  # the report's line: sentence-transformers, or the model card
+    values: npt.NDArray[Any]
+    described: str  # what the served values are compared with, in the report
+
+
+def check_reference(actual: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan,
+                    reference: Reference, report: VerifyReport) -> VerifyReport:
+    """The served values against the reference: the check a layout read wrongly (a Dense layer
+    skipped, the wrong pooling, padding or LM-head rows) cannot pass."""
+    from prensa.export.agreement import REFERENCE_MAX_DIFF, REFERENCE_MIN_COSINE, reference_agreement
+
+    diff, cosine = reference_agreement(served_values(actual, sample, plan), reference.values)
+    ok = diff <= REFERENCE_MAX_DIFF and cosine >= REFERENCE_MIN_COSINE
+    figure = (f"served vs {reference.described}: max |diff| {diff:.2e}, min cosine {cosine:.6f}"
+              + ("" if ok else f" (needs <= {REFERENCE_MAX_DIFF:.0e} and >= {REFERENCE_MIN_COSINE}): prensa does not "
+                               f"serve this model as {reference.name} does"))
+    return VerifyReport(report.heading, {**report.figures, reference.name: figure}, report.ok and ok)
+
+
+def _load_graph(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan,
+                sample: dict[str, npt.NDArray[Any]]) -> tuple[nn.Module, list[GraphOutput], Reference | None]:
+    """The torch module to trace, its outputs, and what the model's own library answers for the
+    sample (sentence-transformers' `encode`, the LLM reranker card's formula), taken before tracing."""
+    if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
+        from prensa.export import sentence
+
+        model = sentence.load_sentence_model(source.path, plan.layout)
+        graph, outputs = sentence.sentence_graph(model, plan.layout)
+        values = sentence.reference(model, plan.layout, VERIFY_TEXTS)
+        return graph, outputs, Reference(sentence.FIGURE, values, "encode")
+    if plan.template is not None:
+        causal, no_id, yes_id = llm_reranker.load(source.path, tokenizer, source.name)
+        graph, outputs = llm_reranker.reranker_graph(causal, no_id, yes_id)
+        values = llm_reranker.reference(causal, no_id, yes_id, sample)
+        return graph, outputs, Reference(llm_reranker.FIGURE, values, "the card's softmax over no/yes")
     from prensa.export.graphs import build_graph
 
+    graph, outputs = build_graph(plan.task, source.path)
+    return graph, outputs, None
+
+
+def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions, dtype: str,
+                  fuse: bool, step: Step) -> tuple[GraphInfo, VerifyReport]:
+    from prensa.export.graphs import takes_token_types
+
     with step(f"Loading {plan.task.value} model"):
-        graph, outputs = build_graph(plan.task, source.path)
-        inputs = [n for n in TOKEN_INPUTS if n in tokenizer.model_input_names]
-        sample = sample_batch(tokenizer, plan.task, plan.max_length)
+        sample = sample_batch(tokenizer, plan.task, plan.max_length, plan.template)
+        graph, outputs, reference = _load_graph(source, tokenizer, plan, sample)
+        inputs = [n for n in TOKEN_INPUTS if n in tokenizer.model_input_names
+                  and (n != contract.TOKEN_TYPE_IDS or takes_token_types(graph))]
         expected = run_torch(graph, inputs, sample)
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
-        _trace_into(graph, inputs, outputs, sample, onnx_path, options.external_data)
+        try:
+            _trace_into(graph, inputs, outputs, sample, onnx_path, options.external_data)
+        except RuntimeError as exc:  # torch's tracer and exporter raise plain RuntimeErrors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SourceError(f"{source.name} does not trace to ONNX with torch {_torch_version()}: {first}") from exc
         del graph  # the torch weights: as large as the graph's, and not needed past the trace
         gc.collect()
     with step("Verifying onnxruntime against torch"):
@@ -300,6 +380,9 @@ def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan:
     if fuse and report.ok:  # in fp32, before any fp16 conversion: its casts hide the patterns
         with step("Fusing transformer ops for onnxruntime, checking against torch"):
             fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report, options.external_data)
+    if reference is not None and report.ok:
+        with step(f"Checking what prensa serves against {reference.described}"):
+            report = check_reference(run_onnx(onnx_path, inputs, sample), sample, plan, reference, report)
     if dtype == "fp32" or not report.ok:  # a trace that disagrees with torch stays fp32; the report says why
         return GraphInfo(inputs, outputs, "fp32", fused), report
     with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
@@ -403,6 +486,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
+        require_native_code(source, _read_config(source))
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
         tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
         if not tokenizer.is_fast:
@@ -411,10 +495,14 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         prompts, default_prompt = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
-        plan = _plan(source, tokenizer, config, options, task)
+        plan = _plan(source, tokenizer, config, options, task, prompts)
     options.out.mkdir(parents=True, exist_ok=True)
     if adopted:
         adopted.require(plan.task)
+        if plan.graph_pooling:
+            raise SourceError(f"{source.name}: model.onnx outputs hidden states, and its sentence-transformers modules "
+                              f"({plan.graph_pooling} pooling, {len(plan.layout.dense) if plan.layout else 0} Dense) "
+                              "would be skipped; export it from its weights instead of adopting the graph")
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
         onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
@@ -431,7 +519,8 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
             if source.has(extra):
                 (options.out / extra).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source.path / extra, options.out / extra)
-    hidden = next((o.dims[-1] for o in graph.outputs if o.name == contract.LAST_HIDDEN_STATE), None)
+    dense_source = contract.SENTENCE_EMBEDDING if plan.graph_pooling else contract.LAST_HIDDEN_STATE
+    hidden = next((o.dims[-1] for o in graph.outputs if o.name == dense_source), None)
     labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
     manifest = Manifest(
         task=plan.task,
@@ -445,10 +534,12 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         pad_id=int(tokenizer.pad_token_id or 0),
         special_ids=special_ids(tokenizer),
         pooling=plan.pooling,
+        graph_pooling=plan.graph_pooling,
         normalize=plan.normalize,
         dim=hidden if plan.task in calibration.DENSE_TASKS else None,
         id2label=labels if plan.task is Task.CLASSIFY else {},
         attention_heads=_attention_heads(config),
+        pair_template=plan.template,
         tensorrt=engine,
         fused_ops=graph.fused_ops,
         prompts=prompts,

@@ -89,6 +89,8 @@ def _vectors(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, p
             rows.append(out[contract.SPLADE_WEIGHTS][0])
         elif task is Task.CLASSIFY:
             rows.append(pool.activate(out[contract.LOGITS], "softmax")[0])
+        elif contract.SENTENCE_EMBEDDING in out:  # the graph pools with the model's own modules
+            rows.append(out[contract.SENTENCE_EMBEDDING][0])
         else:
             mode = (pooling or Pooling.CLS).value
             rows.append(pool.pool_tokens(out[contract.LAST_HIDDEN_STATE], encoded[contract.ATTENTION_MASK], mode)[0])

@@ -140,6 +140,65 @@ def bge_reranker(directory: Path, size: Size = "tiny", seed: int = 1) -> Path:
     return directory
 
 
+# Qwen3-Embedding-0.6B's shape (its config.json): 28 layers, hidden 1024, 16 query and 8 key/value
+# heads of 128, FFN 3072, 151,669 tokens, tied embeddings; 596M parameters, 2.4 GB in fp32.
+QWEN3_EMBEDDING: dict[str, dict[str, Any]] = {
+    "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "intermediate_size": 128, "vocab_size": None, "max_position_embeddings": 512},
+    "full": {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151669, "max_position_embeddings": 32768},
+}
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+
+
+def qwen_tokenizer(directory: Path, max_length: int) -> Any:
+    """A byte-level BPE tokenizer with Qwen's specials that appends `<|endoftext|>` to every text
+    and pads on the left, as Qwen3-Embedding's does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import Qwen2TokenizerFast
+
+    model = Tokenizer(models.BPE())
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    model.train_from_iterator(TOKENIZER_CORPUS, trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB * 2, special_tokens=QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", model.token_to_id("<|endoftext|>"))])
+    tokenizer = Qwen2TokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=model, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token=None, bos_token=None,
+        padding_side="left", model_max_length=max_length)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def qwen3_embedding(directory: Path, size: Size = "tiny", seed: int = 2) -> Path:
+    """Qwen3-Embedding's layout at `size`: Qwen3Model, last-token pooling, Normalize, its query
+    instruction as the `query` prompt, saved by sentence-transformers."""
+    import shutil
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sentence_transformer.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+    from transformers import Qwen3Config, Qwen3Model
+
+    dims = QWEN3_EMBEDDING[size]
+    base = directory.parent / f"{directory.name}-transformer"
+    tokenizer = qwen_tokenizer(base, MAX_LENGTH[size])
+    config = Qwen3Config(**{**dims, "vocab_size": dims["vocab_size"] or len(tokenizer)},  # type: ignore[no-untyped-call]
+                         tie_word_embeddings=True, rope_theta=1_000_000, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    Qwen3Model(config).save_pretrained(base)
+    modules = [Transformer(str(base)), Pooling(dims["hidden_size"], pooling_mode="lasttoken"), Normalize()]
+    SentenceTransformer(modules=modules, prompts={"query": QWEN3_QUERY_PROMPT, "document": ""}).save(str(directory))
+    shutil.rmtree(base)
+    return directory
+
+
 def parameter_count(config: Any, kind: Literal["bge-m3", "reranker"]) -> int:
     """Parameters of the model `config` describes, counted on torch's meta device: no weights are
     allocated, so the full size costs no memory. bge-m3 includes its two head files."""

@@ -30,11 +30,12 @@ from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import token_id_limit
 from prensa.manifest import read_dense_ranges
-from prensa.stages import contract
+from prensa.stages import contract, load_stage
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
 
 log = logging.getLogger("prensa.gateway")
+TOKENIZE_STAGE = load_stage("tokenize")  # an LLM reranker's prompt is built as the tokenize stage builds it
 REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
 UNLOADED = ("UNAVAILABLE", "unloaded")  # (state, reason) in Triton's index of a model unloaded on purpose
 
@@ -79,6 +80,10 @@ class ServedModel:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
+    # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
+    # token ids; `max_length` is then what the filled-in pair may take between them.
+    pair_template: Any = None
+    template_edges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     @property
     def encode_model(self) -> str:
@@ -95,8 +100,9 @@ class ServedModel:
 
     @property
     def needs_pairs(self) -> bool:
-        """The ensemble takes (query, passage) pairs only: a lone text goes the token path."""
-        return self.task == "rerank"
+        """The ensemble takes (query, passage) pairs only: a lone text goes the token path. An LLM
+        reranker takes a pair already written into its prompt too."""
+        return self.task == "rerank" and self.pair_template is None
 
     @property
     def is_m3(self) -> bool:
@@ -146,7 +152,8 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
     if fused:  # one config holds every stage's parameters
         tokenize = encode = ensemble
         pool_inputs: tuple[str, ...] = ()
-        encode_outputs = tuple(o.name for o in ensemble.output if o.name == contract.LAST_HIDDEN_STATE)
+        encode_outputs = tuple(o.name for o in ensemble.output
+                               if o.name in (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING))
     else:
         tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
         pool_inputs = tuple(i.name for i in pool.input)
@@ -162,6 +169,8 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
     max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
     dense_ranges = await asyncio.to_thread(read_dense_ranges, tokenizer_path.parent) if dense else None
+    template = TOKENIZE_STAGE.PairTemplate.from_parameters(tokenize_params)
+    prefix, suffix = template.edges(tokenizer) if template is not None and tokenizer is not None else ([], [])
     return ServedModel(
         name=name,
         task=params["task"],
@@ -170,7 +179,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         dtype=params.get("dtype", ""),
         pooling=params.get("pooling", ""),
         normalize=params.get("normalize", "true") == "true",
-        max_length=int(params["max_length"]),
+        max_length=int(params["max_length"]) - len(prefix) - len(suffix),
         id2label=labels,
         max_batch_size=ensemble.max_batch_size or 1,
         encode_instances=sum(group.count for group in encode.instance_group) or 1,
@@ -189,6 +198,8 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
         dense_ranges=dense_ranges,
         cached=ensemble.response_cache.enable,
+        pair_template=template,
+        template_edges=(tuple(prefix), tuple(suffix)),
     )
 
 

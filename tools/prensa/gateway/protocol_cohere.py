@@ -24,6 +24,8 @@ class RerankDocument(BaseModel):
 Documents = list[str | RerankDocument]
 DOCUMENTS = "Documents as strings or `{\"text\": ...}` objects."
 TOP_N = "Return only the N best documents."
+INSTRUCTION = ("An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the model's "
+               "default; refused for cross-encoders (prensa's own field).")
 
 
 class RerankV1Request(BaseModel):
@@ -38,6 +40,7 @@ class RerankV1Request(BaseModel):
     max_chunks_per_doc: int | None = Field(
         None, ge=1, description="Split long documents into up to N windows beside the query; a document scores "
                                 "its best window (Cohere v1). Absent: documents are truncated.")
+    instruction: str | None = Field(None, description=INSTRUCTION)
 
 
 class RerankV2Request(BaseModel):
@@ -49,6 +52,7 @@ class RerankV2Request(BaseModel):
     top_n: int | None = Field(None, ge=1, description=TOP_N)
     max_tokens_per_doc: int | None = Field(None, ge=1, description="Cut each document to N tokens first (Cohere v2).")
     return_documents: bool = Field(False, description="Echo each document as `{\"text\": ...}`.")
+    instruction: str | None = Field(None, description=INSTRUCTION)
 
 
 class RerankResult(BaseModel):

@@ -96,6 +96,9 @@ class RerankRequest(TruncatedRequest):
         None, min_length=3, max_length=3,
         description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and ColBERT; "
                     "default [0.4, 0.2, 0.4].")
+    instruction: str | None = Field(
+        None, description="An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the "
+                          "model's default; refused for cross-encoders (prensa's own field).")
 
 
 class Rank(BaseModel):

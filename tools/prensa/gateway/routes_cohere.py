@@ -41,20 +41,21 @@ def cohere_meta(version: str, **billed: int) -> dict[str, Any]:
 
 
 async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: list[str], truncation: Truncation,
-                          timings: Timings, max_chunks: int | None = None,
-                          max_tokens: int | None = None) -> tuple[npt.NDArray[Any], int]:
+                          timings: Timings, max_chunks: int | None = None, max_tokens: int | None = None,
+                          instruction: str | None = None) -> tuple[npt.NDArray[Any], int]:
     """One relevance score per document (sigmoid of the logit) and the tokens read. `max_tokens`
     cuts documents first; `max_chunks` scores up to that many windows of a long document and keeps
     its best, instead of truncating it."""
     if max_tokens is not None and max_tokens < served.max_length:
         texts = await gw.service.tokenizer_work(len(texts), cut_texts, served.require_tokenizer(), texts, max_tokens)
     if not max_chunks:
-        values, tokens = await gw.service.relevance(served, query, texts, truncation, False, timings)
+        values, tokens = await gw.service.relevance(served, query, texts, truncation, False, timings,
+                                                    instruction=instruction)
         return values, int(tokens.sum())
     windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), query, texts,
                                               served.max_length, max_chunks)
     flat = [window for pieces in windows for window in pieces]
-    values, tokens = await gw.service.relevance(served, query, flat, truncation, False, timings)
+    values, tokens = await gw.service.relevance(served, query, flat, truncation, False, timings, instruction=instruction)
     owners = np.repeat(np.arange(len(texts)), [len(pieces) for pieces in windows])
     best = np.full(len(texts), -np.inf, dtype=np.float32)
     np.maximum.at(best, owners, values)
@@ -82,7 +83,7 @@ async def cohere_rerank(request: RerankV1Request | RerankV2Request, http: Gatewa
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
     scores, tokens = await document_scores(gw, served, request.query, texts, truncation_of(None, gw.settings.auto_truncate),
-                                           timings, max_chunks, max_tokens)
+                                           timings, max_chunks, max_tokens, request.instruction)
     meta = cohere_meta(version, search_units=1) | ({"tokens": {"input_tokens": tokens}} if version == "2" else {})
     return json_response({"id": str(uuid.uuid4()), "model": served.name,
                           "results": ranked(scores, texts, request.top_n, with_documents),

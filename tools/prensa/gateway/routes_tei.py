@@ -142,7 +142,7 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
 async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     scores, _ = await gw.service.relevance(served, request.query, list(request.texts),
                                            gw.service.truncation(request.truncate, request.truncation_direction),
-                                           request.raw_scores, timings, request.weights)
+                                           request.raw_scores, timings, request.weights, request.instruction)
     ranks = []
     for index in np.argsort(-scores, kind="stable").tolist():
         rank = {"index": index, "score": float(scores[index])}

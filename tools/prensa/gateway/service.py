@@ -232,6 +232,8 @@ class Service:
             with stage("tokenize", inputs=len(items)):
                 rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
                                                model.token_id_limit)
+                if model.pair_template is not None:  # an LLM reranker's filled-in pairs, framed by its prompt
+                    rows = rows.framed(*model.template_edges)
             elapsed = time.perf_counter() - started
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)
@@ -296,7 +298,11 @@ class Service:
         windows = await self.chunk_windows(model, items, chunking, timings)
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
-            if not normalize and model.normalize:  # Triton's pool stage normalises: pool the raw encoder output here
+            if not normalize and model.normalize and contract.SENTENCE_EMBEDDING in model.encode_outputs:
+                # Triton's pool stage normalises: take the graph's own pooled vector before it does
+                result = await self.infer(model, run, None, truncation, (contract.SENTENCE_EMBEDDING,), timings, True)
+                vectors = result.outputs[contract.SENTENCE_EMBEDDING]
+            elif not normalize and model.normalize:  # the same, pooling the raw encoder output here
                 result = await self.infer(model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
                 vectors = POOL_STAGE.pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
             else:
@@ -371,17 +377,20 @@ class Service:
             num_tokens=summed(rows.num_tokens, windows), chunks=windows.counts)
 
     async def relevance(self, model: ServedModel, query: str, texts: list[str], truncation: Truncation,
-                        raw_scores: bool, timings: Timings,
-                        weights: Sequence[float] | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+                        raw_scores: bool, timings: Timings, weights: Sequence[float] | None = None,
+                        instruction: str | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """One score per text against `query` and the tokens read per text: a cross-encoder's
         (sigmoid, or the logit with `raw_scores`), or for bge-m3 the `colbert+sparse+dense` hybrid
         of `hybrid.scores` (query and texts encoded in one call; the query's tokens are counted
-        with the first text's)."""
+        with the first text's). `instruction` is an LLM reranker's, in place of its own."""
         if not model.is_m3:
             if weights is not None:
                 raise validation(f"`weights` applies to bge-m3 models; `{model.name}` is a cross-encoder")
-            values, tokens = await self.scores(model, [query] * len(texts), list(texts), truncation, raw_scores, timings)
+            values, tokens = await self.scores(model, [query] * len(texts), list(texts), truncation, raw_scores, timings,
+                                               instruction)
             return values[:, 0], tokens
+        if instruction is not None:
+            raise validation(f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3")
         rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), timings)
         try:
             hybrid = scores_of(rows, DEFAULT_WEIGHTS if weights is None else weights)[HYBRID]
@@ -393,11 +402,20 @@ class Service:
         return np.asarray(hybrid, dtype=np.float32), tokens
 
     async def scores(self, model: ServedModel, texts: list[str], pairs: Sequence[str | None], truncation: Truncation,
-                     raw_scores: bool, timings: Timings) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed."""
+                     raw_scores: bool, timings: Timings,
+                     instruction: str | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed. An LLM
+        reranker scores pairs only, each written into its prompt with `instruction` (or its own)."""
         self.check(texts)
         if any(pair == "" for pair in pairs):
             raise validation("`inputs` cannot be empty")
+        if model.pair_template is not None:
+            if any(pair is None for pair in pairs):
+                raise validation(f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs")
+            texts = [model.pair_template.text(text, cast(str, pair), instruction) for text, pair in zip(texts, pairs)]
+            pairs = [None] * len(texts)
+        elif instruction is not None:
+            raise validation(f"`instruction` applies to LLM rerankers; model `{model.name}` is a cross-encoder")
         singles = [i for i, pair in enumerate(pairs) if pair is None]
         doubles = [i for i, pair in enumerate(pairs) if pair is not None]
         if doubles and not model.takes_pairs:

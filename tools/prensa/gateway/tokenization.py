@@ -60,6 +60,11 @@ class TokenRows:
     def select(self, rows: slice) -> TokenRows:
         return TokenRows(self.ids[rows], self.type_ids[rows], self.cut)
 
+    def framed(self, prefix: Sequence[int], suffix: Sequence[int]) -> TokenRows:
+        """Each row between an LLM reranker's prompt prefix and suffix, as the tokenize stage frames it."""
+        ids = [[*prefix, *row, *suffix] for row in self.ids]
+        return TokenRows(ids, [[0] * len(row) for row in ids], self.cut)
+
     @property
     def lengths(self) -> list[int]:
         return [len(row) for row in self.ids]

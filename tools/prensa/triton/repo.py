@@ -43,6 +43,8 @@ WARMUP_TEXT = "prensa warms every stage up with this sentence before the model r
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's outputs, named by its manifest
+# Encoder outputs a fused model also gives (the gateway's token path asks for them by name).
+ENCODER_ONLY_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING)
 
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
@@ -181,7 +183,9 @@ def client_outputs(manifest: Manifest) -> list[Tensor]:
     graph = {o.name: o for o in manifest.outputs}
     outputs = []
     if manifest.task in (Task.EMBED, Task.M3):
-        outputs.append(Tensor(contract.DENSE, contract.triton_type(contract.DENSE), [graph[contract.LAST_HIDDEN_STATE].dims[1]]))
+        pooled = graph.get(contract.SENTENCE_EMBEDDING)
+        dim = pooled.dims[0] if pooled else graph[contract.LAST_HIDDEN_STATE].dims[1]
+        outputs.append(Tensor(contract.DENSE, contract.triton_type(contract.DENSE), [dim]))
     if manifest.task in (Task.M3, Task.SPLADE):
         outputs += [Tensor(n, contract.triton_type(n), [-1]) for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)]
     if manifest.task is Task.M3:
@@ -258,11 +262,13 @@ class ModelRenderer:
         return entries, files
 
     def text_inputs(self, optional: bool = False) -> list[Tensor]:
-        """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts)."""
+        """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts,
+        and LLM rerankers, which also take a pair already written into their prompt)."""
         inputs = [Tensor(contract.TEXT, contract.triton_type(contract.TEXT), [1], optional=optional)]
         if self.m.task in PAIR_TASKS:
+            alone = self.m.task is Task.CLASSIFY or self.m.pair_template is not None
             inputs.append(Tensor(contract.TEXT_PAIR, contract.triton_type(contract.TEXT_PAIR), [1],
-                                 optional=optional or self.m.task is Task.CLASSIFY))
+                                 optional=optional or alone))
         return inputs
 
     def _text_warmup(self, inputs: list[Tensor]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
@@ -275,6 +281,10 @@ class ModelRenderer:
             "pair_truncation": "only_second", "pad_id": self.m.pad_id}
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
+        if self.m.pair_template:  # an LLM reranker: the stage and the gateway build its prompt the same way
+            template = self.m.pair_template
+            parameters.update(pair_prefix=template.prefix, pair_suffix=template.suffix, pair_format=template.format,
+                              pair_instruction=template.instruction)
         return parameters
 
     def encode_parameters(self) -> dict[str, object]:
@@ -301,7 +311,7 @@ class ModelRenderer:
         m = self.m
         parameters: dict[str, object] = {
             "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
-            "pooling": (self.options.pooling or m.pooling or Pooling.CLS).value,
+            "pooling": m.graph_pooling or (self.options.pooling or m.pooling or Pooling.CLS).value,
             "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
             "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
             "pipeline": self.options.pipeline.value}
@@ -412,7 +422,7 @@ class ModelRenderer:
         """`<name>` as one Python model: the ensemble's inputs and outputs, plus token-id inputs and the
         encoder's `last_hidden_state` (the gateway's token path, which otherwise calls the stages)."""
         text_inputs = self.text_inputs(optional=True)  # a request sends texts or token ids
-        per_token = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name == contract.LAST_HIDDEN_STATE]
+        per_token = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name in ENCODER_ONLY_OUTPUTS]
         warmup, files = self._text_warmup(text_inputs)
         parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
                       **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
@@ -457,6 +467,9 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
     for model in models:  # a graph missing its weights is named here, before anything is written
         if not (options.target is Target.CONTAINER and model.manifest.tensorrt):  # an engine replaces the graph
             graph_data_files(model.export_dir / model.manifest.onnx_file)
+        if options.pooling and model.manifest.graph_pooling:
+            raise ValueError(f"{model.name} pools inside its graph with its own sentence-transformers modules "
+                             f"({model.manifest.graph_pooling}, then any Dense layers): --pooling cannot change it")
     repo.mkdir(parents=True, exist_ok=True)
     written = []
     for model in models:

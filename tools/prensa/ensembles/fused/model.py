@@ -9,10 +9,10 @@ request is pooled on its own. A request Triton marks cancelled is answered CANCE
 being computed, as in the encode stage. It has the ensemble's inputs and outputs, so clients do
 not know which one they call, plus two ways in that the ensemble spreads over its stages: token ids
 (`input_ids`, `attention_mask`, optional `token_type_ids`) instead of `text`, and the encoder's
-`last_hidden_state` as an output. That one is returned only to a request that names its outputs
-and leaves some out: a request naming none (Triton then asks for all) gets what the ensemble
-gives, not a [rows, tokens, hidden] tensor it did not ask for. Config parameters: the union of the
-three stages'.
+`last_hidden_state` (and `sentence_embedding`, where the graph pools) as outputs. Those are
+returned only to a request that names its outputs and leaves some out: a request naming none
+(Triton then asks for all) gets what the ensemble gives, not a [rows, tokens, hidden] tensor it
+did not ask for. Config parameters: the union of the three stages'.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 Tensors = dict[str, npt.NDArray[Any]]
+ENCODER_ONLY = {contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING}  # outputs the ensemble does not give
 
 
 def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]) -> Tensors:
@@ -71,7 +72,7 @@ class TritonPythonModel:
     def _wanted(self, request: Any) -> set[str]:
         """The outputs to return: per-token ones only when asked for among fewer than all outputs."""
         requested = set(request.requested_output_names())
-        return requested if requested < self.all_outputs else requested - {contract.LAST_HIDDEN_STATE}
+        return requested if requested < self.all_outputs else requested - ENCODER_ONLY
 
     def execute(self, requests: list[Any]) -> list[Any]:
         cancelled = contract.CancelCheck(requests)

@@ -2,7 +2,8 @@
 
 Pure numpy functions on top (unit-tested against FlagEmbedding, sentence-transformers and
 transformers), a thin Triton model at the bottom. Which outputs a request gets depends on which
-encoder outputs the ensemble wires in. Config parameters: `pooling` (cls|mean|last),
+encoder outputs the ensemble wires in; a graph that pools itself (`sentence_embedding`) is only
+normalised here. Config parameters: `pooling` (cls|mean|last),
 `normalize` (true|false), `drop_ids` (token ids never reported as sparse terms), `activation`
 (sigmoid|softmax, for logits).
 """
@@ -92,7 +93,10 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
     """All client-facing outputs for one request, from whatever encoder outputs it carries."""
     mask = tensors[contract.ATTENTION_MASK]
     out = {contract.NUM_TOKENS: mask.sum(axis=1, keepdims=True).astype(np.int32)}
-    if contract.LAST_HIDDEN_STATE in tensors:
+    if contract.SENTENCE_EMBEDDING in tensors:
+        pooled = tensors[contract.SENTENCE_EMBEDDING]
+        out[contract.DENSE] = l2_normalize(pooled) if normalize else pooled
+    elif contract.LAST_HIDDEN_STATE in tensors:
         out[contract.DENSE] = dense_vectors(tensors[contract.LAST_HIDDEN_STATE], mask, pooling, normalize)
     if contract.TOKEN_WEIGHTS in tensors:
         ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * mask
@@ -111,8 +115,8 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
     return {name: value.astype(np.float32) if value.dtype == np.float64 else value for name, value in out.items()}
 
 
-ENCODER_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.COLBERT_VECS,
-                   contract.LOGITS, contract.SPLADE_WEIGHTS)
+ENCODER_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING, contract.TOKEN_WEIGHTS,
+                   contract.COLBERT_VECS, contract.LOGITS, contract.SPLADE_WEIGHTS)
 
 
 @dataclass(frozen=True)

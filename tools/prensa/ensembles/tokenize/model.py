@@ -7,13 +7,20 @@ or, when `length_buckets` is set, to the smallest bucket that holds it: native e
 repeat. Config parameters: `tokenizer_file`, `max_length`, `truncation_side` (right|left),
 `pair_truncation` (only_second|longest_first), `pad_id`, optional `length_buckets` (ascending,
 comma-separated, the last one `max_length`).
+
+An LLM reranker (Qwen3-Reranker) reads each (query, document) pair as one text: `pair_format` filled
+in (its instruction the model's `pair_instruction`) and cut to what `pair_prefix` and `pair_suffix`
+leave of `max_length`, between those two, each tokenized on its own as the model card does. A lone
+`text` is taken as that middle part already filled in: how the gateway sends a request's own
+instruction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy.typing as npt
 import prensa_stage as contract
@@ -35,6 +42,38 @@ def load_tokenizer(path: Path, max_length: int, side: str, strategy: str) -> Tok
 Item = str | tuple[str, str]
 
 
+class Tokens(NamedTuple):
+    """A tokenized row, as `Encoding` gives it to `pad_encodings`."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PairTemplate:
+    """An LLM reranker's prompt around each pair (see the module docstring)."""
+
+    prefix: str
+    suffix: str
+    format: str
+    instruction: str
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> PairTemplate | None:
+        if "pair_format" not in params:
+            return None
+        return cls(params["pair_prefix"], params["pair_suffix"], params["pair_format"], params["pair_instruction"])
+
+    def text(self, query: str, document: str, instruction: str | None = None) -> str:
+        """The middle part for one pair: the format filled in."""
+        return self.format.format(instruction=instruction or self.instruction, query=query, document=document)
+
+    def edges(self, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+        """The prefix's and the suffix's token ids, each tokenized alone."""
+        return (tokenizer.encode(self.prefix, add_special_tokens=False).ids,
+                tokenizer.encode(self.suffix, add_special_tokens=False).ids)
+
+
 class TextEncoder:
     """Tokenizes many requests in as few `encode_batch` calls as possible.
 
@@ -43,7 +82,12 @@ class TextEncoder:
     by request, so only the offending request gets the error.
     """
 
-    def __init__(self, path: Path, max_length: int, side: str, pair_strategy: str) -> None:
+    def __init__(self, path: Path, max_length: int, side: str, pair_strategy: str,
+                 template: PairTemplate | None = None) -> None:
+        self.template = template
+        if template is not None:
+            self.prefix, self.suffix = template.edges(load_tokenizer(path, max_length, side, "longest_first"))
+            max_length -= len(self.prefix) + len(self.suffix)  # what the middle part may take
         self.single = load_tokenizer(path, max_length, side, "longest_first")
         self.pair = load_tokenizer(path, max_length, side, pair_strategy)
 
@@ -51,33 +95,50 @@ class TextEncoder:
     def from_parameters(cls, params: dict[str, str], version_dir: Path) -> TextEncoder:
         """The encoder a model config's parameters describe (see the module docstring)."""
         return cls(version_dir / params["tokenizer_file"], int(params["max_length"]),
-                   params.get("truncation_side", "right"), params.get("pair_truncation", "only_second"))
+                   params.get("truncation_side", "right"), params.get("pair_truncation", "only_second"),
+                   PairTemplate.from_parameters(params))
 
-    def _encode(self, requests: Sequence[Sequence[Item]]) -> list[list[Encoding]]:
+    def _encode(self, requests: Sequence[Sequence[Item]]) -> list[list[Encoding | Tokens]]:
+        if self.template is not None:
+            return self._encode_templated(requests, self.template)
         flat = [item for items in requests for item in items]
-        encoded: list[Encoding | None] = [None] * len(flat)
+        encoded: list[Encoding | Tokens | None] = [None] * len(flat)
         for tokenizer, wanted in ((self.single, str), (self.pair, tuple)):
             indices = [i for i, item in enumerate(flat) if isinstance(item, wanted)]
             if indices:
                 for i, encoding in zip(indices, tokenizer.encode_batch([flat[i] for i in indices])):
                     encoded[i] = encoding
-        split, start = [], 0
-        for items in requests:
-            split.append(encoded[start : start + len(items)])
-            start += len(items)
-        return split
+        return _split(encoded, requests)
 
-    def encode_requests(self, requests: Sequence[Sequence[Item]]) -> Sequence[list[Encoding] | Exception]:
+    def _encode_templated(self, requests: Sequence[Sequence[Item]], template: PairTemplate) -> list[list[Encoding | Tokens]]:
+        """Each pair filled into the template (a lone text is already), cut, between prefix and suffix."""
+        flat = [template.text(*item) if isinstance(item, tuple) else item for items in requests for item in items]
+        encoded: list[Encoding | Tokens | None] = []
+        for encoding in self.single.encode_batch(flat):
+            ids = [*self.prefix, *encoding.ids, *self.suffix]
+            encoded.append(Tokens(ids, [0] * len(ids)))
+        return _split(encoded, requests)
+
+    def encode_requests(self, requests: Sequence[Sequence[Item]]) -> Sequence[list[Encoding | Tokens] | Exception]:
         try:
             return self._encode(requests)
         except Exception:  # noqa: BLE001 - find which request failed; the others still succeed
-            results: list[list[Encoding] | Exception] = []
+            results: list[list[Encoding | Tokens] | Exception] = []
             for items in requests:
                 try:
                     results.append(self._encode([items])[0])
                 except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
                     results.append(exc)
             return results
+
+
+def _split(encoded: list[Encoding | Tokens | None], requests: Sequence[Sequence[Item]]) -> list[list[Encoding | Tokens]]:
+    """The flat encodings back into one list per request (every slot is filled)."""
+    split, start = [], 0
+    for items in requests:
+        split.append([e for e in encoded[start : start + len(items)] if e is not None])
+        start += len(items)
+    return split
 
 
 def decode_texts(column: npt.NDArray[Any]) -> list[str]:
@@ -90,7 +151,7 @@ def bucket_width(longest: int, buckets: list[int]) -> int:
     return next((b for b in buckets if b >= longest), longest)
 
 
-def pad_encodings(encodings: list[Encoding], pad_id: int, buckets: list[int] | None = None) -> dict[str, npt.NDArray[Any]]:
+def pad_encodings(encodings: list[Encoding | Tokens], pad_id: int, buckets: list[int] | None = None) -> dict[str, npt.NDArray[Any]]:
     """Right-pad one request's encodings to its longest row, or to that row's length bucket."""
     ids = [e.ids for e in encodings]
     width = bucket_width(max((len(row) for row in ids), default=0), buckets or [])

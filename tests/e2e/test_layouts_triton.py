@@ -1,0 +1,233 @@
+"""The layouts teams deploy now, served through a real Triton and the gateway and compared with
+their own libraries on the same weights: sentence-transformers' `encode` for embedders (5.x and
+legacy configs, Dense layers, every pooling, decoder embedders with prompts and left padding,
+EmbeddingGemma, ModernBERT), `SparseEncoder.encode` for SPLADE saved by sentence-transformers 5,
+and Qwen3-Reranker's model-card formula on transformers for the LLM reranker, on every rerank route.
+Mutated references (a Dense layer dropped, the wrong padding side) must disagree: the comparisons
+can fail."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from prensa.export.llm_reranker import QWEN3_RERANKER
+from prensa.export.pipeline import ExportOptions, export_model
+from prensa.gateway.settings import GatewaySettings
+from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
+from tests import tiny_layouts
+from tests.conftest import free_port
+from tests.gateway.conftest import running_gateway
+from tests.tiny_models import tiny_reranker
+
+pytestmark = pytest.mark.triton
+# Mixed lengths in one batch: padding shows up wherever a layout gets it wrong.
+TEXTS = ["What is the capital of Germany?", "ok",
+         "Berlin is the capital and largest city of Germany, and the Spree runs through it. " * 4,
+         "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。"]
+QUERY = "What is the capital of Germany?"
+DOCUMENTS = ["Berlin is the capital and largest city of Germany.", "Bananas are rich in potassium.",
+             "The Bundestag meets in the Reichstag building in Berlin. " * 3, "Paris is the capital of France."]
+MAX_DIFF, MIN_COSINE = 1e-4, 0.99999
+EMBEDDERS = {  # served name -> (builder, pipeline)
+    "st5-dense": (tiny_layouts.dense_embedder, Pipeline.ENSEMBLE),
+    "legacy-dense": (lambda d: tiny_layouts.as_legacy(tiny_layouts.dense_embedder(d)), Pipeline.FUSED),
+    "cls-max": (lambda d: tiny_layouts.dense_embedder(d, ["cls", "max"]), Pipeline.FUSED),
+    "weightedmean": (lambda d: tiny_layouts.plain_embedder(d, "weightedmean"), Pipeline.FUSED),
+    "qwen3-embedding": (lambda d: tiny_layouts.decoder_embedder(d, "qwen3"), Pipeline.ENSEMBLE),
+    "gte-qwen2": (lambda d: tiny_layouts.decoder_embedder(d, "qwen2"), Pipeline.FUSED),
+    "e5-mistral": (lambda d: tiny_layouts.decoder_embedder(d, "mistral"), Pipeline.FUSED),
+    "llama-embedding": (lambda d: tiny_layouts.decoder_embedder(d, "llama"), Pipeline.FUSED),
+    "embeddinggemma": (tiny_layouts.embedding_gemma, Pipeline.ENSEMBLE),
+    "gte-modernbert": (lambda d: tiny_layouts.modernbert(d, "cls"), Pipeline.FUSED),
+    "modernbert-embed": (lambda d: tiny_layouts.modernbert(d, "mean"), Pipeline.FUSED),
+}
+OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
+          "qwen3-reranker": (tiny_layouts.qwen3_reranker, Pipeline.ENSEMBLE),
+          "cross-encoder": (tiny_reranker, Pipeline.FUSED)}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("layouts")
+    return {name: build(root / name) for name, (build, _) in {**EMBEDDERS, **OTHERS}.items()}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, sources):
+    root = tmp_path_factory.mktemp("layout-exports")
+    repo = root / "repo"
+    for name, (_, pipeline) in {**EMBEDDERS, **OTHERS}.items():
+        manifest, report = export_model(ExportOptions(str(sources[name]), root / name))
+        assert report.ok, (name, report.figures)
+        build_repository([ModelSource(name, root / name, manifest)], repo, ServingOptions(pipeline=pipeline))
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    with TritonProcess(TritonOptions(repo, ports=ports), log_path=root / "tritonserver.log") as triton, \
+            running_gateway(GatewaySettings(triton_url=triton.grpc_url, repo=repo)) as url:
+        yield url
+
+
+def post(url: str, path: str, body: dict) -> object:
+    response = httpx.post(f"{url}{path}", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def agree(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    return float(np.abs(got - want).max()), float(cosine.min())
+
+
+def assert_equal(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    diff, cosine = agree(got, want)
+    assert diff <= MAX_DIFF and cosine >= MIN_COSINE, (diff, cosine)
+
+
+def sentence_transformer(path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu")
+
+
+@pytest.mark.parametrize("name", list(EMBEDDERS))
+def test_embed_equals_sentence_transformers_encode(served, sources, name):
+    """`normalize` as the model's pipeline has it (TEI's /embed normalises unless told not to)."""
+    model = sentence_transformer(sources[name])
+    normalizes = any(type(module).__name__ == "Normalize" for module in model)
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": name, "normalize": normalizes}))
+    assert_equal(got, model.encode(TEXTS, batch_size=len(TEXTS)))
+
+
+@pytest.mark.parametrize(("name", "prompt"), [("qwen3-embedding", "query"), ("embeddinggemma", "document"),
+                                              ("embeddinggemma", "query")])
+def test_named_prompts_are_applied_as_sentence_transformers_applies_them(served, sources, name, prompt):
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": name, "prompt_name": prompt}))
+    model = sentence_transformer(sources[name])
+    assert_equal(got, model.encode(TEXTS, prompt_name=prompt, batch_size=len(TEXTS)))
+    assert agree(got, model.encode(TEXTS, batch_size=len(TEXTS)))[1] < MIN_COSINE  # the prompt changes the vectors
+
+
+def test_nim_input_type_picks_the_query_instruction(served, sources):
+    """NIM's `input_type: query` on /v1/embeddings is Qwen3-Embedding's query prompt; passages take none."""
+    model = sentence_transformer(sources["qwen3-embedding"])
+    for input_type, prompt in (("query", "query"), ("passage", "document")):
+        answer = post(served, "/v1/embeddings", {"input": TEXTS, "model": "qwen3-embedding", "input_type": input_type})
+        got = np.asarray([row["embedding"] for row in answer["data"]])
+        assert_equal(got, model.encode(TEXTS, prompt_name=prompt, batch_size=len(TEXTS)))
+
+
+def test_unnormalised_vectors_come_from_the_graph_before_normalize(served, sources):
+    """EmbeddingGemma's Dense layers run in the graph: `normalize: false` is its output before Normalize."""
+    from sentence_transformers import SentenceTransformer
+
+    model = sentence_transformer(sources["embeddinggemma"])
+    before_normalize = SentenceTransformer(modules=list(model)[:-1], device="cpu")
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": "embeddinggemma", "normalize": False}))
+    assert_equal(got, before_normalize.encode(TEXTS, batch_size=len(TEXTS)))
+    assert np.abs(np.linalg.norm(got, axis=1) - 1).max() > 1e-3
+
+
+def test_the_comparison_catches_a_dense_layer_dropped(served, sources):
+    from sentence_transformers import SentenceTransformer
+
+    model = sentence_transformer(sources["embeddinggemma"])
+    without_dense = SentenceTransformer(modules=[model[0], model[1], model[-1]], device="cpu")
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": "embeddinggemma"}))
+    assert agree(got, without_dense.encode(TEXTS, batch_size=len(TEXTS)))[1] < 0.99
+
+
+def test_the_comparison_catches_the_wrong_padding_side(served, sources):
+    """The last token of right-padded rows read where left padding would put it (index -1) is not
+    what prensa serves: the mixed-length batch would show such a bug."""
+    model = sentence_transformer(sources["qwen3-embedding"])
+    model.tokenizer.padding_side = "right"
+    features = model.tokenize(TEXTS)
+    with torch.no_grad():
+        hidden = model[0].auto_model(input_ids=features["input_ids"],
+                                     attention_mask=features["attention_mask"]).last_hidden_state
+    wrong = torch.nn.functional.normalize(hidden[:, -1], dim=-1).numpy()
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": "qwen3-embedding"}))
+    assert agree(got, wrong)[1] < 0.99
+
+
+def test_splade_saved_by_sparse_encoder_equals_its_encode(served, sources):
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(sources["splade-st5"]), device="cpu")
+    want = model.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    answer = post(served, "/embed_sparse", {"inputs": TEXTS, "model": "splade-st5"})
+    got = np.zeros_like(want)
+    for row, terms in enumerate(answer):
+        for term in terms:
+            got[row, term["index"]] = term["value"]
+    assert (got > 0).sum() > 0 and np.array_equal(got > 0, want > 0)
+    assert np.abs(got - want).max() <= MAX_DIFF
+
+
+def card_scores(path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
+    """Qwen3-Reranker's model card on transformers: left padding, prefix + instruction + suffix, the
+    softmax over the "no" and "yes" logits at the last position, "yes" taken."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    prefix = tokenizer.encode(QWEN3_RERANKER.prefix, add_special_tokens=False)
+    suffix = tokenizer.encode(QWEN3_RERANKER.suffix, add_special_tokens=False)
+    texts = [f"<Instruct>: {instruction or QWEN3_RERANKER.instruction}\n<Query>: {query}\n<Document>: {d}"
+             for d in documents]
+    inputs = tokenizer(texts, padding=False, truncation="longest_first", return_attention_mask=False,
+                       max_length=8192 - len(prefix) - len(suffix))
+    inputs["input_ids"] = [prefix + ids + suffix for ids in inputs["input_ids"]]
+    inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[:, -1, :]
+    pair = torch.stack([logits[:, tokenizer.convert_tokens_to_ids("no")],
+                        logits[:, tokenizer.convert_tokens_to_ids("yes")]], dim=1)
+    return torch.nn.functional.log_softmax(pair, dim=1)[:, 1].exp().numpy()
+
+
+def by_index(rows: list[dict], key: str) -> np.ndarray:
+    return np.asarray([row[key] for row in sorted(rows, key=lambda row: row["index"])])
+
+
+def test_qwen3_reranker_equals_the_model_card_on_every_rerank_route(served, sources):
+    want = card_scores(sources["qwen3-reranker"], QUERY, DOCUMENTS)
+    assert want.max() - want.min() > 1e-3, "random weights must still order the documents"
+    body = {"query": QUERY, "model": "qwen3-reranker"}
+    tei = by_index(post(served, "/rerank", {**body, "texts": DOCUMENTS}), "score")
+    raw = by_index(post(served, "/rerank", {**body, "texts": DOCUMENTS, "raw_scores": True}), "score")
+    cohere = by_index(post(served, "/v1/rerank", {**body, "documents": DOCUMENTS})["results"], "relevance_score")
+    v2 = by_index(post(served, "/v2/rerank", {**body, "documents": DOCUMENTS})["results"], "relevance_score")
+    nim = post(served, "/v1/ranking", {"model": "qwen3-reranker", "query": {"text": QUERY},
+                                       "passages": [{"text": d} for d in DOCUMENTS]})
+    nim_logits = by_index(nim["rankings"], "logit")
+    for got in (tei, cohere, v2):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    np.testing.assert_allclose(1 / (1 + np.exp(-raw)), want, atol=1e-4)  # raw: logit(yes) - logit(no)
+    np.testing.assert_allclose(nim_logits, raw, atol=1e-4)
+
+
+def test_a_request_instruction_replaces_the_default(served, sources):
+    instruction = "Given a question, find the passage that names a city"
+    want = card_scores(sources["qwen3-reranker"], QUERY, DOCUMENTS, instruction)
+    for path, key, field in (("/rerank", "score", "texts"), ("/v1/rerank", "relevance_score", "documents")):
+        answer = post(served, path, {"query": QUERY, field: DOCUMENTS, "model": "qwen3-reranker",
+                                     "instruction": instruction})
+        got = by_index(answer["results"] if isinstance(answer, dict) else answer, key)
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    assert np.abs(want - card_scores(sources["qwen3-reranker"], QUERY, DOCUMENTS)).max() > 1e-4
+
+
+def test_an_instruction_for_a_cross_encoder_is_refused(served):
+    response = httpx.post(f"{served}/rerank", json={"query": QUERY, "texts": DOCUMENTS, "model": "cross-encoder",
+                                                     "instruction": "anything"}, timeout=60)
+    assert response.status_code == 422 and "instruction" in response.text
+
+
+def test_an_llm_reranker_refuses_lone_texts(served):
+    response = httpx.post(f"{served}/predict", json={"inputs": "just one text", "model": "qwen3-reranker"}, timeout=60)
+    assert response.status_code == 422 and "pairs" in response.text

@@ -1,0 +1,269 @@
+"""Tiny random models of the layouts teams deploy now, saved as their real repositories are:
+sentence-transformers 5 directories (and the legacy 2.x-4.x form), Dense layers, decoder
+embedders (Qwen3-Embedding, gte-Qwen2, e5-mistral, Llama), EmbeddingGemma, ModernBERT, SPLADE
+saved by `SparseEncoder`, and Qwen3-Reranker. Tokenizers are trained on the spot: nothing is
+downloaded. Each builder returns the directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+CORPUS = [
+    "Berlin is the capital and largest city of Germany.",
+    "Paris is the capital of France and home of the Louvre museum.",
+    "Dense retrieval encodes queries and passages into vectors.",
+    "Given a web search query, retrieve relevant passages that answer the query",
+    "Instruct: Query: Document: task: search result | query: title: none | text:",
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided.",
+    "Note that the answer can only be yes or no. system user assistant think",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。",
+] * 20
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+QWEN3_EMBEDDING_PROMPTS = {"query": "Instruct: Given a web search query, retrieve relevant passages that answer "
+                                    "the query\nQuery:", "document": ""}
+GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: ",
+                 "Classification": "task: classification | query: "}
+DECODERS = ("qwen3", "qwen2", "mistral", "llama")
+
+
+def qwen_tokenizer(directory: Path, append_eos: bool, padding_side: str = "left"):
+    """A byte-level BPE tokenizer with Qwen's special tokens; Qwen3-Embedding's appends
+    `<|endoftext|>` to every text (its post-processor), and pads on the left."""
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=QWEN_SPECIALS,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if append_eos:
+        eos = tok.token_to_id("<|endoftext|>")
+        tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+                                                           special_tokens=[("<|endoftext|>", eos)])
+    fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                              unk_token=None, bos_token=None, padding_side=padding_side, model_max_length=512)
+    fast.save_pretrained(directory)
+    return fast
+
+
+def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_ids", "attention_mask")):
+    """A BERT-style tokenizer ([CLS] text [SEP]), for ModernBERT and BERT layouts."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+        vocab_size=500, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
+                                   model_input_names=list(input_names))
+    fast.save_pretrained(directory)
+    return fast
+
+
+def gemma_tokenizer(directory: Path):
+    """A unigram tokenizer with Gemma's specials: `<bos>` before and `<eos>` after each text."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=500, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                                            unk_token="<unk>"))
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", pair="<bos> $A <eos> $B <eos>",
+                                                       special_tokens=[("<bos>", 2), ("<eos>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", model_max_length=512, model_input_names=["input_ids", "attention_mask"])
+    fast.save_pretrained(directory)
+    return fast
+
+
+def _random(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Spread the weights a little past their initialisation, so layouts that differ give vectors that differ."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    return model.eval()
+
+
+def decoder_config(kind: str, vocab: int, **extra):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, **extra)
+    return {"qwen3": lambda: Qwen3Config(**common, head_dim=16),
+            "qwen2": lambda: Qwen2Config(**common),
+            "mistral": lambda: MistralConfig(**common, sliding_window=6),  # short: the window shows in tests
+            "llama": lambda: LlamaConfig(**common)}[kind]()
+
+
+def _sentence_transformer(directory: Path, base: Path, after: list, prompts: dict[str, str] | None = None) -> Path:
+    """`SentenceTransformer(modules=[Transformer(base), *after]).save(directory)`: sentence-transformers 5's form."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    shutil.rmtree(directory, ignore_errors=True)
+    model = SentenceTransformer(modules=[Transformer(str(base)), *after], prompts=prompts or {})
+    model.save(str(directory))
+    shutil.rmtree(base)
+    return directory
+
+
+def _pooling(dim: int, mode: str | list[str], include_prompt: bool = True):
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    return Pooling(dim, pooling_mode=mode, include_prompt=include_prompt)
+
+
+def _normalize():
+    from sentence_transformers.sentence_transformer.modules.normalize import Normalize
+
+    return Normalize()
+
+
+def _dense(inputs: int, outputs: int, bias: bool, activation: torch.nn.Module, seed: int):
+    from sentence_transformers.base.modules.dense import Dense
+
+    torch.manual_seed(seed)
+    return Dense(inputs, outputs, bias=bias, activation_function=activation)
+
+
+def decoder_embedder(directory: Path, kind: str = "qwen3", seed: int = 3) -> Path:
+    """Qwen3-Embedding's layout (or gte-Qwen2's, e5-mistral's, a Llama's): the bare decoder, last-token
+    pooling, Normalize, left padding, EOS appended, an instruction prompt for queries."""
+    from transformers import AutoModel
+
+    base = directory.parent / f"{directory.name}-base"
+    tokenizer = qwen_tokenizer(base, append_eos=True)
+    config = decoder_config(kind, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    _random(AutoModel.from_config(config), seed).save_pretrained(base)
+    return _sentence_transformer(directory, base, [_pooling(64, "lasttoken"), _normalize()], QWEN3_EMBEDDING_PROMPTS)
+
+
+def embedding_gemma(directory: Path, seed: int = 4) -> Path:
+    """EmbeddingGemma's layout: Gemma3TextModel with bidirectional attention (a sliding layer and a
+    full one), mean pooling, Dense 64 -> 256 -> 64 without bias or activation, Normalize, named prompts."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    base = directory.parent / f"{directory.name}-base"
+    tokenizer = gemma_tokenizer(base)
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                              max_position_embeddings=512, sliding_window=8, use_bidirectional_attention=True,
+                              layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
+                              bos_token_id=2)
+    torch.manual_seed(seed)
+    _random(Gemma3TextModel(config), seed).save_pretrained(base)
+    identity = torch.nn.Identity()
+    after = [_pooling(64, "mean"), _dense(64, 256, False, identity, seed), _dense(256, 64, False, identity, seed + 1),
+             _normalize()]
+    return _sentence_transformer(directory, base, after, GEMMA_PROMPTS)
+
+
+def modernbert(directory: Path, pooling: str = "cls", seed: int = 5) -> Path:
+    """gte-modernbert's layout (cls pooling) or modernbert-embed's (mean)."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    base = directory.parent / f"{directory.name}-base"
+    tokenizer = wordpiece_tokenizer(base)
+    config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, local_attention=8, global_attn_every_n_layers=2,
+                              max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                              cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id)
+    torch.manual_seed(seed)
+    _random(ModernBertModel(config), seed).save_pretrained(base)
+    return _sentence_transformer(directory, base, [_pooling(64, pooling), _normalize()])
+
+
+def bert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    tokenizer = wordpiece_tokenizer(base, ("input_ids", "token_type_ids", "attention_mask"))
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=512, type_vocab_size=1)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config) if masked_lm else BertModel(config, add_pooling_layer=False)
+    _random(model, seed).save_pretrained(base)
+    return base
+
+
+def dense_embedder(directory: Path, pooling: str | list[str] = "mean", seed: int = 6) -> Path:
+    """A BERT with pooling, two Dense layers (tanh with bias, then identity without) and Normalize."""
+    base = bert_base(directory.parent / f"{directory.name}-base", seed)
+    width = 32 * (len(pooling) if isinstance(pooling, list) else 1)
+    after = [_pooling(32, pooling), _dense(width, 24, True, torch.nn.Tanh(), seed),
+             _dense(24, 16, False, torch.nn.Identity(), seed + 1), _normalize()]
+    return _sentence_transformer(directory, base, after)
+
+
+def plain_embedder(directory: Path, pooling: str, seed: int = 7) -> Path:
+    """A BERT with one pooling mode and no Normalize."""
+    base = bert_base(directory.parent / f"{directory.name}-base", seed)
+    return _sentence_transformer(directory, base, [_pooling(32, pooling)])
+
+
+LEGACY_TYPES = {"Transformer": "sentence_transformers.models.Transformer", "Pooling": "sentence_transformers.models.Pooling",
+                "Dense": "sentence_transformers.models.Dense", "Normalize": "sentence_transformers.models.Normalize"}
+
+
+def as_legacy(directory: Path) -> Path:
+    """Rewrite a sentence-transformers 5 directory as 2.x-4.x wrote it: old module paths and the
+    `pooling_mode_*` booleans."""
+    modules = json.loads((directory / "modules.json").read_text())
+    for module in modules:
+        module["type"] = LEGACY_TYPES[module["type"].rsplit(".", 1)[-1]]
+        if module["type"].endswith("Pooling"):
+            path = directory / module["path"] / "config.json"
+            config = json.loads(path.read_text())
+            modes = config["pooling_mode"] if isinstance(config["pooling_mode"], list) else [config["pooling_mode"]]
+            legacy = {"word_embedding_dimension": config["embedding_dimension"], "include_prompt": config["include_prompt"]}
+            for mode, key in (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"),
+                              ("max", "pooling_mode_max_tokens"), ("mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens"),
+                              ("weightedmean", "pooling_mode_weightedmean_tokens"), ("lasttoken", "pooling_mode_lasttoken")):
+                legacy[key] = mode in modes
+            path.write_text(json.dumps(legacy))
+    (directory / "modules.json").write_text(json.dumps(modules))
+    return directory
+
+
+def sparse_encoder(directory: Path, seed: int = 8, strategy: str = "max", activation: str = "relu") -> Path:
+    """SPLADE as `SparseEncoder` 5 saves it: a fill-mask Transformer and SpladePooling."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sparse_encoder.modules.splade_pooling import SpladePooling
+
+    base = bert_base(directory.parent / f"{directory.name}-base", seed, masked_lm=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    transformer = Transformer(str(base), transformer_task="fill-mask")
+    SparseEncoder(modules=[transformer, SpladePooling(pooling_strategy=strategy, activation_function=activation)]
+                  ).save(str(directory))
+    shutil.rmtree(base)
+    return directory
+
+
+def qwen3_reranker(directory: Path, seed: int = 9) -> Path:
+    """Qwen3-Reranker's layout: Qwen3ForCausalLM (tied head) and a tokenizer holding "yes" and "no"."""
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = qwen_tokenizer(directory, append_eos=False)
+    assert {"yes", "no"} <= set(tokenizer.get_vocab()), "the tiny vocabulary lacks yes/no"
+    config = decoder_config("qwen3", len(tokenizer), tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                            architectures=["Qwen3ForCausalLM"])
+    torch.manual_seed(seed)
+    _random(Qwen3ForCausalLM(config), seed).save_pretrained(directory)
+    return directory

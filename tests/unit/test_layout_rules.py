@@ -1,0 +1,168 @@
+"""How an export reads sentence-transformers directories and newer architectures, and what it
+refuses by name: every module served exactly or refused in one line, the check against `encode`
+failing a layout read wrongly, causal LMs other than Qwen3-Reranker, remote code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from prensa.cli import app
+from prensa.export import sentence
+from prensa.export.pipeline import ExportOptions, export_model
+from prensa.export.source import SourceError, SourceModel
+from prensa.export.st_layout import pooling_modes, read_layout
+from prensa.manifest import Manifest, Pooling, Task
+from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from tests import tiny_layouts
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    return tiny_layouts.dense_embedder(tmp_path_factory.mktemp("layouts") / "dense")
+
+
+@pytest.fixture
+def dense_copy(dense_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(dense_dir, copy)
+    return copy
+
+
+def modules_of(directory):
+    return json.loads((directory / "modules.json").read_text())
+
+
+def source(directory) -> SourceModel:
+    return SourceModel(directory, directory.name, "local")
+
+
+@pytest.mark.parametrize(("config", "modes"), [
+    ({"pooling_mode": "mean"}, ("mean",)),
+    ({"pooling_mode": ["cls", "max"]}, ("cls", "max")),
+    ({"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}, ("max", "mean")),  # legacy order
+    ({"pooling_mode_cls_token": True}, ("cls",)),
+    ({"pooling_mode_lasttoken": True}, ("lasttoken",)),
+    ({"pooling_mode_weightedmean_tokens": True}, ("weightedmean",)),
+    ({"pooling_mode_mean_sqrt_len_tokens": True}, ("mean_sqrt_len_tokens",)),
+    ({"word_embedding_dimension": 8}, ("mean",)),  # no mode given: sentence-transformers' default
+])
+def test_pooling_configs_read_as_sentence_transformers_reads_them(config, modes):
+    assert pooling_modes(config) == modes
+
+
+def test_both_forms_of_a_directory_read_alike(dense_dir, tmp_path):
+    legacy = tiny_layouts.as_legacy(shutil.copytree(dense_dir, tmp_path / "legacy"))
+    assert modules_of(legacy)[1]["type"] == "sentence_transformers.models.Pooling"
+    assert read_layout(source(legacy)) == read_layout(source(dense_dir))
+    layout = read_layout(source(dense_dir))
+    assert layout.pooling_modes == ("mean",) and layout.normalize and len(layout.dense) == 2
+    assert [(d.bias, d.activation.rsplit(".", 1)[-1]) for d in layout.dense] == [(True, "Tanh"), (False, "Identity")]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda m: m.insert(2, {"idx": 9, "name": "9", "path": "9_CNN", "type": "sentence_transformers.models.CNN"}),
+     "module 9_CNN of type sentence_transformers.models.CNN in modules.json is not served"),
+    (lambda m: m.insert(1, m.pop()), "1_Pooling of type .*Pooling in modules.json comes in an order prensa does not"),
+    (lambda m: m.__setitem__(0, {**m[0], "type": "sentence_transformers.models.StaticEmbedding"}),
+     "StaticEmbedding in modules.json comes first where a Transformer must"),
+    (lambda m: [m.pop(1) for _ in range(3)], "has no Pooling module"),  # Transformer -> Normalize
+])
+def test_a_module_prensa_does_not_serve_is_refused_by_name(dense_copy, mutate, message):
+    modules = modules_of(dense_copy)
+    mutate(modules)
+    for idx, module in enumerate(modules):
+        module["idx"] = idx
+    (dense_copy / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(SourceError, match=message):
+        read_layout(source(dense_copy))
+
+
+def test_a_dense_activation_outside_torch_is_refused(dense_copy):
+    config_path = dense_copy / "2_Dense" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "activation_function": "my_package.Swish"}))
+    with pytest.raises(SourceError, match=r"2_Dense \(Dense\) uses activation my_package.Swish"):
+        read_layout(source(dense_copy))
+
+
+def test_a_prompt_left_out_of_the_pooling_is_refused_when_there_are_prompts(dense_copy, tmp_path):
+    pooling_path = dense_copy / "1_Pooling" / "config.json"
+    pooling_path.write_text(json.dumps({**json.loads(pooling_path.read_text()), "include_prompt": False}))
+    _, report = export_model(ExportOptions(str(dense_copy), tmp_path / "out"))  # no prompt to leave out
+    assert report.ok
+    config_path = dense_copy / "config_sentence_transformers.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "prompts": {"query": "query: "}}))
+    with pytest.raises(SourceError, match="include_prompt: false"):
+        export_model(ExportOptions(str(dense_copy), tmp_path / "out"))
+
+
+def test_the_graph_pools_dense_models_and_refuses_a_pooling_override(dense_dir, tmp_path):
+    manifest, report = export_model(ExportOptions(str(dense_dir), tmp_path / "out"))
+    assert report.ok and manifest.pooling is None and manifest.graph_pooling == "mean" and manifest.dim == 16
+    assert {o.name for o in manifest.outputs} == {"last_hidden_state", "sentence_embedding"}
+    with pytest.raises(SourceError, match="--pooling cannot replace them"):
+        export_model(ExportOptions(str(dense_dir), tmp_path / "again", pooling=Pooling.CLS))
+    with pytest.raises(ValueError, match="--pooling cannot change it"):
+        build_repository([ModelSource("d", tmp_path / "out", Manifest.read(tmp_path / "out"))], tmp_path / "repo",
+                         ServingOptions(pooling=Pooling.MEAN))
+
+
+def test_an_export_that_skips_a_dense_layer_fails_its_own_check(dense_dir, tmp_path, monkeypatch):
+    """The check compares what prensa serves with sentence-transformers' encode: a graph built
+    without the Dense layers (the failure this check exists for) cannot pass it."""
+    build = sentence.sentence_graph
+
+    def without_dense(model, layout):
+        from sentence_transformers import SentenceTransformer
+
+        return build(SentenceTransformer(modules=[model[0], model[1], model[-1]], device="cpu"), layout)
+
+    monkeypatch.setattr(sentence, "sentence_graph", without_dense)
+    _, report = export_model(ExportOptions(str(dense_dir), tmp_path / "out"))
+    assert not report.ok
+    assert "does not serve this model as sentence-transformers does" in report.figures["sentence-transformers"]
+    result = CliRunner().invoke(app, ["export", str(dense_dir), "--out", str(tmp_path / "cli")], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and "the exported graph failed its check" in result.output
+
+
+def test_a_causal_lm_that_is_not_qwen3_reranker_is_refused_by_name(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    tokenizer = tiny_layouts.qwen_tokenizer(tmp_path / "llama", append_eos=False)
+    config = tiny_layouts.decoder_config("llama", len(tokenizer), architectures=["LlamaForCausalLM"])
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    with pytest.raises(SourceError, match=r"causal LM .*LlamaForCausalLM.* pass --task embed"):
+        export_model(ExportOptions(str(tmp_path / "llama"), tmp_path / "out"))
+    manifest, report = export_model(ExportOptions(str(tmp_path / "llama"), tmp_path / "out", task=Task.EMBED))
+    assert report.ok and manifest.pooling is Pooling.LAST  # a decoder pools its last token
+
+
+def test_remote_code_is_refused_by_name(dense_copy, tmp_path):
+    config_path = dense_copy / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "model_type": "nomic_bert",
+                                       "auto_map": {"AutoModel": "modeling_hf_nomic_bert.NomicBertModel"}}))
+    with pytest.raises(SourceError, match=r"needs its own Python code .*auto_map.*never runs a model.s code"):
+        export_model(ExportOptions(str(dense_copy), tmp_path / "out"))
+
+
+def test_an_adopted_graph_cannot_skip_its_dense_layers(dense_copy, exports, tmp_path):
+    shutil.copy2(exports["minilm"] / "model.onnx", dense_copy / "model.onnx")
+    with pytest.raises(SourceError, match=r"Dense.*would be skipped"):
+        export_model(ExportOptions(str(dense_copy), tmp_path / "out"))
+
+
+def test_splade_saved_by_sparse_encoder_is_splade_not_an_embedder(tmp_path):
+    directory = tiny_layouts.sparse_encoder(tmp_path / "splade", strategy="sum", activation="log1p_relu")
+    layout = read_layout(source(directory))
+    assert layout.is_splade and (layout.splade_strategy, layout.splade_activation) == ("sum", "log1p_relu")
+    manifest, report = export_model(ExportOptions(str(directory), tmp_path / "out"))
+    assert manifest.task is Task.SPLADE and report.ok, report.figures
+    config_path = directory / modules_of(directory)[1]["path"] / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "pooling_strategy": "mean"}))
+    with pytest.raises(SourceError, match="pooling_strategy 'mean'"):
+        read_layout(source(directory))
