@@ -166,3 +166,14 @@ def test_splade_saved_by_sparse_encoder_is_splade_not_an_embedder(tmp_path):
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "pooling_strategy": "mean"}))
     with pytest.raises(SourceError, match="pooling_strategy 'mean'"):
         read_layout(source(directory))
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_any_work(dense_dir, tmp_path):
+    from prensa.export.inspect import EXPORT_PEAK_FACTOR, export_peak_bytes, require_memory
+
+    weights = (dense_dir / "model.safetensors").stat().st_size
+    assert export_peak_bytes(source(dense_dir), {}) == int(weights * EXPORT_PEAK_FACTOR)
+    assert export_peak_bytes(source(dense_dir), {"torch_dtype": "bfloat16"}) == int(weights * 2 * EXPORT_PEAK_FACTOR)
+    require_memory(source(dense_dir), {}, available=2**40)
+    with pytest.raises(SourceError, match=r"takes about \d+ GiB of memory .* this machine has 0 GiB free"):
+        require_memory(source(dense_dir), {}, available=1024)

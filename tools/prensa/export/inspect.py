@@ -77,6 +77,29 @@ def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
                       f"{model_type!r}, so prensa cannot trace it; export it to ONNX yourself and pass that directory")
 
 
+# An export holds the model in fp32 about this many times over at its peak (torch's weights and the
+# traced graph at once; bge-m3's 2.27 GB peaked at 5.95 GiB, docs/performance.md).
+EXPORT_PEAK_FACTOR = 2.8
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def export_peak_bytes(source: SourceModel, config: dict[str, Any]) -> int:
+    """What exporting the model will hold at its peak: its weights as fp32, times EXPORT_PEAK_FACTOR."""
+    stored = sum(path.stat().st_size for pattern in WEIGHT_FILES for path in source.path.glob(pattern))
+    per_weight = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4)
+    return int(stored / per_weight * 4 * EXPORT_PEAK_FACTOR)
+
+
+def require_memory(source: SourceModel, config: dict[str, Any], available: int) -> None:
+    """Refuse, before minutes of work, a model whose export cannot fit this machine's free memory."""
+    needed = export_peak_bytes(source, config)
+    if needed > available:
+        raise SourceError(f"{source.name}: exporting it takes about {needed / 2**30:.0f} GiB of memory (its weights "
+                          f"in fp32, {EXPORT_PEAK_FACTOR}x at the peak) and this machine has {available / 2**30:.0f} GiB "
+                          "free: export it on a larger machine and copy the export here")
+
+
 def causal_lm(architectures: list[str]) -> bool:
     return any(a.endswith("ForCausalLM") for a in architectures)
 

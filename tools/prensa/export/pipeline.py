@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 
 from prensa.export import calibration, llm_reranker
 from prensa.export.graph_store import move_graph, rewrite_graph, save_graph
-from prensa.export.inspect import ModelPlan, plan_model, require_native_code
+from prensa.export.inspect import ModelPlan, plan_model, require_memory, require_native_code
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import link_graph_files
@@ -487,6 +488,8 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
         require_native_code(source, _read_config(source))
+        if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
+            require_memory(source, _read_config(source), psutil.virtual_memory().available)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
         tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
         if not tokenizer.is_fast:
