@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import SpanKind, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -92,7 +92,10 @@ def past_stage(name: str, since: float, **attributes: Any) -> None:
     tracer = ACTIVE.get()
     if tracer is None:
         return
-    tracer.start_span(name, start_time=wall_ns(since), attributes=attributes).end()
+    # `since` may precede the request's own span by a few hundred nanoseconds (it is read first, and
+    # the two clocks convert with jitter): a child never starts before its parent.
+    parent_start = getattr(get_current_span(), "start_time", None) or 0
+    tracer.start_span(name, start_time=max(wall_ns(since), parent_start), attributes=attributes).end()
 
 
 def sampled() -> bool:
