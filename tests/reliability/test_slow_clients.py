@@ -110,12 +110,13 @@ def test_half_open_connections_are_capped_then_closed(gateway_on):
 
 @pytest.fixture
 def gateway_at_fd_limit(triton, tmp_path) -> Iterator[tuple[str, psutil.Process]]:
-    """`prensa gateway` whose file-descriptor limit is 256, the default --max-connections derived from it."""
+    """`prensa gateway` whose file-descriptor limit is 256, soft and hard (it raises the soft one to
+    the hard one at start), the default --max-connections derived from it."""
     port = free_port()
     log = tmp_path / "gateway.log"
 
     def limit_fds() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -132,6 +133,19 @@ def gateway_at_fd_limit(triton, tmp_path) -> Iterator[tuple[str, psutil.Process]
         yield url, psutil.Process(process.pid)
     finally:
         stop_tree(process)
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_at_start(tmp_path):
+    """A process started under `ulimit -Sn 256` gets its hard limit, and says both."""
+    code = ("import resource; from prensa.gateway.server import raise_descriptor_limit; "
+            "limit = raise_descriptor_limit(); print(limit.describe()); "
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE))")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    assert f"soft limit 256 -> {shown} (hard {shown})" in result.stdout
+    assert f"({hard}, {hard})" in result.stdout
 
 
 def test_half_open_connections_cannot_lock_clients_out_at_the_descriptor_limit(gateway_at_fd_limit):

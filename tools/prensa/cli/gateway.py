@@ -184,8 +184,12 @@ def run_server(server: uvicorn.Server) -> bool:
 @with_gateway_options(standalone=True)
 def gateway(*, settings: GatewaySettings, address: GatewayAddress) -> None:
     """Serve OpenAI /v1/embeddings and TEI's API (embed, rerank, predict, ...) over Triton gRPC."""
+    from prensa.gateway.server import raise_descriptor_limit
+
     configure_logging(settings.log_level, settings.json_output)
+    descriptors = raise_descriptor_limit()
     typer.echo(f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}); docs at /docs",
                err=True)
+    typer.echo(descriptors.describe(), err=True)
     if not run_server(gateway_server(settings, address.host, address.port)):
         raise typer.Exit(1)  # uvicorn logged why (an unserved --default-model, a taken port, ...)

@@ -105,7 +105,10 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once.
     With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
     On a signal the gateway drains first, then Triton; each gets --graceful-timeout."""
+    from prensa.gateway.server import raise_descriptor_limit
+
     configure_logging(settings.log_level, settings.json_output)
+    log.info(raise_descriptor_limit().describe())  # before Triton starts: it inherits the limit
     if mismatch := cache_mismatch(options.repo, options.cache_bytes):
         log.warning(mismatch)
     triton = TritonProcess(replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s))))

@@ -42,6 +42,36 @@ RESERVED_FDS = 64
 UNLIMITED_FDS = 65_536  # the ceiling assumed where RLIMIT_NOFILE is unlimited
 
 
+@dataclass(frozen=True)
+class DescriptorLimit:
+    """The soft RLIMIT_NOFILE before and after `raise_descriptor_limit`, and the hard one."""
+
+    before: int
+    soft: int
+    hard: int
+
+    def describe(self) -> str:
+        def shown(value: int) -> str:
+            return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+        change = f"{shown(self.before)} -> {shown(self.soft)}" if self.before != self.soft else shown(self.soft)
+        return (f"file descriptors: soft limit {change} (hard {shown(self.hard)}); the gateway takes up to "
+                f"{connection_ceiling()} connections")
+
+
+def raise_descriptor_limit() -> DescriptorLimit:
+    """Raise the soft descriptor limit to the hard one, as servers do at start: the soft default
+    (often 1024) would let a thousand idle connections lock new clients out. Triton, started after,
+    inherits it."""
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if before != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:  # e.g. a hard limit the kernel caps lower (nr_open)
+            log.warning("could not raise the file-descriptor limit from %s to %s: %s", before, hard, exc)
+    return DescriptorLimit(before, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+
+
 def connection_ceiling() -> int:
     """The most client connections the process's file-descriptor limit leaves room for."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
