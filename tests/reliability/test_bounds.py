@@ -133,8 +133,29 @@ def test_tokenize_and_decode_obey_the_batch_limit(gateway_on):
 
 
 @pytest.mark.triton
-def test_a_large_tokenize_does_not_stall_other_routes(gateway_on):
+def test_tokenize_and_decode_past_their_token_bound_are_413_before_the_work(gateway_on):
+    """By default a /tokenize may hold a full batch of full-length texts (32 x MiniLM's 256 tokens):
+    1.9 MB of prose is refused at once, naming the bound; /decode counts its ids the same way."""
     url = gateway_on()
+    limit = 32 * 256
+    body = orjson.dumps({"inputs": [prose(55_000, i) for i in range(32)]})
+    started = time.perf_counter()
+    refused = httpx.post(f"{url}/tokenize", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert refused.status_code == 413 and f"at most {limit} tokens" in refused.text, refused.text[:300]
+    assert time.perf_counter() - started < 2
+    just_past = httpx.post(f"{url}/tokenize", json={"inputs": ["word " * 260] * 32}, timeout=60)  # 32 x 262 tokens
+    assert just_past.status_code == 413 and "more (" in just_past.text  # counted while tokenizing
+    fits = httpx.post(f"{url}/tokenize", json={"inputs": ["word " * 250] * 32}, timeout=60)
+    assert fits.status_code == 200 and sum(map(len, fits.json())) <= limit
+    assert httpx.post(f"{url}/decode", json={"ids": [[101] * 300] * 28}, timeout=60).status_code == 413
+    assert httpx.post(f"{url}/decode", json={"ids": [[101] * 250] * 32}, timeout=60).status_code == 200
+    raised = gateway_on(max_tokenize_tokens=limit * 2)
+    assert httpx.post(f"{raised}/tokenize", json={"inputs": ["word " * 260] * 32}, timeout=60).status_code == 200
+
+
+@pytest.mark.triton
+def test_a_large_tokenize_does_not_stall_other_routes(gateway_on):
+    url = gateway_on(max_tokenize_tokens=1_000_000)  # a bound raised for 1.9 MB of prose
     body = orjson.dumps({"inputs": [prose(55_000, i) for i in range(32)]})
     assert 1_800_000 < len(body) < 2_000_000
     done: dict[str, object] = {}

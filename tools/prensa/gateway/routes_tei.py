@@ -55,7 +55,8 @@ from prensa.gateway.responses import (
 )
 from prensa.gateway.routes_m3 import embed_m3_payload
 from prensa.gateway.service import Timings, gather
-from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json
+from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.tokenization import CHARS_PER_TOKEN, as_items, check_token_ids, tokens_json, too_many_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 
@@ -264,9 +265,15 @@ default_router.add_api_route(VERTEX_ROUTE, vertex, methods=["POST"], response_mo
                              summary="Vertex AI: instances in, predictions out")
 
 
-def _tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> Response:
+def _tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> Response:
     """`/tokenize`'s answer, built in a thread: a large body takes seconds to tokenize and serialise."""
-    return json_response(tokens_json(tokenizer, texts, add_special_tokens))
+    return json_response(tokens_json(tokenizer, texts, add_special_tokens, limit))
+
+
+def tokenize_limit(served: ServedModel, settings: GatewaySettings) -> int:
+    """Tokens one /tokenize (ids one /decode) may hold: the flag's, else a full batch of full-length texts."""
+    limit: int = settings.max_tokenize_tokens or settings.max_client_batch_size * served.max_length
+    return limit
 
 
 def _decoded(tokenizer: Tokenizer, batch: list[list[int]], id_limit: int, skip_special_tokens: bool) -> Response:
@@ -282,8 +289,13 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
     served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
     texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))  # texts stay texts
+    gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
+    limit = tokenize_limit(served, gw.settings)
+    characters = sum(map(len, texts))
+    if characters > limit * CHARS_PER_TOKEN:  # far past the limit: refused before any tokenizing
+        raise too_many_tokens(limit, f"{characters} characters, more than {CHARS_PER_TOKEN} a token")
     return await gw.service.tokenizer_work(len(texts), _tokens, served.require_tokenizer(), texts,
-                                           request.add_special_tokens)
+                                           request.add_special_tokens, limit)
 
 
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
@@ -291,6 +303,10 @@ async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
+    gw.service.check_batch(len(batch))
+    limit, ids = tokenize_limit(served, gw.settings), sum(map(len, batch))
+    if ids > limit:
+        raise too_many_tokens(limit, f"{ids} ids")
     return await gw.service.tokenizer_work(len(batch), _decoded, served.require_tokenizer(), batch,
                                            served.token_id_limit, request.skip_special_tokens)
 

@@ -53,6 +53,9 @@ class GatewaySettings:
     coalesce_requests: bool = setting(True, "Merge concurrent requests' texts into one Triton call while the "
                                       "model is busy (a lone request is sent at once).")
     payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")  # checked before JSON parsing
+    max_tokenize_tokens: int | None = setting(
+        None, "Tokens a /tokenize request may hold, and ids a /decode request, before 413; default: "
+        "--max-client-batch-size x the model's max length.")
     auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")  # `truncate: null`
     chunk_long_inputs: bool = setting(False, "Embed inputs over the model's max length as overlapping windows "
                                       "combined into one answer, when a request does not say (`chunking`).")
@@ -85,7 +88,8 @@ class GatewaySettings:
     max_header_size: int = setting(65_536, "Max bytes of a request's URL and headers (431 above).")
     max_connections: int | None = setting(
         None, "Open client connections before new ones get 503 and are closed; default and ceiling: the "
-        "file-descriptor limit (ulimit -n) less 64 kept for the gateway's own files and sockets.")
+        "file-descriptor limit (ulimit -n, whose soft value prensa raises to the hard one at start) less 64 kept "
+        "for the gateway's own files and sockets.")
     log_level: str = setting("info", "Level of prensa's log: debug, info, warning or error.")
     json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")
     access_log: bool = setting(True, "One log line per request: route, status, model, inputs, tokens, each stage's "
@@ -115,7 +119,7 @@ class GatewaySettings:
             raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
                                             "--api-key and PRENSA_API_KEY unset")
         for name in ("request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
-                     "max_connections"):
+                     "max_connections", "max_tokenize_tokens"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise InvalidSetting(name, f"must be positive, got {value}")

@@ -30,7 +30,7 @@ import numpy.typing as npt
 import orjson
 from tokenizers import Encoding, Tokenizer
 
-from prensa.gateway.errors import validation
+from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.stages import contract
 
 Item = str | list[int]  # one input: a text or token ids used as they are
@@ -375,14 +375,26 @@ def simple_tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> 
 TOKENS_PER_SLICE = 4096
 
 
-def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> orjson.Fragment:
+def too_many_tokens(limit: int, held: str) -> GatewayError:
+    return GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
+                        f"/tokenize and /decode take at most {limit} tokens a request (--max-tokenize-tokens; default "
+                        f"--max-client-batch-size x the model's max length); this one holds {held}")
+
+
+def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool,
+                limit: int | None = None) -> orjson.Fragment:
     """`/tokenize`'s answer as JSON, serialized a slice of tokens at a time: a dict for every token
-    of a 2 MB body at once would take several times the memory of the JSON itself."""
+    of a 2 MB body at once would take several times the memory of the JSON itself. Past `limit`
+    tokens in all it stops with 413, having tokenized no more than that."""
     body = bytearray(b"[")
+    count = 0
     for n, text in enumerate(texts):
         body += b",[" if n else b"["
         tokens = simple_tokens(tokenizer, text, add_special_tokens)
         while chunk := list(islice(tokens, TOKENS_PER_SLICE)):
+            count += len(chunk)
+            if limit is not None and count > limit:
+                raise too_many_tokens(limit, f"more ({count} by text {n})")
             if body[-1:] != b"[":
                 body += b","
             body += orjson.dumps(chunk)[1:-1]  # the slice's items, without the brackets of its own array
