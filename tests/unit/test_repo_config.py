@@ -148,3 +148,20 @@ def test_fused_pipeline_needs_the_cpu_target(tmp_path, exports):
     with pytest.raises(ValueError, match="fused"):
         build_repository([ModelSource("m", exports["minilm"], Manifest.read(exports["minilm"]))], tmp_path,
                          ServingOptions(pipeline=Pipeline.FUSED, target=Target.CONTAINER))
+
+
+def test_a_splade_encoder_passes_fewer_tokens_so_its_logits_stay_bounded(tmp_path, exports):
+    """A SPLADE pass holds [tokens x vocabulary] logits: its budget keeps them near SPLADE_LOGITS_BYTES,
+    never below one full-length text; other tasks keep the option's."""
+    from prensa.triton.repo import SPLADE_LOGITS_BYTES, encoder_token_budget
+
+    splade, minilm = Manifest.read(exports["splade"]), Manifest.read(exports["minilm"])
+    vocab = next(o.dims[0] for o in splade.outputs if o.name == "splade_weights")
+    expected = max(splade.max_length, SPLADE_LOGITS_BYTES // (4 * vocab))
+    assert expected < ServingOptions().max_batch_tokens
+    build_repository([ModelSource("s", exports["splade"], splade), ModelSource("m", exports["minilm"], minilm)],
+                     tmp_path, ServingOptions())
+    budgets = {name: int(parse_pbtxt((tmp_path / f"{name}_encode" / "config.pbtxt").read_text())
+                         .parameters["max_batch_tokens"].string_value) for name in ("s", "m")}
+    assert budgets == {"s": expected, "m": ServingOptions().max_batch_tokens}
+    assert encoder_token_budget(splade, ServingOptions(max_batch_tokens=1024)) == max(splade.max_length, 1024)

@@ -36,7 +36,7 @@ from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
 from prensa.triton.launcher import die_with_parent
-from prensa.triton.repo import ServingOptions
+from prensa.triton.repo import ServingOptions, encoder_token_budget
 from prensa.workload import RerankCase
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class EncodeStageAlone:
         self.manifest = Manifest.read(export_dir)
         stage = load_stage("encode")
         session = stage.create_session(export_dir / self.manifest.onnx_file, serving.cpu_threads, "cpu", True)
-        self.stage = stage.TokenBudgetEncoder(session, self.manifest.pad_id, serving.max_batch_tokens,
+        self.stage = stage.TokenBudgetEncoder(session, self.manifest.pad_id, encoder_token_budget(self.manifest, serving),
                                               serving.length_ratio, serving.max_batch_size, set())
         self.encoder = text_encoder(export_dir, self.manifest)
         self.tokenize = load_stage("tokenize")

@@ -21,7 +21,14 @@ from prensa.manifest import Manifest, Task
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
 from prensa.tensors import texts_tensor
 from prensa.triton.config import config_parameters
-from prensa.triton.repo import ServingOptions, client_outputs, encoder_rows, pool_parameters, served_pipeline
+from prensa.triton.repo import (
+    ServingOptions,
+    client_outputs,
+    encoder_rows,
+    encoder_token_budget,
+    pool_parameters,
+    served_pipeline,
+)
 
 # Output kinds a corpus run can ask for, and the ensemble outputs each needs.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -149,7 +156,8 @@ class OnnxBackend:
         self.pad, self.pad_id = tokenize.pad_encodings, manifest.pad_id
         session = encode.create_session(export_dir / manifest.onnx_file, threads, options.execution_provider)
         self.encoder = encode.TokenBudgetEncoder(
-            session, manifest.pad_id, options.max_batch_tokens, options.length_ratio, encoder_rows(manifest, options),
+            session, manifest.pad_id, encoder_token_budget(manifest, options), options.length_ratio,
+            encoder_rows(manifest, options),
             {output.name for output in manifest.outputs if output.per_token})
         self.pool = pool.Pooler.from_parameters(pool_parameters(manifest, options))
 

@@ -170,6 +170,21 @@ def encoder_rows(manifest: Manifest, options: ServingOptions) -> int:
     return 1 if manifest.dtype == "int8" else options.max_batch_size
 
 
+# A SPLADE pass holds its [tokens x vocabulary] MLM logits (and onnxruntime's copies of them) before
+# the max over tokens: its token budget keeps them near this (splade-tiny's 30,522 words: 2,198
+# tokens a pass, where 16,384 made a 32 x 512 request peak at 4.27 GB; docs/operations.md).
+SPLADE_LOGITS_BYTES = 256 << 20
+
+
+def encoder_token_budget(manifest: Manifest, options: ServingOptions) -> int:
+    """Tokens per encoder pass: the option's, lowered for SPLADE to bound its logits (never below
+    one text of the model's max length)."""
+    if manifest.task is not Task.SPLADE:
+        return options.max_batch_tokens
+    vocab = next(o.dims[0] for o in manifest.outputs if o.name == contract.SPLADE_WEIGHTS)
+    return max(manifest.max_length, min(options.max_batch_tokens, SPLADE_LOGITS_BYTES // (4 * vocab)))
+
+
 def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, str]:
     """The pool stage's config parameters; `prensa embed-corpus --export` pools with the same."""
     pooling = options.pooling or manifest.pooling
@@ -292,7 +307,7 @@ class ModelRenderer:
             raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
                              "a full-length text would never fit a sub-batch")
         parameters: dict[str, object] = {
-            "onnx_file": self.m.onnx_file, "max_batch_tokens": self.options.max_batch_tokens,
+            "onnx_file": self.m.onnx_file, "max_batch_tokens": encoder_token_budget(self.m, self.options),
             "max_rows": encoder_rows(self.m, self.options), "pad_id": self.m.pad_id,
             "intra_op_threads": self.options.cpu_threads, "execution_provider": self.options.execution_provider,
             "allow_spinning": str(self.options.encode_instances == 1).lower(),
