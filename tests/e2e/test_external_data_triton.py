@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.files import graph_data_files
@@ -14,15 +13,11 @@ from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.conftest import free_port
+from tests.e2e.test_embeddings_triton import TEXTS, cosine, flag_m3  # noqa: F401 - the fixture, on the same texts
+from tests.e2e.test_scoring_triton import infer
 from tests.external_data import traced_as_torch_writes_large_graphs
 
 pytestmark = pytest.mark.triton
-TEXTS = [
-    "What is the capital of Germany?",
-    "Berlin is the capital and largest city of Germany. " * 6,
-    "ok",
-    "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。",
-]
 QUERY = "What is the capital of Germany?"
 PASSAGES = ["Berlin is the capital and largest city of Germany.", "Bananas are rich in potassium.",
             "The Bundestag meets in the Reichstag building in Berlin.", "The weather in Berlin is mild. " * 30]
@@ -55,30 +50,6 @@ def external_triton(tmp_path_factory, external_exports):
     ports = TritonPorts(free_port(), free_port(), free_port())
     with TritonProcess(TritonOptions(repo, ports=ports), log_path=repo.parent / "tritonserver.log") as server:
         yield server
-
-
-def infer(server, model: str, texts: list[str], pairs: list[str] | None = None) -> grpcclient.InferResult:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = []
-    for name, column in (("text", texts), ("text_pair", pairs)):
-        if column is not None:
-            tensor = grpcclient.InferInput(name, [len(column), 1], "BYTES")
-            tensor.set_data_from_numpy(np.array([[t.encode()] for t in column], dtype=object))
-            inputs.append(tensor)
-    return client.infer(model, inputs)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-
-
-@pytest.fixture(scope="module")
-def flag_m3(m3_dir):
-    from FlagEmbedding import BGEM3FlagModel
-
-    model = BGEM3FlagModel(str(m3_dir), use_fp16=False, devices="cpu")
-    return model.encode(TEXTS, batch_size=8, max_length=512, return_dense=True, return_sparse=True,
-                        return_colbert_vecs=True)
 
 
 @pytest.mark.parametrize("model", ["m3-split", "m3-split-fused", "m3-fp16", "m3-int8"])
