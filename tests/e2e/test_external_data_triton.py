@@ -65,7 +65,7 @@ def test_bge_m3_with_external_weights_matches_flagembedding(external_triton, fla
     for row, expected in enumerate(flag_m3["lexical_weights"]):
         got = {int(i): float(w) for i, w in zip(ids[row], weights[row]) if i >= 0}
         want = {int(k): float(v) for k, v in expected.items()}
-        if least == 0.9999:
+        if model.startswith("m3-split"):  # fp32: the same terms, the same weights
             assert got.keys() == want.keys()
             np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=1e-4)
         else:  # reduced precision: the same terms up to ones near zero, weights close

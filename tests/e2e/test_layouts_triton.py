@@ -131,7 +131,8 @@ def test_unnormalised_vectors_come_from_the_graph_before_normalize(served, sourc
     assert np.abs(np.linalg.norm(got, axis=1) - 1).max() > 1e-3
 
 
-def test_the_comparison_catches_a_dense_layer_dropped(served, sources):
+def test_a_reference_without_the_dense_layers_disagrees(served, sources):
+    """So the equality above would catch a server that skipped them."""
     from sentence_transformers import SentenceTransformer
 
     model = sentence_transformer(sources["embeddinggemma"])
@@ -140,9 +141,9 @@ def test_the_comparison_catches_a_dense_layer_dropped(served, sources):
     assert agree(got, without_dense.encode(TEXTS, batch_size=len(TEXTS)))[1] < 0.99
 
 
-def test_the_comparison_catches_the_wrong_padding_side(served, sources):
+def test_a_reference_reading_the_wrong_padding_side_disagrees(served, sources):
     """The last token of right-padded rows read where left padding would put it (index -1) is not
-    what prensa serves: the mixed-length batch would show such a bug."""
+    what prensa serves: the equality above, on this mixed-length batch, would catch such a bug."""
     model = sentence_transformer(sources["qwen3-embedding"])
     model.tokenizer.padding_side = "right"
     features = model.tokenize(TEXTS)
@@ -168,6 +169,13 @@ def test_splade_saved_by_sparse_encoder_equals_its_encode(served, sources):
     assert np.abs(got - want).max() <= MAX_DIFF
 
 
+# Qwen3-Reranker's model card, written out here rather than taken from prensa.
+CARD_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+               'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+CARD_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+CARD_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
 def card_scores(path, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
     """Qwen3-Reranker's model card on transformers: left padding, prefix + instruction + suffix, the
     softmax over the "no" and "yes" logits at the last position, "yes" taken."""
@@ -175,9 +183,9 @@ def card_scores(path, query: str, documents: list[str], instruction: str | None 
 
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    prefix = tokenizer.encode(QWEN3_RERANKER.prefix, add_special_tokens=False)
-    suffix = tokenizer.encode(QWEN3_RERANKER.suffix, add_special_tokens=False)
-    texts = [f"<Instruct>: {instruction or QWEN3_RERANKER.instruction}\n<Query>: {query}\n<Document>: {d}"
+    prefix = tokenizer.encode(CARD_PREFIX, add_special_tokens=False)
+    suffix = tokenizer.encode(CARD_SUFFIX, add_special_tokens=False)
+    texts = [f"<Instruct>: {instruction or CARD_INSTRUCTION}\n<Query>: {query}\n<Document>: {d}"
              for d in documents]
     inputs = tokenizer(texts, padding=False, truncation="longest_first", return_attention_mask=False,
                        max_length=8192 - len(prefix) - len(suffix))
@@ -195,6 +203,8 @@ def by_index(rows: list[dict], key: str) -> np.ndarray:
 
 
 def test_qwen3_reranker_equals_the_model_card_on_every_rerank_route(served, sources):
+    assert (QWEN3_RERANKER["prefix"], QWEN3_RERANKER["suffix"]) == (CARD_PREFIX, CARD_SUFFIX)
+    assert QWEN3_RERANKER["instruction"] == CARD_INSTRUCTION
     want = card_scores(sources["qwen3-reranker"], QUERY, DOCUMENTS)
     assert want.max() - want.min() > 1e-3, "random weights must still order the documents"
     body = {"query": QUERY, "model": "qwen3-reranker"}

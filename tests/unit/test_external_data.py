@@ -42,7 +42,7 @@ def test_per_tensor_weights_are_gathered_into_one_file_beside_the_graph(gathered
     assert manifest.fused_ops.get("Attention"), report.figures["fused ops"]  # fused though its weights are external
 
 
-def test_the_gathered_graph_computes_what_the_plain_export_does(gathered, exports, tmp_path):
+def test_the_gathered_graph_computes_what_the_plain_export_does(gathered, exports):
     out, manifest, _, _ = gathered
     from transformers import AutoTokenizer
 

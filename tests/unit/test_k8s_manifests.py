@@ -224,10 +224,12 @@ def test_memory_follows_the_graphs_and_their_attention_unless_given():
     """bge-m3 in fp32 (2.27 GB, 16 heads, 8192 tokens: two max-length rows fit the default token
     budget) in two instances, and an adopted graph whose heads are unknown (three times its size):
     /dev/shm, Triton, the stubs, each instance's graph and attention; `--memory` wins."""
-    heads = {"attention_heads": "16", "max_batch_tokens": "16384"}
+    heads = {"attention_heads": "16", "max_batch_tokens": "16384", "max_rows": "64"}
     attention = k8s._attention_bytes(heads, {"max_length": "8192", "dtype": "fp32"})
     assert attention == int(1.25 * 2 * 16 * 8192 * 8192 * 4)
-    assert k8s._attention_bytes(heads, {"max_length": "8192", "dtype": "int8"}) == int(2.5 * 2 * 16 * 8192 * 8192 * 4)
+    one_row = {**heads, "max_rows": "1"}  # an int8 graph runs one row a pass
+    assert k8s._attention_bytes(one_row, {"max_length": "8192", "dtype": "int8"}) == int(2.5 * 16 * 8192 * 8192 * 4)
+    assert k8s._attention_bytes(heads, {"max_length": "512", "dtype": "fp32"}) == int(1.25 * 32 * 16 * 512 * 512 * 4)
     assert k8s._attention_bytes({}, {"max_length": "512"}) == 0
     big, small = cpu_model("m3", 2, 0), cpu_model("adopted", 1, 0)
     encoder = dataclasses.replace(big.encoder, graph_bytes=2_270_000_000, attention_bytes=attention)

@@ -171,7 +171,8 @@ def test_splade_saved_by_sparse_encoder_is_splade_not_an_embedder(tmp_path):
 def test_a_model_too_large_for_the_machine_is_refused_before_any_work(dense_dir, tmp_path):
     from prensa.export.inspect import EXPORT_PEAK_FACTOR, export_peak_bytes, require_memory
 
-    weights = (dense_dir / "model.safetensors").stat().st_size
+    weights = sum(path.stat().st_size for path in dense_dir.rglob("model.safetensors"))  # the Dense layers' too
+    assert (dense_dir / "2_Dense" / "model.safetensors").exists()
     assert export_peak_bytes(source(dense_dir), {}) == int(weights * EXPORT_PEAK_FACTOR)
     assert export_peak_bytes(source(dense_dir), {"torch_dtype": "bfloat16"}) == int(weights * 2 * EXPORT_PEAK_FACTOR)
     require_memory(source(dense_dir), {}, available=2**40)

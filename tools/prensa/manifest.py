@@ -58,18 +58,6 @@ class TensorRTEngine:
 
 
 @dataclass
-class PairTemplate:
-    """How an LLM reranker reads a (query, document) pair: `prefix`, then `format` filled in (its
-    `{instruction}` defaulting to `instruction`), then `suffix`, each tokenized on its own; the
-    score is the probability of "yes" against "no" at the last token."""
-
-    prefix: str
-    suffix: str
-    format: str  # with {instruction}, {query} and {document}
-    instruction: str
-
-
-@dataclass
 class Manifest:
     task: Task
     source: str  # Hugging Face id or the directory it came from
@@ -95,7 +83,9 @@ class Manifest:
     default_prompt_name: str | None = None  # the prompt sentence-transformers applies when none is named
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
     attention_heads: int | None = None  # the transformer's; with max_length, what one text's attention can hold
-    pair_template: PairTemplate | None = None  # LLM rerankers (Qwen3-Reranker): how a pair becomes one text
+    # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s
+    # fields (prefix, suffix, format, instruction).
+    pair_template: dict[str, str] | None = None
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:
@@ -118,8 +108,6 @@ class Manifest:
         data["pooling"] = Pooling(data["pooling"]) if data.get("pooling") else None
         data["outputs"] = [GraphOutput(**o) for o in data["outputs"]]
         data["id2label"] = {int(k): v for k, v in data.get("id2label", {}).items()}
-        if data.get("pair_template"):
-            data["pair_template"] = PairTemplate(**data["pair_template"])
         if data.get("tensorrt"):
             engine = data["tensorrt"]
             data["tensorrt"] = TensorRTEngine(**{**engine, "profile": EngineProfile(**engine["profile"])})

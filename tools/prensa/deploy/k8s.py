@@ -51,10 +51,9 @@ PROBE_SCRIPT = "import urllib.request; urllib.request.urlopen('http://{host}:{po
 SHM_GB = 4  # Python-backend stages exchange tensors through /dev/shm
 # The Triton container's memory when `--memory` is not given, from the repository (`triton_memory`):
 # /dev/shm, tritonserver itself, each Python stub, and each encoder instance's graph plus what its
-# attention holds in its largest pass: as many max-length rows as the token budget admits, times
-# heads x length x length floats. onnxruntime's copies of those scores are measured
-# (docs/performance.md): bge-m3 fp32 rose 4.5 GiB for one 8192-token text (4.0 GiB of scores),
-# int8 8.6 GiB. A graph whose heads are unknown (adopted) counts three times its size.
+# attention holds in its largest pass: as many max-length rows as the token budget and row limit
+# admit, times heads x length x length floats, times the copies onnxruntime keeps of those scores
+# (measured: docs/performance.md). A graph whose heads are unknown (adopted) counts three times its size.
 TRITON_BASE_GIB = 1.0
 STUB_GIB = 0.1
 ATTENTION_COPIES = {"int8": 2.5}  # by the served dtype; others 1.25
@@ -122,6 +121,7 @@ def _attention_bytes(parameters: dict[str, str], served: dict[str, str]) -> int:
         return 0
     length = int(served["max_length"])
     rows = max(1, int(parameters.get("max_batch_tokens", length)) // length)
+    rows = min(rows, int(parameters.get("max_rows", rows)))  # int8 graphs run one row a pass
     copies = ATTENTION_COPIES.get(served.get("dtype", "fp32"), 1.25)
     return int(copies * rows * int(parameters["attention_heads"]) * length * length * 4)
 

@@ -33,8 +33,8 @@ MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corp
 BATCH_ROWS = 32  # length-sorted, so little padding
 FIGURE = "calibration"  # the export report's line; not "int8 ...", which names the quantised graph's lines
 # `prensa export` calibrates by itself up to this size (base-size encoders: seconds on a CPU). Past it
-# the corpus costs minutes on a CPU (bge-m3: 4 min on 2 cores, more than the rest of its export), so
-# larger models are calibrated when asked: `--calibrate`, or `prensa calibrate` on the export later.
+# the corpus costs minutes on a CPU, more than the rest of a large model's export (docs/performance.md),
+# so larger models are calibrated when asked: `--calibrate`, or `prensa calibrate` on the export later.
 AUTO_MAX_PARAMETERS = 150_000_000
 
 Run = Callable[[Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]]  # tokenizer output -> graph outputs by name
@@ -71,6 +71,16 @@ def skip_reason(requested: bool | None, parameters: int) -> str | None:
     return None
 
 
+def served_dense(outputs: Mapping[str, npt.NDArray[Any]], tokens: Mapping[str, npt.NDArray[Any]],
+                 pooling: Pooling | None, normalize: bool) -> npt.NDArray[Any]:
+    """The dense vectors clients receive from an encoder's outputs on right-padded `tokens`, through
+    the pool stage itself (`pooling` None: the graph pools)."""
+    ids = {name: np.asarray(value, dtype=np.int64) for name, value in tokens.items()}
+    pooled = load_stage("pool").pool_request({**ids, **outputs}, pooling.value if pooling else "none", normalize,
+                                             np.zeros(0, dtype=np.int64), "sigmoid")
+    return cast(npt.NDArray[Any], pooled[contract.DENSE])
+
+
 def calibration_texts() -> list[str]:
     return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
 
@@ -86,10 +96,7 @@ def embed_texts(run: Run, tokenizer: PreTrainedTokenizerBase, texts: list[str], 
         chosen = order[start : start + rows]
         encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
                             return_tensors="np", padding_side="right")
-        tokens = {name: np.asarray(value, dtype=np.int64) for name, value in encoded.items()}
-        pooled = load_stage("pool").pool_request({**tokens, **run(encoded)}, pooling.value if pooling else "none",
-                                                 normalize, np.zeros(0, dtype=np.int64), "sigmoid")
-        dense = pooled[contract.DENSE]
+        dense = served_dense(run(encoded), encoded, pooling, normalize)
         for i, vector in zip(chosen, dense.astype(np.float32)):
             vectors[i] = vector
     return np.stack(cast(list[npt.NDArray[Any]], vectors))  # every slot is filled: `order` covers every text

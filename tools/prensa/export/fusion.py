@@ -26,8 +26,8 @@ def fuse_transformer_ops(model: onnx.ModelProto, target: Path, external: bool = 
 
     `model` may leave its weights in external data (`weights_dir` holds the files): the optimizer
     deep-copies the graph for shape inference four times, which costs seconds without the weights
-    and minutes and four copies of them with (bge-m3: 13 GB). The fusions that read weights (Q, K
-    and V merged into one) resolve external data from the working directory, so they run there."""
+    and minutes and four copies of them with (docs/performance.md). The fusions that read weights
+    (Q, K and V merged into one) resolve external data from the working directory, so they run there."""
     from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.transformers.optimizer import optimize_model
 

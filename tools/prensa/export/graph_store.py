@@ -10,6 +10,7 @@ fit stay in one file unless external data is asked for.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,5 +88,18 @@ def move_graph(source: Path, target: Path) -> None:
     _readable_as_the_graph(target)
 
 
-def uses_external_data(path: Path) -> bool:
-    return bool(graph_data_files(path))
+STAGING = ("trace", "fused", "fp32", "int8")  # the steps that write a graph in a folder of their own first
+
+
+def staging(parent: Path, step: str) -> tempfile.TemporaryDirectory[str]:
+    """A temporary folder beside the export's graph for `step`'s graph (a graph names its data file
+    after itself, so each candidate needs a folder of its own)."""
+    assert step in STAGING, step
+    return tempfile.TemporaryDirectory(dir=parent, prefix=f".{step}-")
+
+
+def remove_staging(out: Path) -> None:
+    """Staging folders an export killed midway left in `out` (each may hold a whole graph)."""
+    for path in out.iterdir():
+        if path.is_dir() and path.name.startswith(tuple(f".{step}-" for step in STAGING)):
+            shutil.rmtree(path, ignore_errors=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prensa.export import llm_reranker
 from prensa.export.source import SourceError, SourceModel
-from prensa.export.st_layout import SentenceLayout, read_layout
-from prensa.manifest import PairTemplate, Pooling, Task
+from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
+from prensa.manifest import Pooling, Task
 
 M3_HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
@@ -24,7 +25,7 @@ class ModelPlan:
     normalize: bool
     max_length: int
     layout: SentenceLayout | None = None  # sentence-transformers' modules, for embedders and SPLADE that have them
-    template: PairTemplate | None = None  # an LLM reranker's prompt (Qwen3-Reranker)
+    template: dict[str, str] | None = None  # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
 
     @property
     def graph_pooling(self) -> str | None:
@@ -47,7 +48,7 @@ def detect_task(source: SourceModel, architectures: list[str], layout: SentenceL
         config: dict[str, Any] = _read_json(source, "config.json") or {}
         return Task.RERANK if len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
     if layout is None and causal_lm(architectures):
-        if llm_reranker_layout(architectures):
+        if is_llm_reranker(architectures):
             return Task.RERANK
         raise SourceError(f"{source.name} is a causal LM ({', '.join(architectures)}) without a sentence-transformers "
                           f"config: prensa serves {', '.join(llm_reranker.ARCHITECTURES)} as an LLM reranker "
@@ -77,16 +78,28 @@ def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
                       f"{model_type!r}, so prensa cannot trace it; export it to ONNX yourself and pass that directory")
 
 
-# An export holds the model in fp32 about this many times over at its peak (torch's weights and the
-# traced graph at once; bge-m3's 2.27 GB peaked at 5.95 GiB, docs/performance.md).
+# An export holds the model in fp32 about this many times over at its peak: torch's weights and the
+# traced graph at once (measured on bge-m3 and Qwen3-Embedding's shapes: docs/performance.md).
 EXPORT_PEAK_FACTOR = 2.8
-WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+WEIGHT_FORMATS = ("*.safetensors", "pytorch_model*.bin")  # a folder's weights in the first format it has
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def stored_weight_bytes(directory: Path) -> int:
+    """The weights in `directory` and its module folders (`2_Dense/`, ...), one format per folder."""
+    total = 0
+    for folder in (directory, *(p for p in directory.rglob("*") if p.is_dir())):
+        for pattern in WEIGHT_FORMATS:
+            files = list(folder.glob(pattern))
+            if files:
+                total += sum(path.stat().st_size for path in files)
+                break
+    return total
 
 
 def export_peak_bytes(source: SourceModel, config: dict[str, Any]) -> int:
     """What exporting the model will hold at its peak: its weights as fp32, times EXPORT_PEAK_FACTOR."""
-    stored = sum(path.stat().st_size for pattern in WEIGHT_FILES for path in source.path.glob(pattern))
+    stored = stored_weight_bytes(source.path)
     per_weight = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4)
     return int(stored / per_weight * 4 * EXPORT_PEAK_FACTOR)
 
@@ -104,7 +117,7 @@ def causal_lm(architectures: list[str]) -> bool:
     return any(a.endswith("ForCausalLM") for a in architectures)
 
 
-def llm_reranker_layout(architectures: list[str]) -> bool:
+def is_llm_reranker(architectures: list[str]) -> bool:
     return any(a in llm_reranker.ARCHITECTURES for a in architectures)
 
 
@@ -154,10 +167,10 @@ def plan_model(source: SourceModel, architectures: list[str], requested_task: Ta
             )
         return ModelPlan(task, pooling or Pooling.CLS, True, length)
     if task is Task.SPLADE and layout is not None and not layout.is_splade:
-        raise SourceError(f"{source.name}: its {'modules.json'} describes a dense embedder, not SPLADE; drop --task splade")
+        raise SourceError(f"{source.name}: its {MODULES_FILE} describes a dense embedder, not SPLADE; drop --task splade")
     if task is Task.EMBED and layout is not None and layout.is_splade:
         raise SourceError(f"{source.name}: its modules.json describes SPLADE (SpladePooling); export it as --task splade")
-    if task is Task.RERANK and layout is None and llm_reranker_layout(architectures):
+    if task is Task.RERANK and layout is None and is_llm_reranker(architectures):
         return ModelPlan(task, None, True, length, None, llm_reranker.QWEN3_RERANKER)
     if task is not Task.EMBED:
         return ModelPlan(task, None, layout.normalize if layout else True, length, layout if task is Task.SPLADE else None)

@@ -8,7 +8,6 @@ one-label models) is the card's softmax over the two. The full vocabulary's logi
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.export.source import SourceError
-from prensa.manifest import GraphOutput, PairTemplate
+from prensa.manifest import GraphOutput
 from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 # Qwen3-Reranker's model card: the system prompt, the user turn's format and the assistant's opening.
-QWEN3_RERANKER = PairTemplate(
+QWEN3_RERANKER = dict(  # the tokenize stage's PairTemplate
     prefix='<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
            'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
@@ -47,13 +46,24 @@ def answer_ids(tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[int, int]
     return vocab["no"], vocab["yes"]
 
 
-def sample_rows(tokenizer: PreTrainedTokenizerBase, template: PairTemplate, queries: list[str], documents: list[str],
+MIN_PAIR_TOKENS = 32  # what a query and a document need at least beside the prompt
+
+
+def require_room(tokenizer: PreTrainedTokenizerBase, template: dict[str, str], max_length: int, name: str) -> None:
+    """The prompt's prefix and suffix leave room for a pair within `max_length`, or the export stops."""
+    edges = sum(len(tokenizer.encode(template[part], add_special_tokens=False)) for part in ("prefix", "suffix"))
+    if max_length - edges < MIN_PAIR_TOKENS:
+        raise SourceError(f"{name}: its prompt takes {edges} tokens, so --max-length {max_length} leaves fewer than "
+                          f"{MIN_PAIR_TOKENS} for a query and a document; give at least {edges + MIN_PAIR_TOKENS}")
+
+
+def sample_rows(tokenizer: PreTrainedTokenizerBase, template: dict[str, str], queries: list[str], documents: list[str],
                 max_length: int) -> dict[str, npt.NDArray[Any]]:
     """The pairs as the card builds them (prefix, the format cut to what is left, suffix, each
     tokenized alone), padded on the right as the stages pad."""
-    filled = load_stage("tokenize").PairTemplate(**dataclasses.asdict(template))  # the stage's own formatting
-    prefix = tokenizer.encode(template.prefix, add_special_tokens=False)
-    suffix = tokenizer.encode(template.suffix, add_special_tokens=False)
+    filled = load_stage("tokenize").PairTemplate(**template)  # the stage's own formatting
+    prefix = tokenizer.encode(filled.prefix, add_special_tokens=False)
+    suffix = tokenizer.encode(filled.suffix, add_special_tokens=False)
     middles = tokenizer([filled.text(q, d) for q, d in zip(queries, documents)], truncation=True,
                         max_length=max_length - len(prefix) - len(suffix))["input_ids"]
     rows = [[*prefix, *middle, *suffix] for middle in middles]

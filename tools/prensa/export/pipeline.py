@@ -23,12 +23,12 @@ import numpy.typing as npt
 import psutil
 
 from prensa.export import calibration, llm_reranker
-from prensa.export.graph_store import move_graph, rewrite_graph, save_graph
+from prensa.export.graph_store import move_graph, remove_staging, rewrite_graph, save_graph, staging
 from prensa.export.inspect import ModelPlan, plan_model, require_memory, require_native_code
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
-from prensa.files import link_graph_files
-from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, PairTemplate, Pooling, Task, TensorRTEngine
+from prensa.files import GraphDataError, link_graph_files
+from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, Pooling, Task, TensorRTEngine
 from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int,
-                 template: PairTemplate | None = None) -> dict[str, npt.NDArray[Any]]:
+                 template: dict[str, str] | None = None) -> dict[str, npt.NDArray[Any]]:
     """The verification texts as the stages feed the encoder: padded on the right, whatever side the
     tokenizer pads by itself; an LLM reranker's pairs written into its prompt."""
     if template is not None:
@@ -157,6 +157,8 @@ def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[
     if plan.task is Task.RERANK and options.max_length is None:  # an LLM reranker's card reads 8192 tokens
         default = llm_reranker.MAX_LENGTH if plan.template else RERANK_DEFAULT_MAX_LENGTH
         plan = dataclasses.replace(plan, max_length=min(plan.max_length, default))
+    if plan.template is not None:
+        llm_reranker.require_room(tokenizer, plan.template, plan.max_length, source.name)
     return plan
 
 
@@ -176,8 +178,8 @@ def _trace_into(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput],
                 path: Path, external: bool) -> None:
     """The trace, written at `path` in the export's layout: torch's per-tensor files (a graph over
     2 GB) are gathered into one data file beside the graph."""
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trace-") as staging:
-        traced = Path(staging) / path.name
+    with staging(path.parent, "trace") as folder:
+        traced = Path(folder) / path.name
         _trace(graph, inputs, outputs, sample, traced)
         rewrite_graph(traced, path, external)
 
@@ -283,8 +285,8 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[A
     def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
         return {}, VerifyReport(plain.heading, {**plain.figures, FUSED_FIGURE: reason}, plain.ok)
 
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".fused-") as staging:
-        fused_path = Path(staging) / path.name  # same name: the graph names its data file after itself
+    with staging(path.parent, "fused") as folder:
+        fused_path = Path(folder) / path.name  # same name: the graph names its data file after itself
         structure = onnx.load(str(path), load_external_data=False)  # fusion rewrites this copy
         fused = fuse_transformer_ops(structure, fused_path, external, weights_dir=path.parent)
         if not fused:
@@ -305,9 +307,7 @@ def served_values(outputs: dict[str, npt.NDArray[Any]], sample: dict[str, npt.ND
         return outputs[contract.SPLADE_WEIGHTS]
     if contract.LOGITS in outputs:  # one-label scores: the pool stage's sigmoid
         return cast(npt.NDArray[Any], load_stage("pool").activate(outputs[contract.LOGITS], "sigmoid"))
-    pooled = load_stage("pool").pool_request({**sample, **outputs}, plan.pooling.value if plan.pooling else "none",
-                                             plan.normalize, np.zeros(0, dtype=np.int64), "sigmoid")
-    return cast(npt.NDArray[Any], pooled[contract.DENSE])
+    return calibration.served_dense(outputs, sample, plan.pooling, plan.normalize)
 
 
 @dataclass(frozen=True)
@@ -340,7 +340,7 @@ def _load_graph(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: M
     if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
         from prensa.export import sentence
 
-        model = sentence.load_sentence_model(source.path, plan.layout)
+        model = sentence.load_sentence_model(source.path, plan.layout, plan.max_length)
         graph, outputs = sentence.sentence_graph(model, plan.layout)
         values = sentence.reference(model, plan.layout, VERIFY_TEXTS)
         return graph, outputs, Reference(sentence.FIGURE, values, "encode")
@@ -398,7 +398,10 @@ def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan:
 def _adopt_onnx(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
                 step: Step) -> tuple[GraphInfo, VerifyReport]:
     with step(f"Adopting {ONNX_FILE} ({graph.dtype}) without re-exporting"):
-        link_graph_files(source.path, options.out, ONNX_FILE)
+        try:
+            link_graph_files(source.path, options.out, ONNX_FILE)
+        except GraphDataError as exc:
+            raise SourceError(str(exc)) from exc
     with step("Running the adopted graph on a sample batch"):
         sample = sample_batch(tokenizer, plan.task, plan.max_length)
         report = check_adopted(run_onnx(options.out / ONNX_FILE, graph.inputs, sample), graph.outputs,
@@ -413,12 +416,16 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedToken
 
     if graph.dtype != "fp32":
         raise SourceError(f"--quantize int8 needs an fp32 graph; this one is {graph.dtype}")
-    with tempfile.TemporaryDirectory(dir=options.out, prefix=".fp32-") as staging:
-        fp32 = Path(staging) / ONNX_FILE
+    with staging(options.out, "fp32") as folder:
+        fp32 = Path(folder) / ONNX_FILE
         move_graph(options.out / ONNX_FILE, fp32)  # with its data file: the graph names it
-        with step("Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"):
-            result = quantize_with_report(fp32, options.out / ONNX_FILE, graph.inputs, tokenizer,
-                                          plan.task, plan.pooling, plan.max_length, options.external_data)
+        try:
+            with step("Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"):
+                result = quantize_with_report(fp32, options.out / ONNX_FILE, graph.inputs, tokenizer, plan.task,
+                                              plan.pooling, plan.max_length, options.external_data, plan.template)
+        except BaseException:
+            move_graph(fp32, options.out / ONNX_FILE)  # a failed quantisation leaves the fp32 export as it was
+            raise
     figures = dict(report.figures)
     for label, values in result.figures.items():
         kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
@@ -487,19 +494,20 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
-        require_native_code(source, _read_config(source))
+        config = _read_config(source)
+        require_native_code(source, config)
         if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
-            require_memory(source, _read_config(source), psutil.virtual_memory().available)
+            require_memory(source, config, psutil.virtual_memory().available)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
         tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
         if not tokenizer.is_fast:
             raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
-        config = _read_config(source)
         prompts, default_prompt = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
         plan = _plan(source, tokenizer, config, options, task, prompts)
     options.out.mkdir(parents=True, exist_ok=True)
+    remove_staging(options.out)  # what an export killed midway left: gigabytes for a large model
     if adopted:
         adopted.require(plan.task)
         if plan.graph_pooling:

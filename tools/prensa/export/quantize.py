@@ -6,7 +6,6 @@ the figures of both are reported so the choice is visible.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from prensa.export.calibration import served_dense
 from prensa.manifest import Pooling, Task
 from prensa.stages import contract, load_stage
 from prensa.workload import embedding_texts, rerank_cases
@@ -44,7 +44,8 @@ def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool, external: b
     from prensa.files import graph_data_files
 
     data_file(int8).unlink(missing_ok=True)  # onnx appends to an existing data file
-    # int8 weights take a quarter of fp32's bytes; past half of them, the graph may not fit a protobuf.
+    # int8 weights take a quarter of fp32's bytes, but embeddings and unquantised ops keep theirs: from
+    # twice the limit in fp32 on, the int8 graph may not fit a protobuf.
     fp32_bytes = sum((fp32.parent / name).stat().st_size for name in (fp32.name, *graph_data_files(fp32)))
     external = external or fp32_bytes >= 2 * PROTOBUF_LIMIT
     # ONNX shape inference cannot see through onnxruntime's fused ops (export/fusion.py); the
@@ -89,20 +90,23 @@ def _vectors(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, p
             rows.append(out[contract.SPLADE_WEIGHTS][0])
         elif task is Task.CLASSIFY:
             rows.append(pool.activate(out[contract.LOGITS], "softmax")[0])
-        elif contract.SENTENCE_EMBEDDING in out:  # the graph pools with the model's own modules
-            rows.append(out[contract.SENTENCE_EMBEDDING][0])
-        else:
-            mode = (pooling or Pooling.CLS).value
-            rows.append(pool.pool_tokens(out[contract.LAST_HIDDEN_STATE], encoded[contract.ATTENTION_MASK], mode)[0])
+        else:  # the vectors clients receive, unnormalised: cosines compare them alike
+            rows.append(served_dense(out, encoded, pooling, normalize=False)[0])
     return np.stack(rows)
 
 
-def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_length: int) -> list[npt.NDArray[Any]]:
+def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                   template: dict[str, str] | None) -> list[npt.NDArray[Any]]:
+    """Each query's scores of its passages, one pair at a time; an LLM reranker's pairs written into its prompt."""
+    from prensa.export import llm_reranker
+
     scores = []
     for case in rerank_cases(RERANK_QUERIES, RERANK_PASSAGES, seed=7):
         row = []
         for passage in case.passages:
-            encoded = tokenizer(case.query, passage, truncation="only_second", max_length=max_length, return_tensors="np")
+            encoded = (llm_reranker.sample_rows(tokenizer, template, [case.query], [passage], max_length) if template
+                       else tokenizer(case.query, passage, truncation="only_second", max_length=max_length,
+                                      return_tensors="np"))
             row.append(float(run(encoded)[contract.LOGITS][0, 0]))
         scores.append(np.asarray(row))
     return scores
@@ -112,10 +116,10 @@ Outputs = npt.NDArray[Any] | list[npt.NDArray[Any]]  # vectors [texts, dim], or 
 
 
 def task_outputs(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None,
-                 max_length: int) -> Outputs:
+                 max_length: int, template: dict[str, str] | None = None) -> Outputs:
     """What clients receive from `run` on the workload: rerank scores per query, else vectors."""
     if task is Task.RERANK:
-        return _rerank_scores(run, tokenizer, max_length)
+        return _rerank_scores(run, tokenizer, max_length, template)
     return _vectors(run, tokenizer, task, pooling, max_length)
 
 
@@ -135,20 +139,21 @@ def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
 
 
 def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer: PreTrainedTokenizerBase, task: Task,
-                         pooling: Pooling | None, max_length: int, external: bool = False) -> QuantizeReport:
+                         pooling: Pooling | None, max_length: int, external: bool = False,
+                         template: dict[str, str] | None = None) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
-    from prensa.export.graph_store import move_graph
+    from prensa.export.graph_store import move_graph, staging
 
-    reference = task_outputs(GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length)  # once for both
+    reference = task_outputs(GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length, template)  # once for both
     figures, candidates = {}, {}
-    with tempfile.TemporaryDirectory(dir=int8.parent, prefix=".int8-") as staging:
+    with staging(int8.parent, "int8") as folder:
         for per_channel in (False, True):
             label = "per-channel" if per_channel else "per-tensor"
-            candidates[per_channel] = Path(staging) / label / int8.name  # its own folder: the data file keeps its name
+            candidates[per_channel] = Path(folder) / label / int8.name  # its own folder: the data file keeps its name
             candidates[per_channel].parent.mkdir()
             quantize_dynamic_int8(fp32, candidates[per_channel], per_channel, external)
             int8_outputs = task_outputs(GraphRunner(candidates[per_channel], inputs), tokenizer, task, pooling,
-                                        max_length)
+                                        max_length, template)
             figures[label] = agreement(reference, int8_outputs, task)
         headline = {per_channel: next(iter(figures[label].values()))
                     for per_channel, label in ((False, "per-tensor"), (True, "per-channel"))}

@@ -24,9 +24,10 @@ from prensa.stages import contract
 FIGURE = "sentence-transformers"  # the export report's line
 
 
-def load_sentence_model(model_dir: Path, layout: SentenceLayout, attn: str = "eager") -> Any:
-    """`SentenceTransformer` (or `SparseEncoder`) on `model_dir`, on the CPU, never running remote code;
-    its Matryoshka `truncate_dim` is dropped, since prensa serves the full vector (and `dimensions`)."""
+def load_sentence_model(model_dir: Path, layout: SentenceLayout, max_length: int, attn: str = "eager") -> Any:
+    """`SentenceTransformer` (or `SparseEncoder`) on `model_dir`, on the CPU, never running remote code,
+    cutting texts where the export does; its Matryoshka `truncate_dim` is dropped, since prensa serves
+    the full vector (and `dimensions`)."""
     from sentence_transformers import SentenceTransformer, SparseEncoder
 
     kind = SparseEncoder if layout.is_splade else SentenceTransformer
@@ -35,6 +36,7 @@ def load_sentence_model(model_dir: Path, layout: SentenceLayout, attn: str = "ea
         model = kind(str(model_dir), device="cpu", trust_remote_code=False,
                      model_kwargs={"attn_implementation": attn, **options})
     model.eval()
+    model.max_seq_length = max_length
     if hasattr(model, "truncate_dim"):
         model.truncate_dim = None
     return model

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # What an export reads; skips duplicate weight formats (onnx/, tf, flax) that can be gigabytes.
-HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.pt", "*.safetensors", "pytorch_model.bin", "1_Pooling/*"]
+HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.pt", "*.safetensors", "*pytorch_model.bin", "1_Pooling/*"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx", ".json", ".model")
 
 

@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.gateway.tokenization import token_id_limit
+from prensa.gateway.tokenization import longest_token, token_id_limit
 from prensa.manifest import read_dense_ranges
 from prensa.stages import contract, load_stage
 from prensa.triton.config import config_parameters
@@ -76,6 +76,7 @@ class ServedModel:
     tokenizer: Tokenizer | None
     tokenizer_path: Path
     token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
+    longest_token: int = 16  # characters of the vocabulary's longest token: a text of N tokens has at most N x this
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
@@ -152,8 +153,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
     if fused:  # one config holds every stage's parameters
         tokenize = encode = ensemble
         pool_inputs: tuple[str, ...] = ()
-        encode_outputs = tuple(o.name for o in ensemble.output
-                               if o.name in (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING))
+        encode_outputs = tuple(o.name for o in ensemble.output if o.name in contract.ENCODER_ONLY)
     else:
         tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
         pool_inputs = tuple(i.name for i in pool.input)
@@ -194,6 +194,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         tokenizer=tokenizer,
         tokenizer_path=tokenizer_path,
         token_id_limit=token_id_limit(tokenizer),
+        longest_token=longest_token(tokenizer),
         fused=fused,
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
         dense_ranges=dense_ranges,

@@ -52,7 +52,9 @@ async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: l
         values, tokens = await gw.service.relevance(served, query, texts, truncation, False, timings,
                                                     instruction=instruction)
         return values, int(tokens.sum())
-    windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), query, texts,
+    # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
+    beside = served.pair_template.text(query, "", instruction) if served.pair_template is not None else query
+    windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), beside, texts,
                                               served.max_length, max_chunks)
     flat = [window for pieces in windows for window in pieces]
     values, tokens = await gw.service.relevance(served, query, flat, truncation, False, timings, instruction=instruction)

@@ -56,7 +56,7 @@ from prensa.gateway.responses import (
 from prensa.gateway.routes_m3 import embed_m3_payload
 from prensa.gateway.service import Timings, gather
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tokenization import CHARS_PER_TOKEN, as_items, check_token_ids, tokens_json, too_many_tokens
+from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json, too_many_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 
@@ -292,8 +292,9 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
     gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
     limit = tokenize_limit(served, gw.settings)
     characters = sum(map(len, texts))
-    if characters > limit * CHARS_PER_TOKEN:  # far past the limit: refused before any tokenizing
-        raise too_many_tokens(limit, f"{characters} characters, more than {CHARS_PER_TOKEN} a token")
+    if characters > limit * served.longest_token:  # more tokens than the limit for sure: refused before tokenizing
+        raise too_many_tokens(limit, f"{characters} characters, and no token of the model is longer than "
+                                     f"{served.longest_token}")
     return await gw.service.tokenizer_work(len(texts), _tokens, served.require_tokenizer(), texts,
                                            request.add_special_tokens, limit)
 

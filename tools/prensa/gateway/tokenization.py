@@ -84,6 +84,12 @@ def token_id_limit(tokenizer: Tokenizer | None) -> int:
     return tokenizer.get_vocab_size(True) if tokenizer is not None else INT64_LIMIT
 
 
+def longest_token(tokenizer: Tokenizer | None) -> int:
+    """Characters of the vocabulary's longest token (byte-level tokens counted as written): no text
+    of N tokens is longer than N times this. Walks the vocabulary: once per model."""
+    return max(map(len, tokenizer.get_vocab(True)), default=1) if tokenizer is not None else CHARS_PER_TOKEN
+
+
 def check_token_ids(ids: list[int], limit: int) -> None:
     """Ids in [0, limit): a negative id would index the embedding matrix from its end and answer
     with a wrong vector."""

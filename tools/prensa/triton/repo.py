@@ -43,8 +43,6 @@ WARMUP_TEXT = "prensa warms every stage up with this sentence before the model r
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's outputs, named by its manifest
-# Encoder outputs a fused model also gives (the gateway's token path asks for them by name).
-ENCODER_ONLY_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING)
 
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
@@ -171,8 +169,7 @@ def encoder_rows(manifest: Manifest, options: ServingOptions) -> int:
 
 
 # A SPLADE pass holds its [tokens x vocabulary] MLM logits (and onnxruntime's copies of them) before
-# the max over tokens: its token budget keeps them near this (splade-tiny's 30,522 words: 2,198
-# tokens a pass, where 16,384 made a 32 x 512 request peak at 4.27 GB; docs/operations.md).
+# the max over tokens: its token budget keeps them near this (docs/operations.md#memory-per-request).
 SPLADE_LOGITS_BYTES = 256 << 20
 
 
@@ -297,9 +294,7 @@ class ModelRenderer:
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
         if self.m.pair_template:  # an LLM reranker: the stage and the gateway build its prompt the same way
-            template = self.m.pair_template
-            parameters.update(pair_prefix=template.prefix, pair_suffix=template.suffix, pair_format=template.format,
-                              pair_instruction=template.instruction)
+            parameters.update({f"pair_{field}": value for field, value in self.m.pair_template.items()})
         return parameters
 
     def encode_parameters(self) -> dict[str, object]:
@@ -435,16 +430,17 @@ class ModelRenderer:
 
     def fused(self) -> None:
         """`<name>` as one Python model: the ensemble's inputs and outputs, plus token-id inputs and the
-        encoder's `last_hidden_state` (the gateway's token path, which otherwise calls the stages)."""
+        encoder's own outputs (`contract.ENCODER_ONLY`: the gateway's token path, which otherwise calls
+        the stages)."""
         text_inputs = self.text_inputs(optional=True)  # a request sends texts or token ids
-        per_token = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name in ENCODER_ONLY_OUTPUTS]
+        encoder_only = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name in contract.ENCODER_ONLY]
         warmup, files = self._text_warmup(text_inputs)
         parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
                       **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
         config = _python_stage(
             self.model.name, self.options,
             [*text_inputs, *(Tensor(n, contract.triton_type(n), [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
-            [*client_outputs(self.m), *per_token], parameters, warmup,
+            [*client_outputs(self.m), *encoder_only], parameters, warmup,
             instances=self.options.encode_instances,
         )
         directory = self.repo / self.model.name

@@ -34,7 +34,6 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 Tensors = dict[str, npt.NDArray[Any]]
-ENCODER_ONLY = {contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING}  # outputs the ensemble does not give
 
 
 def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]) -> Tensors:
@@ -72,7 +71,7 @@ class TritonPythonModel:
     def _wanted(self, request: Any) -> set[str]:
         """The outputs to return: per-token ones only when asked for among fewer than all outputs."""
         requested = set(request.requested_output_names())
-        return requested if requested < self.all_outputs else requested - ENCODER_ONLY
+        return requested if requested < self.all_outputs else requested - set(contract.ENCODER_ONLY)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         cancelled = contract.CancelCheck(requests)

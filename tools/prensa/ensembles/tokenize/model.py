@@ -66,7 +66,8 @@ class PairTemplate:
 
     def text(self, query: str, document: str, instruction: str | None = None) -> str:
         """The middle part for one pair: the format filled in."""
-        return self.format.format(instruction=instruction or self.instruction, query=query, document=document)
+        return self.format.format(instruction=self.instruction if instruction is None else instruction,
+                                  query=query, document=document)
 
     def edges(self, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
         """The prefix's and the suffix's token ids, each tokenized alone."""
