@@ -39,6 +39,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+def sparse_cosine(got: dict[int, float], want: dict[int, float]) -> float:
+    """Cosine of two sparse weight sets over the union of their ids; two empty sets agree."""
+    ids = sorted(got.keys() | want.keys())
+    if not ids:
+        return 1.0
+    return float(cosine(np.asarray([got.get(i, 0.0) for i in ids]), np.asarray([want.get(i, 0.0) for i in ids])))
+
+
 @pytest.fixture(scope="module")
 def flag_m3(m3_dir):
     from FlagEmbedding import BGEM3FlagModel

@@ -13,7 +13,7 @@ from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.conftest import free_port
-from tests.e2e.test_embeddings_triton import TEXTS, cosine, flag_m3  # noqa: F401 - the fixture, on the same texts
+from tests.e2e.test_embeddings_triton import TEXTS, cosine, flag_m3, sparse_cosine  # noqa: F401 - the fixture, on the same texts
 from tests.e2e.test_scoring_triton import infer
 from tests.external_data import traced_as_torch_writes_large_graphs
 
@@ -68,10 +68,9 @@ def test_bge_m3_with_external_weights_matches_flagembedding(external_triton, fla
         if model.startswith("m3-split"):  # fp32: the same terms, the same weights
             assert got.keys() == want.keys()
             np.testing.assert_allclose([got[k] for k in want], list(want.values()), atol=1e-4)
-        else:  # reduced precision: the same terms up to ones near zero, weights close
-            shared = got.keys() & want.keys()
-            assert len(shared) >= 0.9 * len(want)
-            np.testing.assert_allclose([got[k] for k in shared], [want[k] for k in shared], atol=0.02)
+        else:  # reduced precision: the same terms up to ones near zero, the weights as a whole close
+            assert len(got.keys() & want.keys()) >= 0.9 * len(want)
+            assert sparse_cosine(got, want) >= least
 
 
 def test_bge_reranker_with_external_weights_matches_flagreranker(external_triton, reranker_dir):

@@ -26,6 +26,7 @@ from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 from tests.conftest import free_port
+from tests.e2e.test_embeddings_triton import cosine, sparse_cosine
 from tests.gateway.conftest import running_gateway
 
 WORK = os.environ.get("PRENSA_REAL_SIZE")
@@ -116,10 +117,6 @@ def served(work, exports):
             yield url
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-
-
 @pytest.fixture(scope="module")
 def flag_m3(sources):
     from FlagEmbedding import BGEM3FlagModel
@@ -127,14 +124,6 @@ def flag_m3(sources):
     model = BGEM3FlagModel(str(sources["m3"]), use_fp16=False, devices="cpu")
     return model.encode(TEXTS, batch_size=4, max_length=8192, return_dense=True, return_sparse=True,
                         return_colbert_vecs=True)
-
-
-def sparse_cosine(got: dict[int, float], want: dict[int, float]) -> float:
-    """Cosine of two sparse weight sets over the union of their ids; two empty sets agree."""
-    ids = sorted(got.keys() | want.keys())
-    if not ids:
-        return 1.0
-    return float(cosine(np.asarray([got.get(i, 0.0) for i in ids]), np.asarray([want.get(i, 0.0) for i in ids])))
 
 
 @pytest.mark.parametrize(("model", "least"), [("bge-m3", 0.9999), ("bge-m3-int8", 0.95)])
