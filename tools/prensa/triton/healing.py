@@ -96,26 +96,31 @@ class StageWatch:
                      + (f" ({len(recent) + 1} times in {RELOAD_WINDOW_S:g} s)" if recent else "") + "; "
                      + ("reloading " + model if reloadable else "restarting tritonserver"))
             recent.append(started)
-            if not reloadable or not self.reload(model):
+            phases = self.reload(model) if reloadable else None
+            if phases is None:
                 if not self.stopping():
                     self.triton.reap_group()  # the supervisor sees Triton exit and starts it again
                 return
             if self.reload_counter is not None:
                 self.reload_counter.labels(model).inc()
-            self.say(f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead")
+            self.say(f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead "
+                     f"(unload {phases[0]:.1f} s, load {phases[1]:.1f} s)")
         for model, instances in live_instances(self.pid).items():  # a reload may start more instances
             self.expected.setdefault(model, set()).update(instances)
 
-    def reload(self, model: str) -> bool:
-        """Unload `model` (Triton reports it unavailable at once), then load it with fresh stubs."""
+    def reload(self, model: str) -> tuple[float, float] | None:
+        """Unload `model` (Triton reports it unavailable at once), then load it with fresh stubs; the
+        seconds each took, or None when either failed."""
         client = httpclient.InferenceServerClient(self.triton.http_url, network_timeout=RELOAD_TIMEOUT_S)
         try:
+            started = time.monotonic()
             client.unload_model(model)
+            unloaded = time.monotonic()
             client.load_model(model)
         except Exception as exc:  # noqa: BLE001 - any failure: restart Triton instead
             if not self.stopping():
                 self.say(f"reloading {model} failed ({exc}); restarting tritonserver")
-            return False
+            return None
         finally:
             client.close()
-        return True
+        return unloaded - started, time.monotonic() - unloaded

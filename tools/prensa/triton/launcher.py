@@ -159,6 +159,9 @@ def triton_command(options: TritonOptions) -> list[str]:
         f"--log-verbose={options.log_verbose}",
         f"--strict-readiness={str(options.strict_readiness).lower()}",
         "--exit-on-error=true",
+        # Every config prensa renders is complete; auto-completing one starts an extra stub per
+        # Python-backend model before its instances, most of a stage's (re)load time.
+        "--disable-auto-complete-config",
         "--allow-sagemaker=false",
         "--allow-vertex-ai=false",
         *(options.tracing.args() if options.tracing else []),
