@@ -3,11 +3,14 @@ errors to TEI kinds, both body shapes, and truncation against `tokenizers`' own 
 
 from __future__ import annotations
 
+import math
+
 import orjson
 import pytest
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from prensa.gateway import triton_client
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.tokenization import Truncation, as_items, token_id_limit, tokenize_items
 from prensa.gateway.triton_client import translate_error
@@ -27,6 +30,33 @@ from prensa.gateway.triton_client import translate_error
 def test_triton_errors_map_to_tei_kinds(status, message, kind, code):
     error = translate_error(InferenceServerException(message, status), "127.0.0.1:8001", 30)
     assert error.kind is kind and error.status == code
+
+
+def test_a_503_for_a_model_down_says_when_to_come_back(monkeypatch):
+    """The first outage of a model: about a reload; later ones: what the last outage had left."""
+    clock = [100.0]
+    monkeypatch.setattr(triton_client.time, "monotonic", lambda: clock[0])
+    outages = triton_client.Outages()
+    unloaded = InferenceServerException("Request for unknown model: 'm' has no available versions", "StatusCode.NOT_FOUND")
+
+    def retry_after() -> int | None:
+        error = translate_error(unloaded, "127.0.0.1:8001", 30, lambda: outages.down("m"))
+        assert error.status == 503 and error.message.endswith(f"; retry in {error.retry_after_s} s"), error.message
+        assert error.headers == {"Retry-After": str(error.retry_after_s)}
+        return error.retry_after_s
+
+    assert retry_after() == math.ceil(triton_client.FIRST_OUTAGE_S)
+    clock[0] += 2.5
+    assert retry_after() == 1  # past the expected end: at least a second
+    clock[0] += 5.0
+    outages.up("m")  # down 7.5 s
+    clock[0] += 600.0
+    assert retry_after() == 8
+    clock[0] += 4.0
+    assert retry_after() == 4
+    assert outages.down("other") == math.ceil(triton_client.FIRST_OUTAGE_S)  # each model its own
+    failed = InferenceServerException("Failed to process the request(s) for model 'm_encode'", "StatusCode.INTERNAL")
+    assert translate_error(failed, "127.0.0.1:8001", 30, lambda: outages.down("m")).headers is None  # 424: no hint
 
 
 def test_both_body_shapes():

@@ -56,7 +56,7 @@ def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
     setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
     return Response(error_body(error, request.url.path, getattr(request.state, ID_KEY, "")), status_code=error.status,
-                    media_type="application/json")
+                    headers=error.headers, media_type="application/json")
 
 
 async def on_gateway_error(request: Request, error: GatewayError) -> Response:

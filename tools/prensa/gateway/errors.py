@@ -49,10 +49,15 @@ ERROR_TABLE: dict[ErrorKind, tuple[int, str]] = {
 class GatewayError(Exception):
     """Raised anywhere below the routes; the app turns it into a response of the right shape."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.retry_after_s = retry_after_s  # sent as `Retry-After`: when the condition should have passed
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return None if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
     @property
     def status(self) -> int:

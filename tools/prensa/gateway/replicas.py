@@ -81,7 +81,8 @@ class ReplicaPool:
                 if exc.kind is not ErrorKind.UNHEALTHY:
                     raise
                 replica.healthy = False
-                log.warning("Triton replica %s failed (%s); retrying elsewhere", replica.client.url, exc.message)
+                if len(self.replicas) > 1:
+                    log.warning("Triton replica %s failed (%s); retrying elsewhere", replica.client.url, exc.message)
                 failure = exc
             finally:
                 replica.outstanding -= 1

@@ -7,11 +7,16 @@ Triton queue -> Overloaded (429), anything else Triton reports -> Backend (424).
 request milliseconds, not the timeout; the channel retries the connection at least once a second
 (gRPC's own backoff grows to two minutes), so a restarted Triton is used again within a second.
 Triton's messages reach clients only without the Python backend's traceback and file paths.
+A request that met a dead stub is tried once more (`met_a_dead_stub`). A 503 for a stage or a
+Triton that is down says when to come back, in its message and in
+`Retry-After`: what the model's last outage had left (`Outages`).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -49,23 +54,59 @@ STAGE_DOWN = re.compile(r"Stub process '(?P<stub>[^']+)' is not healthy|"
                         r"unknown model: '(?P<model>[^']+)' has no available versions")
 
 
+# Retry-After of a 503 for a model that was never down before: about what a reload takes.
+FIRST_OUTAGE_S = 3.0
+MAX_RETRY_AFTER_S = 30
+
+
+class Outages:
+    """When each model Triton could not serve went down, and how long its last outage lasted, so a
+    503 says when to come back: what the model's last outage had left from now, at least 1 s."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}  # model -> when its current outage began
+        self.lasted: dict[str, float] = {}  # model -> seconds its last outage lasted
+
+    def down(self, model: str) -> int:
+        """Seconds to wait before trying `model` again."""
+        now = time.monotonic()
+        began = self.since.setdefault(model, now)
+        left = self.lasted.get(model, FIRST_OUTAGE_S) - (now - began)
+        return min(max(1, math.ceil(left)), MAX_RETRY_AFTER_S)
+
+    def up(self, model: str) -> None:
+        if (began := self.since.pop(model, None)) is not None:
+            self.lasted[model] = time.monotonic() - began
+
+
+def met_a_dead_stub(exc: InferenceServerException) -> bool:
+    """The request reached a stage whose stub had died. Triton says so only after waiting a second
+    on the stub, by which time `prensa serve` has usually reloaded the stage: the request is tried
+    once more (inference has no side effects), and only a second failure reaches the client."""
+    down = STAGE_DOWN.search(exc.message() or "")
+    return down is not None and down["stub"] is not None
+
+
 def public_message(message: str) -> str:
     """Triton's error message without traceback or file paths: fit for a response body."""
     return FILE_PATH.sub("<path>", TRACEBACK.sub("", message)).strip()
 
 
-def translate_error(exc: InferenceServerException, url: str, timeout_s: float) -> GatewayError:
-    """A tritonclient error as the gateway's error kind (see the module docstring)."""
+def translate_error(exc: InferenceServerException, url: str, timeout_s: float,
+                    retry_after: Callable[[], int] | None = None) -> GatewayError:
+    """A tritonclient error as the gateway's error kind (see the module docstring); `retry_after`
+    gives the seconds a 503 for a stage or a Triton that is down tells the client to wait."""
     status, message = exc.status() or "", public_message(exc.message() or str(exc))
     if status.endswith("DEADLINE_EXCEEDED"):
         return GatewayError(ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s")
     if "maximum queue size" in message:  # a stage's bounded queue rejected the request
         return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
-    if down := STAGE_DOWN.search(message):
-        return GatewayError(ErrorKind.UNHEALTHY, f"Triton's {down['stub'] or down['model']} cannot answer now "
-                                                 "(its process died, or it is being reloaded)")
-    if status.endswith("UNAVAILABLE"):
-        return GatewayError(ErrorKind.UNHEALTHY, f"Triton is unreachable at {url}")
+    down = STAGE_DOWN.search(message)
+    if down or status.endswith("UNAVAILABLE"):
+        wait = retry_after() if retry_after else None
+        what = (f"Triton's {down['stub'] or down['model']} cannot answer now (its process died, or it is being "
+                "reloaded)" if down else f"Triton is unreachable at {url}")
+        return GatewayError(ErrorKind.UNHEALTHY, what + (f"; retry in {wait} s" if wait else ""), wait)
     return GatewayError(ErrorKind.BACKEND, f"Backend error: {message}")
 
 
@@ -79,6 +120,7 @@ class TritonClient:
         self.timeout_s = timeout_s
         self.probe_timeout_s = probe_timeout_s
         self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_OPTIONS)
+        self.outages = Outages()
 
     async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
                     request_id: str = "") -> dict[str, npt.NDArray[Any]]:
@@ -89,12 +131,18 @@ class TritonClient:
             tensors.append(tensor)
         with model_call(f"triton {model}", model, inputs, SpanKind.CLIENT, **{
                 "rpc.system": "grpc", "rpc.method": "ModelInfer", "server.address": self.url}):
-            try:
-                result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
-                                                  request_id=request_id, client_timeout=self.timeout_s,
-                                                  headers=triton_headers())
-            except InferenceServerException as exc:
-                raise translate_error(exc, self.url, self.timeout_s) from None
+            for attempt in (1, 2):
+                try:
+                    result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
+                                                      request_id=request_id, client_timeout=self.timeout_s,
+                                                      headers=triton_headers())
+                    break
+                except InferenceServerException as exc:
+                    if attempt == 1 and met_a_dead_stub(exc):
+                        continue
+                    raise translate_error(exc, self.url, self.timeout_s, lambda: self.outages.down(model)) from None
+        if self.outages.since:
+            self.outages.up(model)
         return {name: result.as_numpy(name) for name in outputs}
 
     async def model_states(self) -> dict[str, tuple[str, str]]:
