@@ -3,8 +3,11 @@ errors to TEI kinds, both body shapes, and truncation against `tokenizers`' own 
 
 from __future__ import annotations
 
+import asyncio
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import orjson
 import pytest
 from tokenizers import Tokenizer
@@ -57,6 +60,44 @@ def test_a_503_for_a_model_down_says_when_to_come_back(monkeypatch):
     assert outages.down("other") == math.ceil(triton_client.FIRST_OUTAGE_S)  # each model its own
     failed = InferenceServerException("Failed to process the request(s) for model 'm_encode'", "StatusCode.INTERNAL")
     assert translate_error(failed, "127.0.0.1:8001", 30, lambda: outages.down("m")).headers is None  # 424: no hint
+
+
+class FlakyTriton:
+    """Stands in for tritonclient's aio client: raises `failures` in turn, then answers."""
+
+    def __init__(self, *failures: InferenceServerException) -> None:
+        self.failures, self.calls = list(failures), 0
+
+    async def infer(self, model, inputs, **kwargs):
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return SimpleNamespace(as_numpy=lambda name: np.ones((1, 4), np.float32))
+
+
+@pytest.mark.parametrize(("failures", "calls", "status"), [
+    # met a dead stub: tried once more, answered
+    ([("in ensemble 'm', Stub process 'm_encode_0_0' is not healthy.", "StatusCode.INTERNAL")], 2, 200),
+    # met a dead stub twice: the second failure is the client's 503
+    ([("in ensemble 'm', Stub process 'm_encode_0_0' is not healthy.", "StatusCode.INTERNAL")] * 2, 2, 503),
+    # unloaded for a reload: 503 at once, no second try
+    ([("Request for unknown model: 'm' has no available versions", "StatusCode.NOT_FOUND")], 1, 503),
+    # the request's own error: 424, no second try
+    ([("Failed to process the request(s) for model 'm_encode'", "StatusCode.INTERNAL")], 1, 424),
+])
+def test_a_request_that_met_a_dead_stub_is_tried_once_more(failures, calls, status):
+    async def call() -> int:
+        client = triton_client.TritonClient("127.0.0.1:1", timeout_s=30, probe_timeout_s=2)
+        client._client = FlakyTriton(*(InferenceServerException(m, s) for m, s in failures))
+        try:
+            await client.infer("m", {"text": np.asarray([[b"q"]], dtype=object)}, ["dense"])
+            return 200
+        except GatewayError as exc:
+            return exc.status
+        finally:
+            assert client._client.calls == calls
+
+    assert asyncio.run(call()) == status
 
 
 def test_both_body_shapes():
