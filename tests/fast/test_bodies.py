@@ -68,7 +68,8 @@ def test_every_route_serves_a_body_of_its_own_shape(http):
               "/v2/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query", "embedding_types": ["float"]},
               "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
               "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
-              "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"}}
+              "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
+              "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"}}
     for path in PATHS:
         body = bodies.get(path, {"inputs": "dog"})
         response = http.post(path, json=body)

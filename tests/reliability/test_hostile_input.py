@@ -144,6 +144,10 @@ VALID = {
                   "chunking": {"enabled": True, "overlap": 8}, "model": "bge-m3"},
     "/score": {"query": "q", "passages": ["p"], "weights": [0.4, 0.2, 0.4], "truncate": True,
                "truncation_direction": "right", "model": "bge-m3"},
+    "/api/embed": {"model": "minilm", "input": "ok", "truncate": True, "dimensions": 8, "options": {"num_ctx": 4096},
+                   "keep_alive": "5m"},
+    "/api/embeddings": {"model": "minilm:latest", "prompt": "ok", "options": {}, "keep_alive": 0},
+    "/api/show": {"model": "minilm", "name": None, "verbose": None},
     "/": {"inputs": "ok"},  # any JSON object: no fields of its own
     "/vertex": {"instances": [{"inputs": "ok"}]},
 }

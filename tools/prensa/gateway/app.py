@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
-from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_openai, routes_tei
+from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_ollama, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.limits import Permits
@@ -33,8 +33,8 @@ from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
 # The routers of inference routes (counted under TEI's metrics), beside the model-listing and operational ones.
-INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_tei.router, routes_m3.router,
-                     routes_tei.default_router]
+INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_ollama.router, routes_tei.router,
+                     routes_m3.router, routes_tei.default_router]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
@@ -92,7 +92,8 @@ class GatewayApp(FastAPI):
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.traces = provider(settings) if settings.otlp_endpoint else None
         self.vertex = vertex
-        for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_tei.open_router, vertex):
+        for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_ollama.models_router,
+                       routes_tei.open_router, vertex):
             self.include_router(router)
 
     @property
