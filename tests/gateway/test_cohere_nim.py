@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import httpx
 import numpy as np
 import pytest
 from sentence_transformers.quantization import quantize_embeddings
@@ -154,3 +155,63 @@ def test_nim_embedding_truncate(http):
     start = http.post("/v1/embeddings", json={"model": "minilm", "input": [long_text], "truncate": "START"}).json()
     left = http.post("/embed?model=minilm", json={"inputs": long_text, "truncation_direction": "left"}).json()
     np.testing.assert_allclose(start["data"][0]["embedding"], left[0], atol=1e-6)
+
+
+def test_nim_and_jina_embedding_type_on_v1_embeddings(http, direct, triton):
+    """Each type as sentence-transformers quantises it, never floats under another name."""
+    floats = direct("minilm", TEXTS)["dense"]
+    ranges = calibration_ranges(triton, "minilm")
+
+    def embeddings(**fields):
+        response = http.post("/v1/embeddings", json={"model": "minilm", "input": TEXTS, **fields})
+        assert response.status_code == 200, response.text
+        return [d["embedding"] for d in response.json()["data"]]
+
+    clipped = np.clip(floats, ranges[0], ranges[1])
+    for precision in ("int8", "uint8"):
+        codes = np.asarray(embeddings(embedding_type=precision))
+        assert np.abs(codes - quantize_embeddings(clipped, precision, ranges=ranges).astype(int)).max() <= 1
+    for precision in ("binary", "ubinary"):
+        np.testing.assert_array_equal(embeddings(embedding_type=precision), quantize_embeddings(floats, precision))
+    np.testing.assert_allclose(embeddings(embedding_type="float"), floats, atol=1e-5)
+    decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in embeddings(embedding_type="base64")]
+    np.testing.assert_allclose(decoded, floats, atol=1e-5)
+    mixed = http.post("/v1/embeddings", json={"model": "minilm", "input": "ok", "embedding_type": "int8",
+                                              "encoding_format": "base64"})
+    assert mixed.status_code == 422 and "embedding_type" in mixed.json()["message"]
+    cut = http.post("/v1/embeddings", json={"model": "minilm", "input": "ok", "embedding_type": "int8", "dimensions": 8})
+    assert cut.status_code == 422 and "full dimension" in cut.json()["message"]
+
+
+def test_nim_role_suffixes_and_jina_tasks_pick_prompts(http, direct):
+    from tests.tiny_models import PROMPTS
+
+    query, passage = (direct("minilm-prompts", [PROMPTS[role] + TEXTS[0]])["dense"][0] for role in ("query", "passage"))
+
+    def vector(**fields):
+        response = http.post("/v1/embeddings", json={"input": TEXTS[0], **fields})
+        assert response.status_code == 200, response.text
+        return response.json()["data"][0]["embedding"]
+
+    np.testing.assert_allclose(vector(model="minilm-prompts-query"), query, atol=1e-5)
+    np.testing.assert_allclose(vector(model="minilm-prompts-passage"), passage, atol=1e-5)
+    np.testing.assert_allclose(vector(model="minilm-prompts", task="retrieval.query"), query, atol=1e-5)
+    np.testing.assert_allclose(vector(model="minilm-prompts", task="retrieval.passage"), passage, atol=1e-5)
+    np.testing.assert_allclose(vector(model="minilm", task="retrieval.query"), direct("minilm", TEXTS[:1])["dense"][0],
+                               atol=1e-5)  # a model without prompts embeds the text as given, as input_type does
+    refusals = [({"model": "minilm-prompts-query", "input_type": "passage"}, "input_type"),
+                ({"model": "minilm", "task": "text-matching"}, "text-matching"),
+                ({"model": "minilm-prompts", "task": "retrieval.query", "input_type": "passage"}, "disagree"),
+                ({"model": "minilm", "late_chunking": True}, "late_chunking")]
+    for fields, named in refusals:
+        response = http.post("/v1/embeddings", json={"input": TEXTS[0], **fields})
+        assert response.status_code == 422 and named in response.json()["message"], (fields, response.text)
+    assert http.post("/v1/embeddings", json={"input": "ok", "model": "minilm", "late_chunking": False}).status_code == 200
+    assert http.post("/v1/embeddings", json={"input": "ok", "model": "nope-query"}).status_code == 404
+
+
+def test_nim_health_routes(http, start_gateway):
+    assert http.get("/v1/health/ready").status_code == 200 and http.get("/v1/health/live").status_code == 200
+    keyed = start_gateway(api_key="secret")
+    for route in ("/v1/health/ready", "/v1/health/live"):  # open, as /health is
+        assert httpx.get(f"{keyed}{route}").status_code == 200

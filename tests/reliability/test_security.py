@@ -62,8 +62,8 @@ def flat_routes(routes: list[BaseRoute]) -> Iterator[Route]:
 
 def test_every_route_but_the_open_ones_needs_the_key(gateway_on):
     """Walks the app's own route table: a route added later without the key fails here."""
-    assert {"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect",
-                                 "/openapi.json"} == middleware.OPEN_PATHS
+    assert {"/health", "/", "/ping", "/v1/health/ready", "/v1/health/live", "/metrics", "/docs",
+            "/docs/oauth2-redirect", "/openapi.json"} == middleware.OPEN_PATHS
     url = gateway_on(api_key=KEY)
     routes = [(method, route.path) for route in flat_routes(create_app(GatewaySettings()).routes)
               for method in route.methods - {"HEAD"}]
@@ -71,7 +71,8 @@ def test_every_route_but_the_open_ones_needs_the_key(gateway_on):
                    if method in middleware.OPEN_METHODS and path in middleware.OPEN_PATHS]
     guarded = [route for route in routes if route not in open_routes]
     assert {"/v1/embeddings", "/embeddings", "/v1/rerank", "/v2/rerank", "/v1/ranking", "/v2/embed", "/tokenize",
-            "/decode", "/embed_colbert", "/info", "/", "/invocations", "/vertex", "/v1/models"} <= {
+            "/decode", "/embed_colbert", "/info", "/", "/invocations", "/vertex", "/v1/models", "/api/embed",
+            "/api/embeddings", "/api/tags", "/api/show"} <= {
         path for _, path in guarded}
     assert ("POST", "/") in guarded
     for method, path in guarded:

@@ -26,7 +26,8 @@ from prensa.gateway.logs import ERROR_KEY, ID_KEY
 ANSWER_BYTES_PER_PERMIT = 1 << 20
 
 # Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
-OPEN_PATHS = frozenset({"/health", "/", "/ping", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/", "/ping", "/v1/health/ready", "/v1/health/live", "/metrics", "/docs",
+                        "/docs/oauth2-redirect", "/openapi.json"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 

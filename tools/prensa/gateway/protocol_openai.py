@@ -14,6 +14,13 @@ EmbeddingInput = str | list[int] | list[str | list[int]]
 InputType = Literal["query", "passage", "document", "search_query", "search_document", "classification", "clustering"]
 INPUT_TYPE = ("What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
               "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one.")
+# NIM's (float, int8, uint8, binary, ubinary) and Jina's (float, base64, binary, ubinary) `embedding_type`.
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+EMBEDDING_TYPE = ("NIM's and Jina's precision: float; int8/uint8 (the model's calibration ranges, full dimension), "
+                  "binary/ubinary (sign bits packed eight to a byte): integer lists; base64 as `encoding_format`.")
+JinaTask = Literal["retrieval.query", "retrieval.passage", "text-matching", "classification", "separation"]
+JINA_TASK = ("Jina's task: the model's prompt of that name when it has one; else retrieval.query and "
+             "retrieval.passage act as `input_type` query and passage, and the other tasks are refused.")
 NimTruncate = Literal["NONE", "START", "END"]
 NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
@@ -28,11 +35,17 @@ class EmbeddingRequest(BaseModel):
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
     truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
     chunking: ChunkingRequest | None = Field(None, description=CHUNKING + " Each embedding then says its `chunks`.")
+    embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
+    task: JinaTask | None = Field(None, description=JINA_TASK)
+    late_chunking: bool | None = Field(None, description="Jina's late chunking: not served (true is refused); "
+                                                         "`chunking` embeds long texts by windows instead.")
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = Field("embedding", description="Always `embedding`.")
-    embedding: list[float] | str = Field(description="The vector, or its base64 float32 bytes.")
+    embedding: list[float] | list[int] | str = Field(
+        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes.")
+    chunks: int | None = Field(None, description="With `chunking`: how many windows the input was embedded as.")
     index: int = Field(description="Position of the input in the request.")
 
 

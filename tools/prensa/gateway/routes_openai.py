@@ -1,14 +1,17 @@
-"""OpenAI-compatible `/v1/embeddings` (also at `/embeddings`, as TEI; NIM's `input_type` and
-`truncate` too) and `/v1/models`, which SDKs and LiteLLM health checks read (HTTP only). Errors on
+"""OpenAI-compatible `/v1/embeddings` (also at `/embeddings`, as TEI; NIM's `input_type`,
+`truncate`, `embedding_type` and `-query`/`-passage` model names, Jina's `task`, `embedding_type`
+and `late_chunking` too) and `/v1/models`, which SDKs and LiteLLM health checks read (HTTP only). Errors on
 these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy.typing as npt
 from fastapi import APIRouter, Response
 
-from prensa.gateway.errors import ROUTE_ERROR_STATUSES
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES, validation
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_openai import (
@@ -18,8 +21,8 @@ from prensa.gateway.protocol_openai import (
     ModelList,
     OpenAIError,
 )
-from prensa.gateway.quantize import base64_float32
-from prensa.gateway.responses import CountedRoute, GatewayRequest, GatewayRoute, ModelParam, json_response
+from prensa.gateway.quantize import base64_float32, check_ranged, quantize
+from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, GatewayRoute, ModelParam, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
 ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES}
@@ -34,16 +37,72 @@ def truncation_of(truncate: str | None, auto_truncate: bool) -> Truncation:
     return Truncation(enabled, direction)
 
 
+# NIM's model names for one role: `<model>-query`, `<model>-passage`.
+ROLE_SUFFIXES = {"-query": "query", "-passage": "passage"}
+# Jina's retrieval tasks, for models without a prompt of that name: the input types they are.
+JINA_ROLES = {"retrieval.query": "query", "retrieval.passage": "passage"}
+
+
+async def _embedder(gw: Gateway, query_model: str | None, body_model: str | None) -> tuple[ServedModel, str | None]:
+    """The model asked for, and the input type its name implies: NIM's `<model>-query` and
+    `<model>-passage` name `<model>` with that role, unless a model of the full name is served."""
+    name = named_model(query_model, body_model)
+    if name and name not in gw.registry.models:
+        await gw.registry.ensure()
+        for suffix, role in ROLE_SUFFIXES.items():
+            if name.endswith(suffix) and name.removesuffix(suffix) in gw.registry.models:
+                return await gw.registry.pick(Capability.DENSE, name.removesuffix(suffix)), role
+    return await gw.registry.pick(Capability.DENSE, name), None
+
+
+def prompt_choice(request: EmbeddingRequest, served: ServedModel, role: str | None) -> tuple[str | None, str | None]:
+    """(prompt_name, input_type) from `input_type`, the model name's role and Jina's `task`; two
+    that disagree, and a task the model has no prompt for, are refused."""
+    input_type: str | None = request.input_type
+    if role is not None:
+        if input_type is not None and input_type != role:
+            raise validation(f"the model name says `{role}` and `input_type` says `{input_type}`")
+        input_type = role
+    if request.task is None:
+        return None, input_type
+    if request.task in served.prompts:
+        return request.task, None
+    task_role = JINA_ROLES.get(request.task)
+    if task_role is None:
+        known = ", ".join(sorted(served.prompts)) or "none"
+        raise validation(f"`task` {request.task} needs a prompt of that name, which model `{served.name}` does not "
+                         f"have (its prompts: {known})")
+    if input_type is not None and input_type != task_role:
+        raise validation(f"`task` {request.task} and `input_type` {input_type} disagree")
+    return None, task_role
+
+
+def encoder_of(request: EmbeddingRequest, served: ServedModel) -> Callable[[npt.NDArray[Any]], Any]:
+    """How each vector is written: floats, base64 float32, or integers of a quantised type."""
+    kind = request.embedding_type or "float"
+    if kind == "base64" or request.encoding_format == "base64":
+        if kind not in ("float", "base64"):
+            raise validation(f"`encoding_format` base64 carries float32 vectors; `embedding_type` {kind} is integers")
+        return base64_float32
+    if kind == "float":
+        return lambda row: row
+    check_ranged(served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind])
+    return lambda row: quantize(row[None, :], kind, served.dense_ranges)[0].tolist()
+
+
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
 @router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
 async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """Dense, L2-normalised vectors; right truncation when --auto-truncate is on (the default)."""
     gw, timings = http.gateway, http.timings
-    served = await gw.registry.pick(Capability.DENSE, named_model(model, request.model))
-    items = prompted(served, gw.settings, as_items(request.input), input_type=request.input_type)
+    if request.late_chunking:
+        raise validation("`late_chunking` is not served; `chunking` embeds long texts by windows instead")
+    served, role = await _embedder(gw, model, request.model)
+    prompt_name, input_type = prompt_choice(request, served, role)
+    encode = encoder_of(request, served)
+    items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
     result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate),
                                     True, request.dimensions, timings, gw.service.chunking(request.chunking))
-    encode = base64_float32 if request.encoding_format == "base64" else (lambda row: row)
     tokens = int(result.num_tokens.sum())
     return json_response({
         "object": "list",

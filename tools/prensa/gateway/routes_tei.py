@@ -344,6 +344,7 @@ async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
                                     "naming what is not")
 @open_router.get("/", include_in_schema=False)
 @open_router.get("/ping", include_in_schema=False)
+@open_router.get("/v1/health/ready", include_in_schema=False)  # NIM's readiness route
 async def health(http: GatewayRequest) -> Response:
     gw = http.gateway
     try:
@@ -357,6 +358,12 @@ async def health(http: GatewayRequest) -> Response:
     setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
     return Response(error_body(error, "/health", http.state.request_id), status_code=error.status,
                     media_type="application/json")
+
+
+@open_router.get("/v1/health/live", include_in_schema=False)
+async def live() -> Response:
+    """NIM's liveness route: the gateway answers, whatever Triton's state (`/health` tells that)."""
+    return Response(status_code=200)
 
 
 @open_router.get("/metrics", summary="Prometheus metrics (TEI names)")
