@@ -30,6 +30,27 @@ def test_rerank_sorted_scores(http, direct, need, model):
     assert [r["text"] for r in raw] == [PASSAGES[i] for i in order]
 
 
+def test_rerank_in_infinitys_shape(http, direct, tokenizer):
+    """Infinity's body (`documents`, `return_documents`, `top_n`, `raw_scores`) gets Infinity's answer."""
+    expected = direct("msmarco", [QUERY] * len(PASSAGES), PASSAGES)
+    order = np.argsort(-expected["scores"][:, 0], kind="stable").tolist()
+    body = {"query": QUERY, "documents": PASSAGES, "model": "msmarco"}
+    answer = http.post("/rerank", json=body).json()
+    assert answer["object"] == "rerank" and answer["model"] == "msmarco" and answer["id"] and answer["created"]
+    assert [r["index"] for r in answer["results"]] == order and all("document" not in r for r in answer["results"])
+    np.testing.assert_allclose([r["relevance_score"] for r in answer["results"]], expected["scores"][order, 0], atol=1e-6)
+    pair = tokenizer("msmarco")
+    assert answer["usage"]["prompt_tokens"] == sum(len(pair.encode(QUERY, p).ids) for p in PASSAGES)
+    top = http.post("/rerank", json={**body, "top_n": 2, "raw_scores": True, "return_documents": True}).json()["results"]
+    assert [r["document"] for r in top] == [PASSAGES[i] for i in order[:2]]
+    np.testing.assert_allclose([r["relevance_score"] for r in top], expected["logits"][order[:2], 0], atol=1e-5)
+    assert [r["index"] for r in http.post("/rerank", json={"query": QUERY, "texts": PASSAGES, "model": "msmarco",
+                                                            "top_n": 1}).json()] == order[:1]
+    for wrong in ({**body, "texts": PASSAGES}, {"query": QUERY, "model": "msmarco"}, {**body, "return_text": True},
+                  {"query": QUERY, "texts": PASSAGES, "return_documents": True}, {**body, "top_n": 0}):
+        assert http.post("/rerank", json=wrong).status_code == 422, wrong
+
+
 def test_rerank_errors_and_truncation(http, direct, need, tokenizer):
     need("reranker")
     empty = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": []})

@@ -88,10 +88,17 @@ class Prediction(BaseModel):
 
 
 class RerankRequest(TruncatedRequest):
+    """TEI's body (`texts`), or Infinity's (`documents`, answered in Infinity's shape)."""
+
     query: str = Field(description="The query.")
-    texts: list[str] = Field(description="Passages to score against the query.")
+    texts: list[str] | None = Field(None, description="Passages to score against the query (TEI); required "
+                                                       "unless `documents` is given.")
+    documents: list[str] | None = Field(None, description="Passages in Infinity's body: the answer is then "
+                                                          "Infinity's `{object, results, model, usage, ...}`.")
     raw_scores: bool = Field(False, description="Return logits instead of sigmoid scores.")
-    return_text: bool = Field(False, description="Echo each passage in the response.")
+    return_text: bool = Field(False, description="Echo each passage in the response (with `texts`).")
+    return_documents: bool = Field(False, description="Echo each document in the response (with `documents`).")
+    top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
     weights: list[float] | None = Field(
         None, min_length=3, max_length=3,
         description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and ColBERT; "
@@ -105,6 +112,28 @@ class Rank(BaseModel):
     index: int = Field(description="Position of the passage in `texts`.")
     score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
     text: str | None = Field(None, description="The passage, with `return_text`.")
+
+
+class InfinityRank(BaseModel):
+    relevance_score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
+    index: int = Field(description="Position of the document in `documents`.")
+    document: str | None = Field(None, description="The document, with `return_documents`.")
+
+
+class InfinityUsage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
+    total_tokens: int = Field(description="The same.")
+
+
+class InfinityRerank(BaseModel):
+    """Infinity's answer to a `/rerank` body with `documents`."""
+
+    object: str = Field("rerank", description="Always `rerank`.")
+    results: list[InfinityRank] = Field(description="Documents by score, best first.")
+    model: str = Field(description="The served model that answered.")
+    usage: InfinityUsage = Field(description="Token counts.")
+    id: str = Field(description="A fresh id.")
+    created: int = Field(description="Unix seconds.")
 
 
 class SimilarityInput(BaseModel):

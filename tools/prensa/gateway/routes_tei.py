@@ -9,6 +9,8 @@ multi-vectors. Each inference route is an `Operation`, so TEI's default routes (
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -29,6 +31,7 @@ from prensa.gateway.protocol_tei import (
     ERRORS,
     DecodeRequest,
     EmbedRequest,
+    InfinityRerank,
     Info,
     ModelRequest,
     Prediction,
@@ -140,17 +143,34 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
     return ranked if batched or hub is not None else ranked[0]
 
 
-async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
-    scores, _ = await gw.service.relevance(served, request.query, list(request.texts),
-                                           gw.service.truncation(request.truncate, request.truncation_direction),
-                                           request.raw_scores, timings, request.weights, request.instruction)
-    ranks = []
-    for index in np.argsort(-scores, kind="stable").tolist():
-        rank = {"index": index, "score": float(scores[index])}
+def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
+    """The passages and whether the body is Infinity's (`documents`) rather than TEI's (`texts`);
+    each shape's echo flag belongs to it alone."""
+    if (request.texts is None) == (request.documents is None):
+        raise validation("give `texts` (TEI's body) or `documents` (Infinity's), one of them")
+    if request.documents is not None:
         if request.return_text:
-            rank["text"] = request.texts[index]
-        ranks.append(rank)
-    return ranks
+            raise validation("`return_text` goes with `texts`; with `documents` use `return_documents`")
+        return request.documents, True
+    if request.return_documents:
+        raise validation("`return_documents` goes with `documents`; with `texts` use `return_text`")
+    return cast("list[str]", request.texts), False
+
+
+async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    passages, infinity = rerank_passages(request)
+    scores, tokens = await gw.service.relevance(served, request.query, list(passages),
+                                                gw.service.truncation(request.truncate, request.truncation_direction),
+                                                request.raw_scores, timings, request.weights, request.instruction)
+    order = np.argsort(-scores, kind="stable").tolist()[:request.top_n]
+    if infinity:
+        used = int(tokens.sum())
+        return {"object": "rerank", "model": served.name, "id": str(uuid.uuid4()), "created": int(time.time()),
+                "usage": {"prompt_tokens": used, "total_tokens": used},
+                "results": [{"relevance_score": float(scores[i]), "index": i,
+                             **({"document": passages[i]} if request.return_documents else {})} for i in order]}
+    return [{"index": i, "score": float(scores[i]), **({"text": passages[i]} if request.return_text else {})}
+            for i in order]
 
 
 async def _similarity(request: SimilarityRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
@@ -211,7 +231,8 @@ async def predict(request: PredictRequest, http: GatewayRequest, model: ModelPar
     return await _serve(PREDICT, request, http, model)
 
 
-@router.post("/rerank", response_model=list[Rank], response_model_exclude_none=True, summary="Rerank passages")
+@router.post("/rerank", response_model=list[Rank] | InfinityRerank, response_model_exclude_none=True,
+             summary="Rerank passages (TEI's body, or Infinity's with `documents`)")
 async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     return await _serve(RERANK, request, http, model)
 
