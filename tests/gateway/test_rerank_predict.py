@@ -51,6 +51,29 @@ def test_rerank_in_infinitys_shape(http, direct, tokenizer):
         assert http.post("/rerank", json=wrong).status_code == 422, wrong
 
 
+def test_score_in_vllms_shape(http, direct):
+    """vLLM's `/score` body: a reranker's sigmoid scores of the pairs, an embedder's cosine similarity."""
+    expected = direct("msmarco", [QUERY] * len(PASSAGES), PASSAGES)["scores"][:, 0]
+    answer = http.post("/score", json={"model": "msmarco", "text_1": QUERY, "text_2": PASSAGES}).json()
+    assert answer["object"] == "list" and answer["model"] == "msmarco" and answer["usage"]["prompt_tokens"] > 0
+    assert [d["index"] for d in answer["data"]] == [0, 1, 2]
+    np.testing.assert_allclose([d["score"] for d in answer["data"]], expected, atol=1e-6)
+    pairwise = http.post("/score", json={"model": "msmarco", "queries": [QUERY, PASSAGES[1]],
+                                         "documents": PASSAGES[:2]}).json()["data"]
+    np.testing.assert_allclose([d["score"] for d in pairwise],
+                               direct("msmarco", [QUERY, PASSAGES[1]], PASSAGES[:2])["scores"][:, 0], atol=1e-6)
+    vectors = direct("minilm", [QUERY, *PASSAGES])["dense"]
+    cosine = http.post("/score", json={"model": "minilm", "text_1": [QUERY], "text_2": PASSAGES}).json()["data"]
+    np.testing.assert_allclose([d["score"] for d in cosine], vectors[1:] @ vectors[0], atol=1e-5)
+    for wrong in ({"model": "msmarco", "text_1": QUERY, "text_2": PASSAGES, "query": QUERY},
+                  {"model": "msmarco", "text_1": [QUERY, QUERY], "text_2": PASSAGES},
+                  {"model": "msmarco", "text_1": QUERY, "queries": QUERY, "text_2": PASSAGES},
+                  {"model": "msmarco", "text_1": QUERY},
+                  {"model": "splade", "text_1": QUERY, "text_2": PASSAGES}):
+        assert http.post("/score", json=wrong).status_code == 422, wrong
+    assert http.post("/score", json={"model": "msmarco", "text_1": QUERY, "text_2": []}).status_code == 400
+
+
 def test_rerank_errors_and_truncation(http, direct, need, tokenizer):
     need("reranker")
     empty = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": []})

@@ -48,9 +48,40 @@ class M3Embedding(BaseModel):
 
 
 class ScoreRequest(TruncatedRequest):
-    query: str = Field(description="The query.")
-    passages: list[str] = Field(description="Passages to score against the query.")
+    """prensa's bge-m3 body (`query`, `passages`), or vLLM's (`text_1`/`text_2`, or `queries`/`documents`),
+    answered in vLLM's shape."""
+
+    query: str | None = Field(None, description="The query (bge-m3's hybrid scores); with `passages`.")
+    passages: list[str] | None = Field(None, description="Passages to score against the query.")
     weights: list[float] | None = Field(None, min_length=3, max_length=3, description=WEIGHTS)
+    text_1: str | list[str] | None = Field(None, description="vLLM: the first text of each pair (one for all, or "
+                                                             "one per `text_2`).")
+    text_2: str | list[str] | None = Field(None, description="vLLM: the second text of each pair.")
+    queries: str | list[str] | None = Field(None, description="vLLM's newer name for `text_1`.")
+    documents: str | list[str] | None = Field(None, description="vLLM's newer name for `text_2`.")
+
+
+class VllmScore(BaseModel):
+    index: int = Field(description="Position of the pair.")
+    object: str = Field("score", description="Always `score`.")
+    score: float = Field(description="A reranker's sigmoid score, or an embedder's cosine similarity.")
+
+
+class VllmUsage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
+    total_tokens: int = Field(description="The same.")
+    completion_tokens: int = Field(0, description="Always 0.")
+
+
+class VllmScores(BaseModel):
+    """vLLM's answer to a `/score` body with `text_1`/`text_2` (or `queries`/`documents`)."""
+
+    id: str = Field(description="A fresh id.")
+    object: str = Field("list", description="Always `list`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The served model that answered.")
+    data: list[VllmScore] = Field(description="One score per pair, in pair order.")
+    usage: VllmUsage = Field(description="Token counts.")
 
 
 class HybridScore(BaseModel):
