@@ -19,7 +19,6 @@ import itertools
 import random
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -29,8 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from prensa.bench.suite import free_port
-from soak import PRENSA, Body, requests_for, stop, wait_healthy, warm_up
+from soak import Body, requests_for, start_prensa, stop, wait_healthy, warm_up
 
 RELOADED = re.compile(r"(?P<stage>\S+) is serving again, (?P<total>[\d.]+) s after its stub was found dead "
                       r"\(unload (?P<unload>[\d.]+) s, load (?P<load>[\d.]+) s\)")
@@ -114,17 +112,8 @@ def main() -> int:
     parser.add_argument("extra", nargs="*", help="more `prensa up` flags, after --")
     args = parser.parse_args()
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    ports = [str(free_port()) for _ in range(4)]
-    command = [str(PRENSA), "up", "--models-dir", str(args.work / "models"), "--repo", str(args.work / "model_repo"),
-               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3],
-               *args.extra]
-    for model in args.model or ():
-        command += ["--model", model]
-    url = f"http://127.0.0.1:{ports[3]}"
     log = args.work / "heal.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    process, url = start_prensa(args.work, args.model, log, tuple(args.extra))
     try:
         print(f"starting prensa (log: {log}) ...", flush=True)
         if not wait_healthy(url, process, timeout_s=1800):

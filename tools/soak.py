@@ -229,6 +229,21 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             child.kill()
 
 
+def start_prensa(work: Path, models: list[str] | None, log: Path,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
+    """`prensa up` on free loopback ports, its exports and repository kept in `work`, its output in
+    `log`: the process and the gateway's URL."""
+    work.mkdir(parents=True, exist_ok=True)
+    ports = [str(free_port()) for _ in range(4)]
+    command = [str(PRENSA), "up", "--models-dir", str(work / "models"), "--repo", str(work / "model_repo"),
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3],
+               *extra]
+    for model in models or ():
+        command += ["--model", model]
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), f"http://127.0.0.1:{ports[3]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
@@ -239,16 +254,8 @@ def main() -> int:
     parser.add_argument("--max-slope", type=float, default=2.0, help="MB/min per process that fails (default 2)")
     args = parser.parse_args()
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    ports = [str(free_port()) for _ in range(4)]
-    command = [str(PRENSA), "up", "--models-dir", str(args.work / "models"), "--repo", str(args.work / "model_repo"),
-               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3]]
-    for model in args.model or ():
-        command += ["--model", model]
-    url = f"http://127.0.0.1:{ports[3]}"
     log = args.work / "prensa.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    process, url = start_prensa(args.work, args.model, log)
     try:
         print(f"starting prensa (log: {log}) ...", flush=True)
         if not wait_healthy(url, process, timeout_s=1800):
