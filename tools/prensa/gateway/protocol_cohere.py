@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prensa.gateway.protocol_openai import INPUT_TYPE, InputType, Usage
+from prensa.gateway.protocol_openai import INPUT_TYPE, InputType
+from prensa.gateway.protocol_tei import Usage
 
 CohereTruncate = Literal["NONE", "START", "END"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]

@@ -7,7 +7,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_tei import CHUNKING, PROMPT, ChunkingRequest, Inputs, SparseValue, TruncatedRequest
+from prensa.gateway.protocol_tei import (
+    CHUNKING,
+    PROMPT,
+    ChunkingRequest,
+    Inputs,
+    SparseValue,
+    TruncatedRequest,
+    Usage,
+)
 
 M3Output = Literal["dense", "sparse", "colbert"]
 ColbertEncoding = Literal["float", "base64", "base64_float16"]
@@ -67,9 +75,7 @@ class VllmScore(BaseModel):
     score: float = Field(description="A reranker's sigmoid score, or an embedder's cosine similarity.")
 
 
-class VllmUsage(BaseModel):
-    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
-    total_tokens: int = Field(description="The same.")
+class VllmUsage(Usage):
     completion_tokens: int = Field(0, description="Always 0.")
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_tei import CHUNKING, ChunkingRequest
+from prensa.gateway.protocol_tei import CHUNKING, ChunkingRequest, Usage
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
 EmbeddingInput = str | list[int] | list[str | list[int]]
@@ -47,11 +47,6 @@ class Embedding(BaseModel):
         description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes.")
     chunks: int | None = Field(None, description="With `chunking`: how many windows the input was embedded as.")
     index: int = Field(description="Position of the input in the request.")
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
-    total_tokens: int = Field(description="Same as prompt_tokens: embedders generate nothing.")
 
 
 class EmbeddingResponse(BaseModel):

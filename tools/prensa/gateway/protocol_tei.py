@@ -120,9 +120,11 @@ class InfinityRank(BaseModel):
     document: str | None = Field(None, description="The document, with `return_documents`.")
 
 
-class InfinityUsage(BaseModel):
+class Usage(BaseModel):
+    """Token counts as OpenAI, Jina, Infinity and vLLM report them."""
+
     prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
-    total_tokens: int = Field(description="The same.")
+    total_tokens: int = Field(description="Same as prompt_tokens: embedders and rerankers generate nothing.")
 
 
 class InfinityRerank(BaseModel):
@@ -131,7 +133,7 @@ class InfinityRerank(BaseModel):
     object: str = Field("rerank", description="Always `rerank`.")
     results: list[InfinityRank] = Field(description="Documents by score, best first.")
     model: str = Field(description="The served model that answered.")
-    usage: InfinityUsage = Field(description="Token counts.")
+    usage: Usage = Field(description="Token counts.")
     id: str = Field(description="A fresh id.")
     created: int = Field(description="Unix seconds.")
 

@@ -45,6 +45,13 @@ def quantize(vectors: npt.NDArray[Any], precision: str, ranges: npt.NDArray[Any]
     raise ValueError(f"unknown precision {precision}")
 
 
+def as_type(vectors: npt.NDArray[Any], kind: str, ranges: npt.NDArray[Any] | None) -> Any:
+    """`vectors` [n, dim] as one embedding type: base64 float32 strings, or `quantize`'s arrays."""
+    if kind == "base64":
+        return [base64_float32(row) for row in vectors]
+    return quantize(vectors, kind, ranges)
+
+
 def check_ranged(model_name: str, ranges: npt.NDArray[Any] | None, dim: int, precisions: Sequence[str]) -> None:
     """int8/uint8 need the model's calibration ranges, at the model's full dimension."""
     if not RANGED.intersection(precisions):

@@ -26,7 +26,7 @@ from prensa.gateway.protocol_cohere import (
     RerankV1Request,
     RerankV2Request,
 )
-from prensa.gateway.quantize import base64_float32, check_ranged, quantize
+from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
 from prensa.gateway.routes_openai import ERRORS, truncation_of
 from prensa.gateway.service import Timings
@@ -110,13 +110,7 @@ async def rerank_v2(request: RerankV2Request, http: GatewayRequest, model: Model
 
 def embeddings_by_type(vectors: npt.NDArray[Any], types: Sequence[str], ranges: npt.NDArray[Any] | None) -> dict[str, Any]:
     """Cohere's `embeddings` object: one list of vectors per requested type."""
-    out: dict[str, Any] = {}
-    for kind in dict.fromkeys(types):  # in request order, once each
-        if kind == "base64":
-            out[kind] = [base64_float32(row) for row in vectors]
-        else:
-            out[kind] = quantize(vectors, kind, ranges)
-    return out
+    return {kind: as_type(vectors, kind, ranges) for kind in dict.fromkeys(types)}  # in request order, once each
 
 
 async def cohere_embed(request: CohereEmbedRequest, http: GatewayRequest, model: str | None, version: str) -> Response:

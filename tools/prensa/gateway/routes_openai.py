@@ -5,10 +5,9 @@ these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import numpy.typing as npt
+import numpy as np
 from fastapi import APIRouter, Response
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, validation
@@ -21,7 +20,7 @@ from prensa.gateway.protocol_openai import (
     ModelList,
     OpenAIError,
 )
-from prensa.gateway.quantize import base64_float32, check_ranged, quantize
+from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, GatewayRoute, ModelParam, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
@@ -77,17 +76,15 @@ def prompt_choice(request: EmbeddingRequest, served: ServedModel, role: str | No
     return None, task_role
 
 
-def encoder_of(request: EmbeddingRequest, served: ServedModel) -> Callable[[npt.NDArray[Any]], Any]:
-    """How each vector is written: floats, base64 float32, or integers of a quantised type."""
+def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
+    """The type each vector is written in (`quantize.as_type`), checked before any inference."""
     kind = request.embedding_type or "float"
-    if kind == "base64" or request.encoding_format == "base64":
+    if request.encoding_format == "base64":
         if kind not in ("float", "base64"):
             raise validation(f"`encoding_format` base64 carries float32 vectors; `embedding_type` {kind} is integers")
-        return base64_float32
-    if kind == "float":
-        return lambda row: row
+        return "base64"
     check_ranged(served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind])
-    return lambda row: quantize(row[None, :], kind, served.dense_ranges)[0].tolist()
+    return kind
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
@@ -99,15 +96,16 @@ async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest, mod
         raise validation("`late_chunking` is not served; `chunking` embeds long texts by windows instead")
     served, role = await _embedder(gw, model, request.model)
     prompt_name, input_type = prompt_choice(request, served, role)
-    encode = encoder_of(request, served)
+    kind = embedding_kind(request, served)
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
     result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate),
                                     True, request.dimensions, timings, gw.service.chunking(request.chunking))
     tokens = int(result.num_tokens.sum())
+    rows = result.rows if kind == "float" else as_type(np.asarray(result.rows), kind, served.dense_ranges)
     return json_response({
         "object": "list",
-        "data": [{"object": "embedding", "embedding": encode(row), "index": i,
-                  **({"chunks": timings.chunks[i]} if timings.chunks else {})} for i, row in enumerate(result.rows)],
+        "data": [{"object": "embedding", "embedding": row, "index": i,
+                  **({"chunks": timings.chunks[i]} if timings.chunks else {})} for i, row in enumerate(rows)],
         "model": served.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }, timings)
