@@ -53,7 +53,6 @@ async def _embedder(gw: Gateway, query_model: str | None, body_model: str) -> Se
 
 @router.post("/api/embed", response_model=OllamaEmbedResponse, summary="Ollama embeddings")
 async def ollama_embed(request: OllamaEmbedRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
-    started = time.perf_counter()
     gw, timings = http.gateway, http.timings
     served = await _embedder(gw, model, request.model)
     check_options(request.options, served)
@@ -67,7 +66,7 @@ async def ollama_embed(request: OllamaEmbedRequest, http: GatewayRequest, model:
                                         True, dimensions, timings)
         vectors, tokens = result.rows, int(result.num_tokens.sum())
     return json_response({"model": request.model, "embeddings": vectors,
-                          "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0,
+                          "total_duration": int((time.perf_counter() - timings.received) * 1e9), "load_duration": 0,
                           "prompt_eval_count": tokens}, timings)
 
 
