@@ -202,19 +202,25 @@ def bert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
     return base
 
 
-def dense_embedder(directory: Path, pooling: str | list[str] = "mean", seed: int = 6) -> Path:
-    """A BERT with pooling, two Dense layers (tanh with bias, then identity without) and Normalize."""
+INSTRUCTION_PROMPTS = {"query": "Represent the query for retrieving passages: ", "document": ""}
+
+
+def dense_embedder(directory: Path, pooling: str | list[str] = "mean", seed: int = 6,
+                   include_prompt: bool = True) -> Path:
+    """A BERT with pooling, two Dense layers (tanh with bias, then identity without) and Normalize;
+    `include_prompt` False leaves an instruction prompt out of the pooling (INSTRUCTOR's way)."""
     base = bert_base(directory.parent / f"{directory.name}-base", seed)
     width = 32 * (len(pooling) if isinstance(pooling, list) else 1)
-    after = [_pooling(32, pooling), _dense(width, 24, True, torch.nn.Tanh(), seed),
+    after = [_pooling(32, pooling, include_prompt), _dense(width, 24, True, torch.nn.Tanh(), seed),
              _dense(24, 16, False, torch.nn.Identity(), seed + 1), _normalize()]
-    return _sentence_transformer(directory, base, after)
+    return _sentence_transformer(directory, base, after, None if include_prompt else INSTRUCTION_PROMPTS)
 
 
-def plain_embedder(directory: Path, pooling: str, seed: int = 7) -> Path:
-    """A BERT with one pooling mode and no Normalize."""
+def plain_embedder(directory: Path, pooling: str, seed: int = 7, include_prompt: bool = True) -> Path:
+    """A BERT with one pooling mode and no Normalize; `include_prompt` as in `dense_embedder`."""
     base = bert_base(directory.parent / f"{directory.name}-base", seed)
-    return _sentence_transformer(directory, base, [_pooling(32, pooling)])
+    return _sentence_transformer(directory, base, [_pooling(32, pooling, include_prompt)],
+                                 None if include_prompt else INSTRUCTION_PROMPTS)
 
 
 LEGACY_TYPES = {"Transformer": "sentence_transformers.models.Transformer", "Pooling": "sentence_transformers.models.Pooling",

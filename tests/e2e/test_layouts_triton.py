@@ -44,7 +44,12 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
     "embeddinggemma": (tiny_layouts.embedding_gemma, Pipeline.ENSEMBLE),
     "gte-modernbert": (lambda d: tiny_layouts.modernbert(d, "cls"), Pipeline.FUSED),
     "modernbert-embed": (lambda d: tiny_layouts.modernbert(d, "mean"), Pipeline.FUSED),
+    # include_prompt: false, pooled by the pool stage (mean, cls) and by the graph (Dense layers)
+    "instructor-mean": (lambda d: tiny_layouts.plain_embedder(d, "mean", include_prompt=False), Pipeline.ENSEMBLE),
+    "instructor-cls": (lambda d: tiny_layouts.plain_embedder(d, "cls", include_prompt=False), Pipeline.FUSED),
+    "instructor-dense": (lambda d: tiny_layouts.dense_embedder(d, include_prompt=False), Pipeline.ENSEMBLE),
 }
+LEAVING_PROMPTS_OUT = [name for name in EMBEDDERS if name.startswith("instructor-")]
 OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
           "qwen3-reranker": (tiny_layouts.qwen3_reranker, Pipeline.ENSEMBLE),
           "cross-encoder": (tiny_reranker, Pipeline.FUSED)}
@@ -118,6 +123,34 @@ def test_nim_input_type_picks_the_query_instruction(served, sources):
         answer = post(served, "/v1/embeddings", {"input": TEXTS, "model": "qwen3-embedding", "input_type": input_type})
         got = np.asarray([row["embedding"] for row in answer["data"]])
         assert_equal(got, model.encode(TEXTS, prompt_name=prompt, batch_size=len(TEXTS)))
+
+
+@pytest.mark.parametrize("name", LEAVING_PROMPTS_OUT)
+def test_a_prompt_left_out_of_the_pooling_is_left_out_on_every_path(served, sources, name):
+    """`include_prompt: false`: the prompt is read by the model but not pooled, on /embed (normalised
+    by Triton or not) and /v1/embeddings with NIM's input_type, as sentence-transformers does; a
+    reference that pools the prompt disagrees."""
+    model = sentence_transformer(sources[name])
+    want = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS))
+    for normalize in (True, False):
+        got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": name, "prompt_name": "query",
+                                                 "normalize": normalize}))
+        assert_equal(got / np.linalg.norm(got, axis=1, keepdims=True),
+                     want / np.linalg.norm(want, axis=1, keepdims=True))
+        if not normalize and not any(type(m).__name__ == "Normalize" for m in model):
+            assert_equal(got, want)
+    answer = post(served, "/v1/embeddings", {"input": TEXTS, "model": name, "input_type": "query"})
+    got = np.asarray([row["embedding"] for row in answer["data"]])
+    assert_equal(got, want / np.linalg.norm(want, axis=1, keepdims=True))
+    model[1].include_prompt = True
+    pooled_prompt = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS))
+    assert agree(got, pooled_prompt / np.linalg.norm(pooled_prompt, axis=1, keepdims=True))[1] < MIN_COSINE
+
+
+def test_chunking_a_prompt_left_out_of_the_pooling_is_refused(served):
+    response = httpx.post(f"{served}/embed", json={"inputs": ["word " * 1000], "model": "instructor-mean",
+                                                   "prompt_name": "query", "chunking": {"enabled": True}}, timeout=60)
+    assert response.status_code == 422 and "include_prompt: false" in response.text
 
 
 def test_unnormalised_vectors_come_from_the_graph_before_normalize(served, sources):

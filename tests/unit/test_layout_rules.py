@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +17,7 @@ from prensa.export.pipeline import ExportOptions, export_model
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import pooling_modes, read_layout
 from prensa.manifest import Manifest, Pooling, Task
+from prensa.stages import load_stage
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 from tests import tiny_layouts
 
@@ -89,15 +91,46 @@ def test_a_dense_activation_outside_torch_is_refused(dense_copy):
         read_layout(source(dense_copy))
 
 
-def test_a_prompt_left_out_of_the_pooling_is_refused_when_there_are_prompts(dense_copy, tmp_path):
+def test_a_prompt_left_out_of_the_pooling_is_checked_with_that_prompt(dense_copy, tmp_path, monkeypatch):
+    """`include_prompt: false`: the export's check runs the model's prompt, marked as the gateway
+    marks it, against `encode(prompt_name=...)`; left unmarked, the same export fails that check."""
     pooling_path = dense_copy / "1_Pooling" / "config.json"
     pooling_path.write_text(json.dumps({**json.loads(pooling_path.read_text()), "include_prompt": False}))
-    _, report = export_model(ExportOptions(str(dense_copy), tmp_path / "out"))  # no prompt to leave out
-    assert report.ok
     config_path = dense_copy / "config_sentence_transformers.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "prompts": {"query": "query: "}}))
+    manifest, report = export_model(ExportOptions(str(dense_copy), tmp_path / "out"))
+    assert report.ok and not manifest.include_prompt, report.figures
+    monkeypatch.setattr(load_stage("tokenize"), "prompt_length", lambda tokenizer, prompt: 0)
+    _, unmarked = export_model(ExportOptions(str(dense_copy), tmp_path / "unmarked"))
+    assert not unmarked.ok and "prensa does not serve this model" in unmarked.figures["sentence-transformers"]
+
+
+@pytest.mark.parametrize("build", [tiny_layouts.wordpiece_tokenizer, tiny_layouts.gemma_tokenizer,
+                                   lambda d: tiny_layouts.qwen_tokenizer(d, append_eos=True),
+                                   lambda d: tiny_layouts.qwen_tokenizer(d, append_eos=False)])
+@pytest.mark.parametrize("prompt", ["query: ", "Represent the query for retrieving passages: ",
+                                    tiny_layouts.QWEN3_EMBEDDING_PROMPTS["query"], "task: search result | query: "])
+def test_a_prompt_is_as_long_as_sentence_transformers_counts_it(tmp_path, build, prompt):
+    from sentence_transformers.base.modules.transformer import Transformer
+    from tokenizers import Tokenizer
+
+    tokenizer = build(tmp_path)
+    counting = SimpleNamespace(_prompt_length_mapping={}, tokenizer=tokenizer,  # all its prompt count reads
+                               preprocess=lambda texts, **_: tokenizer(texts, return_tensors="pt"))
+    want = Transformer._get_prompt_length(counting, prompt)
+    assert load_stage("tokenize").prompt_length(Tokenizer.from_file(str(tmp_path / "tokenizer.json")), prompt) == want
+
+
+def test_an_adopted_graph_cannot_leave_a_prompt_out(dense_copy, tmp_path):
+    pooling_path = dense_copy / "1_Pooling" / "config.json"
+    pooling_path.write_text(json.dumps({**json.loads(pooling_path.read_text()), "include_prompt": False,
+                                        "pooling_mode": "mean"}))
+    modules = [m for m in modules_of(dense_copy) if not m["type"].endswith("Dense")]
+    (dense_copy / "modules.json").write_text(json.dumps(modules))
+    export_model(ExportOptions(str(dense_copy), tmp_path / "first"))
+    shutil.copy2(tmp_path / "first" / "model.onnx", dense_copy / "model.onnx")
     with pytest.raises(SourceError, match="include_prompt: false"):
-        export_model(ExportOptions(str(dense_copy), tmp_path / "out"))
+        export_model(ExportOptions(str(dense_copy), tmp_path / "adopted"))
 
 
 def test_the_graph_pools_dense_models_and_refuses_a_pooling_override(dense_dir, tmp_path):

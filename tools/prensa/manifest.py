@@ -81,6 +81,9 @@ class Manifest:
     fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels in the graph
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompt name -> text to prepend
     default_prompt_name: str | None = None  # the prompt sentence-transformers applies when none is named
+    # sentence-transformers' Pooling `include_prompt`: false leaves a prompt's tokens out of the pooling,
+    # which the graph and pool stage do for tokens marked `contract.PROMPT_TOKEN`.
+    include_prompt: bool = True
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
     attention_heads: int | None = None  # the transformer's; with max_length, what one text's attention can hold
     # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s

@@ -28,6 +28,8 @@ TEXT_PAIR = "text_pair"
 
 # tokenize -> encode / pool: int64, each request right-padded to its own longest row.
 INPUT_IDS = "input_ids"
+# 1 for a token, 0 for padding, and PROMPT_TOKEN for a prompt token that the model attends to but
+# its pooling leaves out (sentence-transformers' `include_prompt: false`); see `pooled_tokens`.
 ATTENTION_MASK = "attention_mask"
 TOKEN_TYPE_IDS = "token_type_ids"
 
@@ -119,6 +121,34 @@ def pad_token_rows(ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int
         arrays[ATTENTION_MASK][row, : len(tokens)] = 1
         arrays[TOKEN_TYPE_IDS][row, : len(tokens)] = types
     return arrays
+
+
+PROMPT_TOKEN = 2
+
+
+def attended_tokens(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Where the encoder attends: every real token, prompt tokens included."""
+    return np.greater(mask, 0)
+
+
+def pooled_tokens(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Where pooling reads: real tokens that are not a left-out prompt's."""
+    return np.equal(mask, 1)
+
+
+def token_counts(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Real tokens per row, prompt tokens included: [rows]."""
+    return np.asarray(np.count_nonzero(mask, axis=1))
+
+
+def mark_prompts(mask: npt.NDArray[Any], prompt_tokens: Sequence[int]) -> npt.NDArray[Any]:
+    """`mask` with each right-padded row's first `prompt_tokens[row]` real tokens set to
+    PROMPT_TOKEN, as sentence-transformers leaves a prompt out of a pooling that excludes it."""
+    if not any(prompt_tokens):
+        return mask
+    columns = np.arange(mask.shape[1])[None, :]
+    prompt = (columns < np.asarray(prompt_tokens, dtype=np.int64)[:, None]) & (mask > 0)
+    return np.where(prompt, PROMPT_TOKEN, mask).astype(mask.dtype)
 
 
 def parameters(model_config: dict[str, Any] | str) -> dict[str, str]:

@@ -79,13 +79,21 @@ def takes_token_types(graph: nn.Module) -> bool:
 
 class TracedGraph(nn.Module):
     """A module to trace. `own_masks` False runs a decoder with transformers' own mask code: the
-    reference that shows the masks built for the trace are the model's."""
+    reference that shows the masks built for the trace are the model's. `marks_prompts` graphs take
+    masks whose prompt tokens are `contract.PROMPT_TOKEN` (a pooling that leaves the prompt out):
+    the transformer attends to every real token, the pooling reads those marked 1."""
 
     own_masks = True
+    marks_prompts = False
 
     def call(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              token_type_ids: torch.Tensor | None) -> Any:
+        if self.marks_prompts:
+            attention_mask = (attention_mask > 0).to(attention_mask.dtype)
         return _call(model, input_ids, attention_mask, token_type_ids, self.own_masks)
+
+    def pooling_mask(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        return (attention_mask == 1).to(attention_mask.dtype) if self.marks_prompts else attention_mask
 
 
 @contextmanager
@@ -163,7 +171,7 @@ class SentenceEmbeddingGraph(TracedGraph):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden: torch.Tensor = self.call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
-        features = {"token_embeddings": hidden, "attention_mask": attention_mask}
+        features = {"token_embeddings": hidden, "attention_mask": self.pooling_mask(attention_mask)}
         for module in self.modules_after:
             features = module(features)
         return hidden, features["sentence_embedding"]

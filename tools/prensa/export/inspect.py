@@ -26,6 +26,9 @@ class ModelPlan:
     max_length: int
     layout: SentenceLayout | None = None  # sentence-transformers' modules, for embedders and SPLADE that have them
     template: dict[str, str] | None = None  # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
+    # Put before each text by the export's check of an embedder whose pooling leaves prompts out
+    # (`include_prompt: false`), so that the check covers how prensa marks them.
+    verify_prompt: str | None = None
 
     @property
     def graph_pooling(self) -> str | None:
@@ -33,6 +36,9 @@ class ModelPlan:
         if self.task is not Task.EMBED or self.layout is None or self.layout.simple_pooling:
             return None
         return "+".join(self.layout.pooling_modes)
+
+
+STAND_IN_PROMPT = "query: "  # checked when the model names no prompt: the gateway's --default-prompt may add one
 
 
 def _read_json(source: SourceModel, relative: str) -> Any:
@@ -174,10 +180,9 @@ def plan_model(source: SourceModel, architectures: list[str], requested_task: Ta
         return ModelPlan(task, None, True, length, None, llm_reranker.QWEN3_RERANKER)
     if task is not Task.EMBED:
         return ModelPlan(task, None, layout.normalize if layout else True, length, layout if task is Task.SPLADE else None)
-    if layout is not None and not layout.include_prompt and any(prompts.values() if prompts else ()):
-        raise SourceError(f"{source.name}: {layout.pooling_path}/config.json leaves prompt tokens out of the pooling "
-                          "(include_prompt: false) and the model has prompts; prensa pools every token of a prompted "
-                          "text, so it does not serve this model")
     normalize = layout.normalize if layout is not None else True  # TEI normalises plain models by default
+    verify_prompt = None
+    if layout is not None and not layout.include_prompt:  # the model's first prompt, or one a server could add
+        verify_prompt = next((text for text in (prompts or {}).values() if text), STAND_IN_PROMPT)
     return ModelPlan(task, _embedding_pooling(source, layout, pooling, causal_lm(architectures)), normalize, length,
-                     layout)
+                     layout, verify_prompt=verify_prompt)

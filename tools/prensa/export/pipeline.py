@@ -102,9 +102,10 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int,
-                 template: dict[str, str] | None = None) -> dict[str, npt.NDArray[Any]]:
+                 template: dict[str, str] | None = None, prompt: str | None = None) -> dict[str, npt.NDArray[Any]]:
     """The verification texts as the stages feed the encoder: padded on the right, whatever side the
-    tokenizer pads by itself; an LLM reranker's pairs written into its prompt."""
+    tokenizer pads by itself; an LLM reranker's pairs written into its prompt; `prompt` before each
+    text, its tokens marked as the gateway marks a prompt that the pooling leaves out."""
     if template is not None:
         return llm_reranker.sample_rows(tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length)
     if task in (Task.RERANK, Task.CLASSIFY):
@@ -112,9 +113,14 @@ def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int
         encoded = tokenizer(queries, passages, padding=True, truncation="only_second", max_length=max_length,
                             return_tensors="np", padding_side="right")
     else:
-        encoded = tokenizer(VERIFY_TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="np",
+        texts = [(prompt or "") + text for text in VERIFY_TEXTS]
+        encoded = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np",
                             padding_side="right")
-    return {k: v.astype(np.int64) for k, v in encoded.items()}
+    sample = {k: v.astype(np.int64) for k, v in encoded.items()}
+    if prompt:
+        skipped = load_stage("tokenize").prompt_length(tokenizer.backend_tokenizer, prompt)
+        sample[contract.ATTENTION_MASK] = contract.mark_prompts(sample[contract.ATTENTION_MASK], [skipped] * len(texts))
+    return sample
 
 
 def _torch_version() -> str:
@@ -342,7 +348,7 @@ def _load_graph(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: M
 
         model = sentence.load_sentence_model(source.path, plan.layout, plan.max_length)
         graph, outputs = sentence.sentence_graph(model, plan.layout)
-        values = sentence.reference(model, plan.layout, VERIFY_TEXTS)
+        values = sentence.reference(model, plan.layout, VERIFY_TEXTS, plan.verify_prompt)
         return graph, outputs, Reference(sentence.FIGURE, values, "encode")
     if plan.template is not None:
         causal, no_id, yes_id = llm_reranker.load(source.path, tokenizer, source.name)
@@ -360,7 +366,7 @@ def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan:
     from prensa.export.graphs import takes_token_types
 
     with step(f"Loading {plan.task.value} model"):
-        sample = sample_batch(tokenizer, plan.task, plan.max_length, plan.template)
+        sample = sample_batch(tokenizer, plan.task, plan.max_length, plan.template, plan.verify_prompt)
         graph, outputs, reference = _load_graph(source, tokenizer, plan, sample)
         inputs = [n for n in TOKEN_INPUTS if n in tokenizer.model_input_names
                   and (n != contract.TOKEN_TYPE_IDS or takes_token_types(graph))]
@@ -510,6 +516,9 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
     remove_staging(options.out)  # what an export killed midway left: gigabytes for a large model
     if adopted:
         adopted.require(plan.task)
+        if plan.layout is not None and not plan.layout.include_prompt:
+            raise SourceError(f"{source.name}: its pooling leaves prompt tokens out (include_prompt: false), which "
+                              f"{ONNX_FILE} cannot be told; export it from its weights instead of adopting the graph")
         if plan.graph_pooling:
             raise SourceError(f"{source.name}: model.onnx outputs hidden states, and its sentence-transformers modules "
                               f"({plan.graph_pooling} pooling, {len(plan.layout.dense) if plan.layout else 0} Dense) "
@@ -555,6 +564,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         fused_ops=graph.fused_ops,
         prompts=prompts,
         default_prompt_name=default_prompt,
+        include_prompt=plan.layout.include_prompt if plan.layout else True,
     )
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)  # a previous export's, into the same directory
     if manifest.task in calibration.DENSE_TASKS:

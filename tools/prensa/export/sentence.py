@@ -48,24 +48,30 @@ def sentence_graph(model: Any, layout: SentenceLayout) -> tuple[Any, list[GraphO
     transformer = model[0].auto_model
     if layout.is_splade:
         vocab = int(transformer.config.vocab_size)
-        graph = SpladeGraph(transformer, layout.splade_strategy or "max", layout.splade_activation or "relu")
-        return graph, [GraphOutput(contract.SPLADE_WEIGHTS, [vocab], False)]
+        splade = SpladeGraph(transformer, layout.splade_strategy or "max", layout.splade_activation or "relu")
+        return splade, [GraphOutput(contract.SPLADE_WEIGHTS, [vocab], False)]
     hidden = int(transformer.config.hidden_size)
     state = GraphOutput(contract.LAST_HIDDEN_STATE, [-1, hidden], True)
     if layout.simple_pooling:
-        return HiddenStateGraph(transformer), [state]
-    after = [module for module in list(model)[1:] if class_name(type(module).__name__) in ("Pooling", "Dense")]
-    dim = layout.dense[-1].out_features if layout.dense else hidden * len(layout.pooling_modes)
-    return SentenceEmbeddingGraph(transformer, after), [state, GraphOutput(contract.SENTENCE_EMBEDDING, [dim], False)]
+        graph: HiddenStateGraph | SentenceEmbeddingGraph = HiddenStateGraph(transformer)
+        outputs = [state]
+    else:
+        after = [module for module in list(model)[1:] if class_name(type(module).__name__) in ("Pooling", "Dense")]
+        dim = layout.dense[-1].out_features if layout.dense else hidden * len(layout.pooling_modes)
+        graph = SentenceEmbeddingGraph(transformer, after)
+        outputs = [state, GraphOutput(contract.SENTENCE_EMBEDDING, [dim], False)]
+    graph.marks_prompts = not layout.include_prompt
+    return graph, outputs
 
 
-def reference(model: Any, layout: SentenceLayout, texts: list[str]) -> npt.NDArray[Any]:
-    """`encode` of `texts` with no prompt: [texts, dim] vectors, or [texts, vocab] SPLADE weights."""
+def reference(model: Any, layout: SentenceLayout, texts: list[str], prompt: str | None = None) -> npt.NDArray[Any]:
+    """`encode` of `texts` with `prompt` (none by default): [texts, dim] vectors, or [texts, vocab]
+    SPLADE weights."""
     import torch
 
     with torch.no_grad():
         if layout.is_splade:
             encoded = model.encode(texts, batch_size=len(texts), convert_to_tensor=True, convert_to_sparse_tensor=False)
             return np.asarray(encoded.cpu().numpy(), dtype=np.float32)
-        return np.asarray(model.encode(texts, prompt="", batch_size=len(texts), convert_to_numpy=True),
+        return np.asarray(model.encode(texts, prompt=prompt or "", batch_size=len(texts), convert_to_numpy=True),
                           dtype=np.float32)

@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ class ServedModel:
     longest_token: int = 16  # characters of the vocabulary's longest token: a text of N tokens has at most N x this
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
+    include_prompt: bool = True  # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
     dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
     # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
@@ -120,6 +122,11 @@ class ServedModel:
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
+
+    def prompt_length(self, prompt: str) -> int:
+        """Tokens of `prompt` that pooling leaves out, as sentence-transformers counts them; 0 when the
+        model pools prompt tokens like any other."""
+        return 0 if self.include_prompt or not prompt else _prompt_length(self.require_tokenizer(), prompt)
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
@@ -197,11 +204,17 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         longest_token=longest_token(tokenizer),
         fused=fused,
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
+        include_prompt=params.get("include_prompt", "true") == "true",
         dense_ranges=dense_ranges,
         cached=ensemble.response_cache.enable,
         pair_template=template,
         template_edges=(tuple(prefix), tuple(suffix)),
     )
+
+
+@lru_cache(maxsize=256)
+def _prompt_length(tokenizer: Tokenizer, prompt: str) -> int:
+    return int(TOKENIZE_STAGE.prompt_length(tokenizer, prompt))
 
 
 def named_model(query: str | None, body: str | None) -> str | None:

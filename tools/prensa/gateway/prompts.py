@@ -5,6 +5,8 @@ A request names a prompt with TEI's `prompt_name`, or says what its inputs are w
 of that role when it has one: asymmetric models (e5, bge with a query instruction) get their
 instruction, symmetric ones embed the text as given. Without either, the server's
 `--default-prompt` / `--default-prompt-name` applies. Prompts apply to texts, never to token ids.
+A model whose pooling leaves prompts out (`include_prompt: false`) pools only the text's own
+tokens: its prompted texts go the token path with the prompt's tokens marked (`PromptedText`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from prensa.gateway.errors import validation
 from prensa.gateway.models import ServedModel
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tokenization import Item
+from prensa.gateway.tokenization import Item, PromptedText
 
 # The prompt names each input type looks for, in order (sentence-transformers configs name roles freely).
 ROLE_PROMPTS: dict[str, tuple[str, ...]] = {
@@ -41,13 +43,17 @@ def prompt_text(model: ServedModel, settings: GatewaySettings, prompt_name: str 
     return model.prompts.get(settings.default_prompt_name) if settings.default_prompt_name else None
 
 
-def with_prompt(items: list[Item], prompt: str | None) -> list[Item]:
+def with_prompt(items: list[Item], prompt: str | None, marked: bool = False) -> list[Item]:
+    """`items` with `prompt` before each text; `marked` texts remember it (`PromptedText`)."""
     if not prompt:
         return items
+    if marked:
+        return [PromptedText(prompt, item) if isinstance(item, str) else item for item in items]
     return [prompt + item if isinstance(item, str) else item for item in items]
 
 
 def prompted(model: ServedModel, settings: GatewaySettings, items: list[Item], prompt_name: str | None = None,
              input_type: str | None = None) -> list[Item]:
-    """`items` with the request's prompt prepended to its texts."""
-    return with_prompt(items, prompt_text(model, settings, prompt_name, input_type))
+    """`items` with the request's prompt prepended to its texts, marked where the model's pooling
+    leaves it out."""
+    return with_prompt(items, prompt_text(model, settings, prompt_name, input_type), marked=not model.include_prompt)

@@ -38,6 +38,7 @@ from prensa.gateway.protocol_tei import ChunkingRequest
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import (
     Item,
+    PromptedText,
     TokenRows,
     Truncation,
     bound_texts,
@@ -213,6 +214,8 @@ class Service:
             past_stage("parse and validate", timings.received)
         timings.model, timings.inputs = model.name, timings.inputs + len(items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts.
+        prompt_tokens = [model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0 for item in items]
         if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
             # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
             started = time.perf_counter()
@@ -221,7 +224,7 @@ class Service:
                                                        truncation.direction)
             timings.tokenization_s += time.perf_counter() - started
         # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
-        needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs)
+        needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs) or any(prompt_tokens)
         rows = None
         # Pairs come with texts only (`scores`).
         if needs_tokens or not truncation.enabled or truncation.direction == "left" or (
@@ -234,6 +237,8 @@ class Service:
                                                model.token_id_limit)
                 if model.pair_template is not None:  # an LLM reranker's filled-in pairs, framed by its prompt
                     rows = rows.framed(*model.template_edges)
+                if any(prompt_tokens):
+                    rows.prompt_tokens = prompt_tokens
             elapsed = time.perf_counter() - started
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)
@@ -270,7 +275,8 @@ class Service:
         if not encoder_only:
             return Inferred(merged, num_tokens)
         width = merged[outputs[0]].shape[1]
-        return Inferred(merged, num_tokens, (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64))
+        mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
+        return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
 
     async def chunk_windows(self, model: ServedModel, items: list[Item], chunking: Chunking | None,
                             timings: Timings) -> Windows | None:
@@ -296,6 +302,9 @@ class Service:
         if dimensions is not None and dimensions > dim:
             raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
         windows = await self.chunk_windows(model, items, chunking, timings)
+        if windows and any(isinstance(item, PromptedText) for item in items):
+            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
+                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
             if not normalize and model.normalize and contract.SENTENCE_EMBEDDING in model.encode_outputs:
@@ -351,6 +360,9 @@ class Service:
         text's windows combine as `chunking` says."""
         self.check(items)
         windows = await self.chunk_windows(model, items, chunking, timings)
+        if windows and any(isinstance(item, PromptedText) for item in items):
+            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
+                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         outputs = (*(name for name in M3_OUTPUTS if name in wanted), contract.NUM_TOKENS)
         with self.permits.hold(len(run)):

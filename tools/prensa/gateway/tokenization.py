@@ -36,6 +36,19 @@ from prensa.stages import contract
 Item = str | list[int]  # one input: a text or token ids used as they are
 
 
+class PromptedText(str):
+    """A text with a prompt put before it, for a model whose pooling leaves the prompt's tokens out
+    (`ServedModel.include_prompt`): the text itself is `prompt + text`, and `prompt` says how much
+    of it the gateway marks (`contract.mark_prompts`)."""
+
+    prompt: str
+
+    def __new__(cls, prompt: str, text: str) -> PromptedText:
+        made = super().__new__(cls, prompt + text)
+        made.prompt = prompt
+        return made
+
+
 def as_items(inputs: str | list[int] | list[str | list[int]]) -> list[Item]:
     """A request's `input(s)` field as a batch: a text or one token-id list is a batch of one."""
     if isinstance(inputs, str):
@@ -56,9 +69,11 @@ class TokenRows:
     ids: list[list[int]]
     type_ids: list[list[int]]
     cut: bool  # some row was truncated
+    prompt_tokens: list[int] | None = None  # per row, leading tokens the pooling leaves out (a prompt's)
 
     def select(self, rows: slice) -> TokenRows:
-        return TokenRows(self.ids[rows], self.type_ids[rows], self.cut)
+        prompts = self.prompt_tokens[rows] if self.prompt_tokens else None
+        return TokenRows(self.ids[rows], self.type_ids[rows], self.cut, prompts)
 
     def framed(self, prefix: Sequence[int], suffix: Sequence[int]) -> TokenRows:
         """Each row between an LLM reranker's prompt prefix and suffix, as the tokenize stage frames it."""
@@ -72,7 +87,8 @@ class TokenRows:
     def padded(self, pad_id: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
         """Right-padded `input_ids`, `attention_mask`, `token_type_ids`, as the tokenize stage sends them."""
         arrays = contract.pad_token_rows(self.ids, self.type_ids, pad_id)
-        return arrays[contract.INPUT_IDS], arrays[contract.ATTENTION_MASK], arrays[contract.TOKEN_TYPE_IDS]
+        mask = contract.mark_prompts(arrays[contract.ATTENTION_MASK], self.prompt_tokens or ())
+        return arrays[contract.INPUT_IDS], mask, arrays[contract.TOKEN_TYPE_IDS]
 
 
 INT64_LIMIT = 2**63

@@ -317,7 +317,8 @@ class ModelRenderer:
 
     def served_parameters(self) -> dict[str, object]:
         """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call.
-        `prompts` (a JSON object, name -> text) and `default_prompt_name` appear only when the model has them."""
+        `prompts` (a JSON object, name -> text) and `default_prompt_name` appear only when the model has them,
+        `include_prompt` only when it is false."""
         m = self.m
         parameters: dict[str, object] = {
             "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
@@ -329,6 +330,8 @@ class ModelRenderer:
             parameters["prompts"] = json.dumps(m.prompts, sort_keys=True)
         if m.default_prompt_name:
             parameters["default_prompt_name"] = m.default_prompt_name
+        if not m.include_prompt:
+            parameters["include_prompt"] = "false"
         return parameters
 
     def served_calibration(self) -> Path | None:

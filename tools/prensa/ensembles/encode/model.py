@@ -236,7 +236,7 @@ class TokenBudgetEncoder:
         rows = [
             Row(r, i, int(length))
             for r, tensors in enumerate(requests)
-            for i, length in enumerate(tensors[contract.ATTENTION_MASK].sum(axis=1))
+            for i, length in enumerate(contract.token_counts(tensors[contract.ATTENTION_MASK]))
         ]
         results: list[dict[str, npt.NDArray[Any]] | Exception] = [{} for _ in requests]
         if not rows:

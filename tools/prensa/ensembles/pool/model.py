@@ -30,15 +30,19 @@ def l2_normalize(x: npt.NDArray[Any], eps: float = 1e-12) -> npt.NDArray[Any]:
 
 
 def pool_tokens(hidden: npt.NDArray[Any], mask: npt.NDArray[Any], mode: str) -> npt.NDArray[Any]:
-    """[rows, tokens, dim] -> [rows, dim]; rows are right-padded."""
+    """[rows, tokens, dim] -> [rows, dim] over the tokens pooling reads (`contract.pooled_tokens`):
+    cls takes the first of them and last the last, as sentence-transformers does when a prompt is
+    left out; a row with none pools to zeros."""
+    pooled = contract.pooled_tokens(mask)
+    rows = np.arange(hidden.shape[0])
     if mode == "cls":
-        return hidden[:, 0]
+        return cast(npt.NDArray[Any], hidden[rows, pooled.argmax(axis=1)])
     if mode == "mean":
-        weights = mask[..., None].astype(hidden.dtype)
+        weights = pooled[..., None].astype(hidden.dtype)
         return cast(npt.NDArray[Any], (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
     if mode == "last":
-        last = np.maximum(mask.sum(axis=1) - 1, 0)
-        return cast(npt.NDArray[Any], hidden[np.arange(hidden.shape[0]), last])
+        last = hidden.shape[1] - 1 - pooled[:, ::-1].argmax(axis=1)
+        return cast(npt.NDArray[Any], hidden[rows, last] * pooled[rows, last][:, None])
     raise ValueError(f"unknown pooling {mode!r}")
 
 
@@ -92,14 +96,14 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
                  activation: str) -> dict[str, npt.NDArray[Any]]:
     """All client-facing outputs for one request, from whatever encoder outputs it carries."""
     mask = tensors[contract.ATTENTION_MASK]
-    out = {contract.NUM_TOKENS: mask.sum(axis=1, keepdims=True).astype(np.int32)}
+    out = {contract.NUM_TOKENS: contract.token_counts(mask)[:, None].astype(np.int32)}
     if contract.SENTENCE_EMBEDDING in tensors:
         pooled = tensors[contract.SENTENCE_EMBEDDING]
         out[contract.DENSE] = l2_normalize(pooled) if normalize else pooled
     elif contract.LAST_HIDDEN_STATE in tensors:
         out[contract.DENSE] = dense_vectors(tensors[contract.LAST_HIDDEN_STATE], mask, pooling, normalize)
     if contract.TOKEN_WEIGHTS in tensors:
-        ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * mask
+        ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * contract.attended_tokens(mask)
         out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(
             [sparse_terms(ids[i], weights[i], drop_ids) for i in range(ids.shape[0])]
         )
@@ -108,7 +112,7 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
             [vocab_terms(row) for row in tensors[contract.SPLADE_WEIGHTS]]
         )
     if contract.COLBERT_VECS in tensors:
-        out[contract.COLBERT] = colbert_vectors(tensors[contract.COLBERT_VECS], mask)
+        out[contract.COLBERT] = colbert_vectors(tensors[contract.COLBERT_VECS], contract.attended_tokens(mask))
     if contract.LOGITS in tensors:
         out[contract.LOGITS] = tensors[contract.LOGITS]
         out[contract.SCORES] = activate(tensors[contract.LOGITS], activation)

@@ -42,6 +42,15 @@ def load_tokenizer(path: Path, max_length: int, side: str, strategy: str) -> Tok
 Item = str | tuple[str, str]
 
 
+def prompt_length(tokenizer: Tokenizer, prompt: str) -> int:
+    """The tokens a prompt adds in front of a text, as sentence-transformers counts them for a
+    pooling that leaves the prompt out: the prompt tokenized alone, less a trailing special token
+    (the `[SEP]` or end-of-text a post-processor appends); a leading one (`[CLS]`, `<bos>`) counts."""
+    encoding = tokenizer.encode(prompt)
+    count = len(encoding.ids)
+    return count - 1 if count and encoding.special_tokens_mask[-1] else count
+
+
 class Tokens(NamedTuple):
     """A tokenized row, as `Encoding` gives it to `pad_encodings`."""
 
