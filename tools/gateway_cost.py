@@ -10,6 +10,7 @@ CPU per request and the requests per second one core of it answers, the gateway'
 
     .venv/bin/python tools/gateway_cost.py --repo model_repo --model minilm --requests 2000
     .venv/bin/python tools/gateway_cost.py --repo model_repo --model minilm --http --concurrency 64
+    .venv/bin/python tools/gateway_cost.py --repo model_repo --model minilm --http --workers 2
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from prensa.addresses import LOOPBACK, http_url
 from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.suite import free_port
 from prensa.bench.systems import HttpClient, ServerProcess
-from prensa.cli.gateway import gateway_server
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.logs import configure_logging
+from prensa.gateway.server import gateway_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.workload import query_texts
 
@@ -112,19 +113,26 @@ async def measure(repo: Path, model: str, requests: int) -> list[float]:
     return rounds
 
 
-def serve(repo: Path, model: str, port: int) -> None:
+def memoised(settings: GatewaySettings) -> Memoised:
+    """The backend of each gateway worker (a function of this module: workers are spawned)."""
+    return Memoised(settings.repo, settings.triton_timeout_s)
+
+
+def serve(repo: Path, model: str, port: int, workers: int) -> None:
     """The gateway's real server, as `prensa gateway` runs it, on the memoised backend (the `--http` child)."""
     settings = GatewaySettings(repo=repo, default_model=model, max_concurrent_requests=1_000_000,
-                               coalesce_requests=False)
+                               coalesce_requests=False, workers=workers)
     configure_logging(settings.log_level, settings.json_output)
-    gateway_server(settings, LOOPBACK, port, backend=lambda s: Memoised(s.repo, s.triton_timeout_s)).run()
+    gateway_server(settings, LOOPBACK, port, backend=memoised).run()
 
 
-def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: Path) -> tuple[float, float]:
-    """(CPU ms per request, requests per second) of the served gateway at `concurrency` clients."""
+def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: Path,
+                 workers: int = 1) -> tuple[float, float, float, float]:
+    """CPU ms per request and requests per second of the served gateway (all its workers) at
+    `concurrency` clients, and the cores it and the load generator kept busy meanwhile."""
     port = free_port()
-    server = ServerProcess([sys.executable, __file__, "--repo", str(repo), "--model", model, "--serve", str(port)],
-                           http_url(port, "/health"), log)
+    server = ServerProcess([sys.executable, __file__, "--repo", str(repo), "--model", model, "--serve", str(port),
+                            "--workers", str(workers)], http_url(port, "/health"), log)
     server.start()
     client = HttpClient("gateway", server.base_url, model, "tei")
     items = [[text] for text in query_texts(200)]
@@ -133,7 +141,9 @@ def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: P
     async def run() -> LoadResult:
         await client.open()
         try:
-            await closed_loop(client.embed, Workload(items, [1] * len(items), [1] * len(items)), concurrency)  # memo
+            # the memo, filled in every worker: each pass spreads the texts over them anew
+            memo = items * (4 * workers if workers > 1 else 1)
+            await closed_loop(client.embed, Workload(memo, [1] * len(memo), [1] * len(memo)), concurrency)
             return await closed_loop(client.embed, work, concurrency, [server.pid])
         finally:
             await client.close()
@@ -144,7 +154,8 @@ def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: P
         server.stop()
     if result.errors or result.server_cpu_s is None:
         raise SystemExit(f"{result.errors} requests failed; see {log}")
-    return result.server_cpu_s * 1000 / result.requests, result.requests / result.seconds
+    return (result.server_cpu_s * 1000 / result.requests, result.requests / result.seconds,
+            result.server_cpu_s / result.seconds, result.client_cpu_s / result.seconds)
 
 
 def main() -> None:
@@ -155,14 +166,17 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="Through the real HTTP server, over loopback.")
     parser.add_argument("--concurrency", type=int, default=64, help="--http: concurrent clients.")
     parser.add_argument("--log", type=Path, default=Path("gateway-cost.log"), help="--http: the server's log.")
+    parser.add_argument("--workers", type=int, default=1, help="--http: gateway worker processes.")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the --http child, on this port
     args = parser.parse_args()
     if args.serve:
-        serve(args.repo, args.model, args.serve)
+        serve(args.repo, args.model, args.serve, args.workers)
     elif args.http:
-        cpu_ms, rate = measure_http(args.repo, args.model, args.requests, args.concurrency, args.log)
-        print(f"gateway over HTTP at {args.concurrency} clients: {cpu_ms * 1000:.0f} us CPU per /embed request, "
-              f"{rate:.0f} requests/s ({1000 / cpu_ms:.0f} per second of CPU)")
+        cpu_ms, rate, cores, client = measure_http(args.repo, args.model, args.requests, args.concurrency, args.log,
+                                                   args.workers)
+        print(f"gateway over HTTP at {args.concurrency} clients, {args.workers} worker(s): {cpu_ms * 1000:.0f} us CPU "
+              f"per /embed request, {rate:.0f} requests/s ({1000 / cpu_ms:.0f} per second of CPU); cores busy: "
+              f"gateway {cores:.2f}, load generator {client:.2f}")
     else:
         rounds = asyncio.run(measure(args.repo, args.model, args.requests))
         print(f"gateway CPU per /embed request: best {min(rounds):.0f} us, median {statistics.median(rounds):.0f} us")

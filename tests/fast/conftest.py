@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from prensa.gateway.app import create_app
+from prensa.gateway.limits import SharedPermits
 from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import GraphOutput, Manifest, Pooling, Task
@@ -227,12 +228,13 @@ def oracle(served) -> Callable[[str], Oracle]:
 
 
 @contextmanager
-def gateway_client(settings: GatewaySettings, backend_repo: Path | None = None) -> Iterator[TestClient]:
+def gateway_client(settings: GatewaySettings, backend_repo: Path | None = None, direct_routes: bool = True,
+                   shared_permits: SharedPermits | None = None) -> Iterator[TestClient]:
     """The real app (middleware, routes, lifespan) over an in-process backend of `backend_repo`
     (default: `settings.repo`), called through Starlette's TestClient."""
     factory = InProcessBackend.from_settings if backend_repo is None else (
         lambda s: InProcessBackend(backend_repo, s.triton_timeout_s))
-    app = create_app(settings, environ={}, backend=factory)
+    app = create_app(settings, environ={}, backend=factory, direct_routes=direct_routes, shared_permits=shared_permits)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -245,6 +247,13 @@ def settings(served) -> GatewaySettings:
 @pytest.fixture(scope="session")
 def http(settings) -> Iterator[TestClient]:
     with gateway_client(settings) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def through_fastapi(settings) -> Iterator[TestClient]:
+    """The same gateway with every route run by FastAPI: the reference for the direct routes."""
+    with gateway_client(settings, direct_routes=False) as client:
         yield client
 
 

@@ -3,6 +3,8 @@ the error shape its clients expect, never a 500, and the gateway serving on afte
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from prensa.gateway.app import INFERENCE_ROUTES
@@ -57,23 +59,74 @@ def test_bodies_of_other_shapes(http, path):
 
 def test_every_route_serves_a_body_of_its_own_shape(http):
     """A one-text request to each route answers 200: the refusals above are about the bodies."""
-    bodies = {"/embed_all": {"inputs": "dog", "model": "embed"}, "/embed_sparse": {"inputs": "dog", "model": "splade"},
-              "/predict": {"inputs": "dog", "model": "classify"}, "/rerank": {"query": "q", "texts": ["dog"]},
-              "/similarity": {"inputs": {"source_sentence": "dog", "sentences": ["fox"]}},
-              "/tokenize": {"inputs": "dog"}, "/decode": {"ids": [5, 6]},
-              "/v1/embeddings": {"input": "dog", "model": "embed"}, "/embeddings": {"input": "dog", "model": "embed"},
-              "/v1/rerank": {"query": "q", "documents": ["dog"], "model": "rerank"},
-              "/v2/rerank": {"query": "q", "documents": ["dog"], "model": "rerank"},
-              "/v1/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query"},
-              "/v2/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query", "embedding_types": ["float"]},
-              "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
-              "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
-              "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
-              "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"}}
+    bodies = own_bodies()
     for path in PATHS:
         body = bodies.get(path, {"inputs": "dog"})
         response = http.post(path, json=body)
         assert response.status_code == 200, (path, response.text)
+
+
+def own_bodies() -> dict[str, dict]:
+    return {"/embed_all": {"inputs": "dog", "model": "embed"}, "/embed_sparse": {"inputs": "dog", "model": "splade"},
+            "/predict": {"inputs": "dog", "model": "classify"}, "/rerank": {"query": "q", "texts": ["dog"]},
+            "/similarity": {"inputs": {"source_sentence": "dog", "sentences": ["fox"]}},
+            "/tokenize": {"inputs": "dog"}, "/decode": {"ids": [5, 6]},
+            "/v1/embeddings": {"input": "dog", "model": "embed"}, "/embeddings": {"input": "dog", "model": "embed"},
+            "/v1/rerank": {"query": "q", "documents": ["dog"], "model": "rerank"},
+            "/v2/rerank": {"query": "q", "documents": ["dog"], "model": "rerank"},
+            "/v1/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query"},
+            "/v2/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query", "embedding_types": ["float"]},
+            "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
+            "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
+            "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
+            "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"}}
+
+
+VOLATILE_FIELDS = {"request_id", "id", "created", "total_duration", "load_duration", "prompt_eval_duration"}
+VOLATILE_HEADERS = {"x-request-id", "date", "x-total-time", "x-compute-time", "x-tokenization-time", "x-queue-time",
+                    "x-inference-time", "content-length"}
+
+
+def settled(value):
+    """A JSON answer without the fields that differ between two calls (ids, clocks)."""
+    if isinstance(value, dict):
+        return {k: settled(v) for k, v in value.items() if k not in VOLATILE_FIELDS}
+    if isinstance(value, list):
+        return [settled(v) for v in value]
+    return value
+
+
+def answer(response) -> tuple:
+    try:
+        body = settled(response.json())
+    except ValueError:
+        body = response.text
+    headers = {k: v for k, v in response.headers.items() if k not in VOLATILE_HEADERS}
+    return response.status_code, body, headers
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_direct_routes_answer_as_fastapi_does(http, through_fastapi, path, monkeypatch):
+    """Every inference route runs without FastAPI's per-request machinery (`DirectRoutes`); its
+    answers, errors and headers are those of the same route run by FastAPI, for every body above."""
+    from prensa.gateway.responses import GatewayRoute
+
+    direct_calls = []
+    run_direct = GatewayRoute.run_direct
+
+    async def counted(route, request):
+        direct_calls.append(route.path)
+        return await run_direct(route, request)
+
+    monkeypatch.setattr(GatewayRoute, "run_direct", counted)
+    own = json.dumps(own_bodies().get(path, {"inputs": "dog"})).encode()
+    cases = [(query, body) for query in ("", "?model=nope") for body in (*REFUSED, *SHAPES, own)]
+    cases += [(query, own) for query in ("?model=embed", "?model=embed&model=rerank", "?other=1")]
+    for query, body in cases:
+        direct = http.post(f"{path}{query}", content=body, headers=JSON)
+        reference = through_fastapi.post(f"{path}{query}", content=body, headers=JSON)
+        assert answer(direct) == answer(reference), (path, query, body)
+    assert set(direct_calls) == {path}
 
 
 @pytest.mark.parametrize("path", ["/embed", "/v1/embeddings"])

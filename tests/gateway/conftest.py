@@ -18,17 +18,17 @@ import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
-from prensa.cli.gateway import gateway_server
+from prensa.gateway.server import worker_server
 from prensa.gateway.settings import GatewaySettings
 from tests.conftest import free_port
 
 
 @contextmanager
 def running_gateway(settings: GatewaySettings, other_metrics: Sequence[CollectorRegistry] = ()) -> Iterator[str]:
-    """The gateway under uvicorn in a thread, as `prensa gateway` runs it (with `other_metrics` on its
-    /metrics, as `prensa serve` adds its supervisor's); stopped on exit."""
+    """The gateway under uvicorn in a thread, as `prensa gateway` runs each worker (with `other_metrics`
+    on its /metrics, as `prensa serve` adds its supervisor's); stopped on exit."""
     port = free_port()
-    server = gateway_server(settings, "127.0.0.1", port, other_metrics)
+    server = worker_server(settings, "127.0.0.1", port, other_metrics)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

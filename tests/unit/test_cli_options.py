@@ -15,8 +15,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from prensa.cli import app
-from prensa.cli.gateway import GatewayAddress, gateway_server
-from prensa.gateway.server import GatewayProtocol, connection_ceiling
+from prensa.cli.gateway import GatewayAddress
+from prensa.gateway.server import GatewayProtocol, connection_ceiling, worker_server
 from prensa.gateway.settings import GatewaySettings
 
 # `prensa.cli` exports the command functions under the modules' names, hence import_module.
@@ -181,10 +181,10 @@ def test_connection_limits_reach_the_settings(served):
 
 
 def test_the_server_gets_the_grace_period_and_the_guarded_protocol():
-    config = gateway_server(GatewaySettings(graceful_timeout_s=2.5, max_connections=10, max_header_size=9000),
-                            "127.0.0.1", 0).config
+    config = worker_server(GatewaySettings(graceful_timeout_s=2.5, max_connections=10, max_header_size=9000),
+                           "127.0.0.1", 0).config
     assert config.timeout_graceful_shutdown == 2.5
     assert issubclass(config.http, GatewayProtocol)
     assert (config.http.limits.max_connections, config.http.limits.max_header_size) == (10, 9000)
-    capped = gateway_server(GatewaySettings(max_connections=10**9), "127.0.0.1", 0).config
+    capped = worker_server(GatewaySettings(max_connections=10**9), "127.0.0.1", 0).config
     assert capped.http.limits.max_connections == connection_ceiling()  # never above the descriptor limit

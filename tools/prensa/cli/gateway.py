@@ -12,20 +12,16 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import Field, dataclass, fields
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
-import uvicorn
-from prometheus_client import CollectorRegistry
 
 from prensa.addresses import GATEWAY_PORT, LOOPBACK
 from prensa.gateway.logs import configure_logging
+from prensa.gateway.server import gateway_server, run_server
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
-
-if TYPE_CHECKING:
-    from prensa.gateway.backend import BackendFactory
 
 R = TypeVar("R")
 PANEL = "Gateway"  # the --help panel of the gateway options of serve and up
@@ -154,42 +150,16 @@ def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[...,
     return decorate
 
 
-def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
-                   backend: BackendFactory | None = None) -> uvicorn.Server:
-    """A uvicorn server for the gateway (`GatewayServer`: its startup heap out of the garbage
-    collector); `run()` blocks, `should_exit = True` stops it, giving in-flight requests
-    `graceful_timeout_s` before cancelling them. Its connections are prensa.gateway.server's
-    protocol: read and write timeouts, header and connection limits. `other_metrics` join the
-    gateway's own on its /metrics; `backend` is `create_app`'s (default: the Tritons of the settings)."""
-    from prensa.gateway.app import create_app
-    from prensa.gateway.server import ConnectionLimits, GatewayServer, protocol_class
-
-    app = create_app(settings, other_metrics=other_metrics, backend=backend)
-    return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                        # uvicorn hands both to asyncio as they are: fractions of a second hold
-                                        access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
-                                        http=protocol_class(ConnectionLimits.of(settings)),
-                                        timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
-
-
-def run_server(server: uvicorn.Server) -> bool:
-    """Serve until stopped; False when it never started (uvicorn exits on a failed start-up)."""
-    try:
-        server.run()
-    except SystemExit:
-        return False
-    return server.started
-
-
 @with_gateway_options(standalone=True)
 def gateway(*, settings: GatewaySettings, address: GatewayAddress) -> None:
     """Serve OpenAI /v1/embeddings and TEI's API (embed, rerank, predict, ...) over Triton gRPC."""
     from prensa.gateway.server import raise_descriptor_limit
+    from prensa.gateway.workers import worker_count
 
     configure_logging(settings.log_level, settings.json_output)
     descriptors = raise_descriptor_limit()
-    typer.echo(f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}); docs at /docs",
-               err=True)
+    typer.echo(f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}), "
+               f"{worker_count(settings)} worker process(es); docs at /docs", err=True)
     typer.echo(descriptors.describe(), err=True)
     if not run_server(gateway_server(settings, address.host, address.port)):
         raise typer.Exit(1)  # uvicorn logged why (an unserved --default-model, a taken port, ...)

@@ -16,8 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from prensa.addresses import ANY_ADDRESS, LOOPBACK
-from prensa.cli.gateway import PANEL, GatewayAddress, gateway_server, run_server, with_gateway_options
+from prensa.cli.gateway import PANEL, GatewayAddress, with_gateway_options
 from prensa.gateway.logs import configure_logging
+from prensa.gateway.server import gateway_server, run_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline, cached_models
@@ -106,6 +107,7 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
     On a signal the gateway drains first, then Triton; each gets --graceful-timeout."""
     from prensa.gateway.server import raise_descriptor_limit
+    from prensa.gateway.workers import share_metrics, worker_count
 
     configure_logging(settings.log_level, settings.json_output)
     log.info(raise_descriptor_limit().describe())  # before Triton starts: it inherits the limit
@@ -115,6 +117,8 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     tracing = f"; traces to {options.tracing.url}" if options.tracing else ""
     log.info("starting tritonserver on %s (its log: %s%s)", options.repo, triton.log_path, tracing,
              extra={"fields": {"repo": str(options.repo), "triton_log": str(triton.log_path)}})
+    if gateway and worker_count(settings) > 1:  # the supervisor's counters reach every worker's /metrics
+        share_metrics()
     metrics = SupervisorMetrics()
     supervisor = Supervisor(triton, policy, say, metrics)
     for signum in (signal.SIGTERM, signal.SIGINT):  # both drain Triton; the supervisor then returns
@@ -132,7 +136,8 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     endpoints = {"HTTP (KServe v2)": f"http://{triton.http_url}", "gRPC": triton.grpc_url,
                  "metrics": triton.metrics_url}
     if gateway:
-        endpoints["gateway (OpenAI + TEI)"] = f"http://{gateway.host}:{gateway.port}  (docs: /docs)"
+        endpoints["gateway (OpenAI + TEI)"] = (f"http://{gateway.host}:{gateway.port}  (docs: /docs; "
+                                               f"{worker_count(settings)} worker process(es))")
     if settings.json_output:  # one JSON line, not a table in the middle of them
         log.info("Triton is ready", extra={"fields": {"endpoints": endpoints}})
     else:

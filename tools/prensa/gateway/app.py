@@ -18,14 +18,14 @@ from starlette.types import ASGIApp, HTTPExceptionHandler
 from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_ollama, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
-from prensa.gateway.limits import Permits
+from prensa.gateway.limits import Permits, SharedPermits
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
 from prensa.gateway.models import Registry
 from prensa.gateway.protocol_tei import ERRORS as TEI_ERRORS
 from prensa.gateway.replicas import ReplicaPool
-from prensa.gateway.responses import Gateway, GatewayRoute
+from prensa.gateway.responses import DirectRoutes, Gateway, GatewayRoute
 from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import Traced, provider
@@ -81,14 +81,17 @@ class GatewayApp(FastAPI):
     """FastAPI, which routes every request, behind the gateway's own layers, outermost first: CORS
     (when configured, so preflights never need the key), `RequestLog` (request ids, a log line
     each), `Traced` (with --otlp-endpoint: a span each, see `tracing`), then `middleware`'s
-    admission checks (API key, JSON body and its size, cancel on hang-up, paced answers). An
-    exception nothing handles ends as FastAPI's 500."""
+    admission checks (API key, JSON body and its size, cancel on hang-up, paced answers); the
+    inference routes then run directly (`responses.DirectRoutes`). An exception nothing handles
+    ends as FastAPI's 500."""
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, vertex: APIRouter, **kwargs: Any) -> None:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, vertex: APIRouter, direct_routes: bool = True,
+                 shared_permits: SharedPermits | None = None, **kwargs: Any) -> None:
+        self.direct_routes = direct_routes  # False: every route through FastAPI (the tests' reference)
         super().__init__(**kwargs)
         self.gateway_settings = settings
         self.state.metrics = metrics
-        self.permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set)
+        self.permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set, shared_permits)
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.traces = provider(settings) if settings.otlp_endpoint else None
         self.vertex = vertex
@@ -106,7 +109,11 @@ class GatewayApp(FastAPI):
         def on_reject(kind: ErrorKind) -> None:
             metrics.request_failure.inc(kind.value)
 
-        app: ASGIApp = PacedAnswer(super().build_middleware_stack(), self.permits)
+        direct = {r.path: r for r in INFERENCE_ROUTES if isinstance(r, GatewayRoute) and r.direct} \
+            if self.direct_routes else {}
+        handlers = {kind: handler for kind, handler in self.exception_handlers.items() if isinstance(kind, type)}
+        app: ASGIApp = DirectRoutes(super().build_middleware_stack(), direct, cast(Any, handlers))
+        app = PacedAnswer(app, self.permits)
         app = CancelOnHangUp(app)
         app = JsonBody(app, settings.payload_limit, on_reject)
         if settings.api_key:
@@ -127,12 +134,15 @@ def triton_backend(settings: GatewaySettings) -> Backend:
 
 
 def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ,
-               other_metrics: Sequence[CollectorRegistry] = (), backend: BackendFactory | None = None) -> FastAPI:
+               other_metrics: Sequence[CollectorRegistry] = (), backend: BackendFactory | None = None,
+               direct_routes: bool = True, shared_permits: SharedPermits | None = None) -> FastAPI:
     """The gateway; it opens its backend and reads the served models when it starts. `other_metrics`
     are rendered on its /metrics after its own (`prensa serve`'s supervisor). `backend` builds what
     answers (see `prensa.gateway.backend`), called in the app's event loop: by default
     `triton_backend`; `local_backend.InProcessBackend.from_settings` runs `settings.repo` in this
-    process (tests, machines without Triton)."""
+    process (tests, machines without Triton). `direct_routes` False sends every request through
+    FastAPI: what the tests compare the direct routes with. `shared_permits`: this worker's slot of
+    the permits all of a gateway's workers share (`prensa.gateway.workers`)."""
     metrics = GatewayMetrics()
     metrics.others.extend(other_metrics)
     open_backend = backend or triton_backend
@@ -160,7 +170,7 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
         if app.traces is not None:  # the last spans go out (or time out) before the process ends
             await asyncio.to_thread(app.traces.shutdown)
 
-    app = GatewayApp(settings, metrics, vertex_router(environ), title="prensa gateway",
+    app = GatewayApp(settings, metrics, vertex_router(environ), direct_routes, shared_permits, title="prensa gateway",
                      summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",
                      lifespan=lifespan)
     # Starlette calls each with the exception class it is registered for.

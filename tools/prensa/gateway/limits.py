@@ -21,32 +21,70 @@ T = TypeVar("T")
 ENSEMBLE_SPARE_BATCHES = 1
 
 
-class Permits:
-    """A try-acquire counting semaphore: asyncio runs one handler at a time, so no lock is needed."""
+class SharedPermits:
+    """The permits every worker of a gateway holds (`--workers`), one slot per worker in shared
+    memory, so that --max-concurrent-requests bounds them all together; a worker that dies has its
+    slot emptied by the supervisor before it is replaced."""
 
-    def __init__(self, capacity: int, on_change: Callable[[int], None]) -> None:
+    def __init__(self, counts: Any, slot: int) -> None:
+        self.counts = counts  # multiprocessing.Array("q", workers): its lock guards every slot
+        self.slot = slot
+
+    def take(self, count: int, capacity: int) -> bool:
+        """Add `count` to this worker's slot if all slots together stay within `capacity`."""
+        with self.counts.get_lock():
+            slots = self.counts.get_obj()
+            if sum(slots) + count > capacity:
+                return False
+            slots[self.slot] += count
+            return True
+
+    def add(self, count: int) -> None:
+        with self.counts.get_lock():
+            self.counts.get_obj()[self.slot] += count
+
+
+class Permits:
+    """A try-acquire counting semaphore: asyncio runs one handler at a time, so no lock is needed
+    within a process; across a gateway's workers `shared` holds the count (`SharedPermits`)."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int], None], shared: SharedPermits | None = None) -> None:
         self.capacity = capacity
-        self.in_use = 0
+        self.in_use = 0  # this process's
         self._on_change = on_change
+        self._shared = shared
 
     @contextmanager
     def hold(self, count: int) -> Iterator[None]:
         """Take `count` permits for the duration of the block, or raise Overloaded at once."""
-        if self.in_use + count > self.capacity:
+        if self._shared is None:
+            if self.in_use + count > self.capacity:
+                raise overloaded()
+        elif not self._shared.take(count, self.capacity):
             raise overloaded()
-        with self.charge(count):
+        with self._held(count):
             yield
 
     @contextmanager
     def charge(self, count: int) -> Iterator[None]:
         """Take `count` permits for the duration of the block even past the capacity: for work
         already admitted (an answer being sent): later requests get 429 while it lasts."""
+        if self._shared is not None:
+            self._shared.add(count)
+        with self._held(count):
+            yield
+
+    @contextmanager
+    def _held(self, count: int) -> Iterator[None]:
+        """Count `count` permits (already taken) until the block ends, then give them back."""
         self.in_use += count
         self._on_change(self.in_use)
         try:
             yield
         finally:
             self.in_use -= count
+            if self._shared is not None:
+                self._shared.add(-count)
             self._on_change(self.in_use)
 
 

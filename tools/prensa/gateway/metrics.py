@@ -7,12 +7,13 @@ adds; `TeiCounter` keeps TEI's exact sample names (exposed as untyped series, wh
 
 from __future__ import annotations
 
-from collections import defaultdict
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -20,19 +21,37 @@ TOKEN_BUCKETS = tuple(float(2**i) for i in range(19))  # 1 .. 262144
 BATCH_BUCKETS = tuple(float(2**i) for i in range(8))  # 1 .. 128
 
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode reads this variable
+
+
+def multiprocess() -> bool:
+    """Whether this process is one of several gateway workers (`prensa.gateway.workers`): its
+    series then live in prometheus-client's files, summed over the workers at each scrape."""
+    return bool(os.environ.get(MULTIPROCESS_DIR))
+
+
+
 class TeiCounter(Collector):
+    """Kept in an unregistered gauge that several workers sum (multiprocess mode "sum"); rendered
+    as TEI's untyped series by this process alone, as gauges by `MultiProcessCollector`."""
+
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
-        self._values: defaultdict[tuple[str, ...], float] = defaultdict(float)
+        self._store = Gauge(name, documentation, labelnames, registry=None, multiprocess_mode="sum")
+        self._children: dict[tuple[str, ...], Gauge] = {}
         registry.register(self)
 
     def inc(self, *labels: str, amount: float = 1.0) -> None:
-        self._values[labels] += amount
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._store.labels(*labels)
+        child.inc(amount)
 
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.documentation, "unknown")
-        for labels, value in list(self._values.items()):
-            family.add_sample(self.name, dict(zip(self.labelnames, labels)), value)
+        for stored in self._store.collect():
+            for sample in stored.samples:
+                family.add_sample(self.name, sample.labels, sample.value)
         yield family
 
 
@@ -104,14 +123,15 @@ class GatewayMetrics:
                                       "(--coalesce-requests; a call sent at once is not counted)",
                                       buckets=BATCH_BUCKETS, registry=r)
         self.inputs_in_flight = Gauge("prensa_inputs_in_flight", "Inputs admitted and not yet answered (permits held)",
-                                      registry=r)
+                                      registry=r, multiprocess_mode="livesum")
         self.inputs_limit = Gauge("prensa_inputs_limit", "Permits in all (--max-concurrent-requests): inputs in flight "
-                                  "past it get 429", registry=r)
+                                  "past it get 429", registry=r, multiprocess_mode="livemax")
         # TEI's request histogram has no route label; dashboards want each route's quantiles.
         self.route_duration = Histogram("prensa_request_duration", "Answered requests' duration, by route (s)",
                                         ("method",), buckets=DURATION_BUCKETS, registry=r)
         self.model_ready = Gauge("prensa_model_ready", "1 while Triton can serve every stage of the model, else 0; "
-                                 "read from Triton at each scrape", ("model",), registry=r)
+                                 "read from Triton at each scrape", ("model",), registry=r,
+                                 multiprocess_mode="livemostrecent")
         self.others: list[CollectorRegistry] = []  # rendered after this one: `prensa serve`'s supervisor
 
     def _family(self, method: str) -> Family | None:
@@ -137,9 +157,16 @@ class GatewayMetrics:
 
     def set_readiness(self, ready: dict[str, bool]) -> None:
         """`prensa_model_ready` for exactly the served models in `ready`."""
-        self.model_ready.clear()
+        if not multiprocess():  # prometheus-client cannot clear another process's series
+            self.model_ready.clear()
         for model, up in ready.items():
             self.model_ready.labels(model).set(1.0 if up else 0.0)
 
     def render(self) -> bytes:
-        return b"".join(generate_latest(registry) for registry in (self.registry, *self.others))
+        """This gateway's series and the `others`; with several workers, every worker's, summed."""
+        registries: tuple[CollectorRegistry, ...] = (self.registry, *self.others)
+        if multiprocess():
+            workers = CollectorRegistry()
+            MultiProcessCollector(workers)  # type: ignore[no-untyped-call]
+            registries = (workers, *self.others)
+        return b"".join(generate_latest(registry) for registry in registries)

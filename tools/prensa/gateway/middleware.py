@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections import deque
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -145,14 +146,23 @@ class CancelOnHangUp:
             return
         serving = asyncio.current_task()
         assert serving is not None  # a coroutine awaited by the server's request task
-        messages: asyncio.Queue[Message] = asyncio.Queue()
+        loop = serving.get_loop()
+        messages: deque[Message] = deque()  # read by the watcher, not yet by the app
+        waiting: list[asyncio.Future[None]] = []  # the app's receive() calls waiting for the next message
         answered = cancelled = False
+
+        def keep(message: Message) -> None:
+            messages.append(message)
+            for waiter in waiting:
+                if not waiter.done():
+                    waiter.set_result(None)
+            waiting.clear()
 
         async def watch() -> None:
             nonlocal cancelled
             while (message := await receive())["type"] != "http.disconnect":
-                messages.put_nowait(message)
-            messages.put_nowait(message)
+                keep(message)
+            keep(message)
             if not answered:
                 cancelled = True
                 serving.cancel()
@@ -164,10 +174,11 @@ class CancelOnHangUp:
             await send(message)
 
         async def replay() -> Message:
-            message = await messages.get()
-            if message["type"] == "http.disconnect":
-                messages.put_nowait(message)  # every later receive() reports it too
-            return message
+            while not messages:
+                waiting.append(waiter := loop.create_future())
+                await waiter
+            message = messages[0] if messages[0]["type"] == "http.disconnect" else messages.popleft()
+            return message  # a disconnect stays: every later receive() reports it too
 
         watcher = asyncio.ensure_future(watch())
         try:

@@ -13,8 +13,10 @@ from typing import Annotated, Any, TypeVar, cast
 import orjson
 from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.logs import ID_KEY, RECEIVED_KEY, TIMINGS_KEY
@@ -111,7 +113,9 @@ class GatewayRequest(Request):
 
 
 class GatewayRoute(APIRoute):
-    """Hands the endpoint a `GatewayRequest`."""
+    """Hands the endpoint a `GatewayRequest`. A route that takes only a JSON body, the request and
+    `?model=` (every inference route) can also be run without FastAPI (`run_direct`, see
+    `DirectRoutes`), its body parsed and validated as FastAPI does it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -124,6 +128,69 @@ class GatewayRoute(APIRoute):
     async def serve(self, handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
                     request: GatewayRequest) -> Response:
         return await handler(request)
+
+    @property
+    def direct(self) -> bool:
+        """POST only, and the endpoint takes one body model, the request and at most `?model=`."""
+        d = self.dependant
+        return (self.methods == {"POST"} and len(d.body_params) == 1 and d.request_param_name is not None
+                and {q.name for q in d.query_params} <= {MODEL_QUERY} and not d.dependencies
+                and not (d.path_params or d.header_params or d.cookie_params))
+
+    async def run_direct(self, request: GatewayRequest) -> Response:
+        """The endpoint on the request's body, read as FastAPI reads it (orjson, then the body
+        field's own validation; errors located under "body") but without its per-request machinery."""
+        field = self.dependant.body_params[0]
+        raw = await request.body()
+        if not raw:
+            raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                                           "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from exc
+        body, errors = field.validate(data, {}, loc=("body",))
+        if errors:
+            raise RequestValidationError(errors, body=data)
+        arguments = {field.name: body, cast(str, self.dependant.request_param_name): request}
+        if self.dependant.query_params:  # most requests have no query string: no parsing then
+            arguments[MODEL_QUERY] = request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
+        return cast(Response, await self.endpoint(**arguments))
+
+
+MODEL_QUERY = "model"  # the query parameter every inference route takes (`ModelParam`)
+ErrorHandler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
+
+
+class DirectRoutes:
+    """ASGI: POST requests to `routes` run their `GatewayRoute.run_direct` here, the rest go to
+    `app` (FastAPI). FastAPI's per-request work (its middleware, routing over every route,
+    dependency solving) is most of the gateway's own CPU on a short query; its error handling is
+    kept: the app's `handlers` answer the exceptions they are registered for (looked up along the
+    exception's classes, as Starlette does), and anything else is the bare 500 FastAPI answers,
+    raised again for the server to log."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, GatewayRoute], handlers: dict[type, ErrorHandler]) -> None:
+        self.app = app
+        self.routes = routes
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" \
+            and not scope.get("root_path") else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        request = GatewayRequest(scope, receive)
+        try:
+            response = await route.serve(route.run_direct, request)
+        except Exception as exc:  # answered by its handler, else the bare 500 and raised again
+            handler = next((self.handlers[kind] for kind in type(exc).__mro__ if kind in self.handlers), None)
+            if handler is None:
+                await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
 
 
 class CountedRoute(GatewayRoute):

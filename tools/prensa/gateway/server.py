@@ -1,5 +1,6 @@
-"""The gateway's HTTP connections: uvicorn's httptools protocol with the limits a server facing
-untrusted clients needs and uvicorn lacks.
+"""The gateway's HTTP server (`gateway_server`: one process, or a pool of workers) and its
+connections: uvicorn's httptools protocol with the limits a server facing untrusted clients needs
+and uvicorn lacks.
 
 - A request (line, headers and body) must arrive within `read_timeout_s` of the connection
   opening, or of its own first byte on a kept-alive connection: a client that opens connections
@@ -27,13 +28,19 @@ import gc
 import logging
 import resource
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from prensa.gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from prensa.gateway.backend import BackendFactory
+    from prensa.gateway.limits import SharedPermits
 
 log = logging.getLogger("prensa.gateway")
 
@@ -264,3 +271,54 @@ class GatewayServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets=sockets)
         gc.unfreeze()  # the app can be collected again (several gateways come and go in a test process)
+
+
+class Serving(Protocol):
+    """What runs the gateway until told to stop: one `GatewayServer`, or a `workers.WorkerPool` of them."""
+
+    should_exit: bool
+    started: bool
+
+    def run(self) -> None: ...
+
+
+def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
+                   backend: BackendFactory | None = None) -> Serving:
+    """The gateway on host:port: one uvicorn server (`GatewayServer`), or a pool of worker
+    processes each running one (`settings.workers`, see `workers.worker_count`). `run()` blocks,
+    `should_exit = True` stops it, giving in-flight requests `graceful_timeout_s` before cancelling
+    them. Connections are this module's protocol: read and write timeouts, header and connection
+    limits. `other_metrics` join the gateway's own on its /metrics (with workers, only series kept
+    in prometheus-client's multiprocess files reach it: `workers.share_metrics`); `backend` is
+    `create_app`'s (default: the Tritons of the settings), picklable when there are workers."""
+    from prensa.gateway.workers import WorkerPool, worker_count
+
+    if worker_count(settings) > 1:
+        return WorkerPool(settings, host, port, backend)
+    return worker_server(settings, host, port, other_metrics, backend)
+
+
+def worker_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
+                  backend: BackendFactory | None = None, shared_permits: SharedPermits | None = None) -> GatewayServer:
+    """One process's uvicorn server for the gateway (`gateway_server`'s, or one worker's)."""
+    from prensa.gateway.app import create_app
+
+    app = create_app(settings, other_metrics=other_metrics, backend=backend, shared_permits=shared_permits)
+    return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                        # uvicorn hands both to asyncio as they are: fractions of a second hold
+                                        access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+                                        http=protocol_class(ConnectionLimits.of(settings)),
+                                        timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
+
+
+def run_server(server: Serving, sockets: list[socket.socket] | None = None) -> bool:
+    """Serve until stopped; False when it never started (uvicorn exits on a failed start-up).
+    `sockets`: listening sockets to accept on instead of binding host:port (a worker's)."""
+    try:
+        if sockets is None:
+            server.run()
+        else:
+            cast(GatewayServer, server).run(sockets=sockets)
+    except SystemExit:
+        return False
+    return server.started

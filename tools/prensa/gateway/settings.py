@@ -103,6 +103,10 @@ class GatewaySettings:
     otlp_sample_rate: float = setting(
         1.0, "Share of requests traced when the client's traceparent does not decide (0 to 1); a client's "
         "sampled traceparent is always traced.")
+    # Processes accepting on one listening socket (prensa.gateway.workers); None: `default_workers()`.
+    workers: int | None = setting(
+        None, "Gateway processes serving the one port, each with its own Triton channels; --max-concurrent-requests "
+        "and /metrics count them all together. Default: one per four CPU cores (a container CPU limit counts), at least one.")
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
         5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
@@ -119,7 +123,7 @@ class GatewaySettings:
             raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
                                             "--api-key and PRENSA_API_KEY unset")
         for name in ("request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
-                     "max_connections", "max_tokenize_tokens"):
+                     "max_connections", "max_tokenize_tokens", "workers"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise InvalidSetting(name, f"must be positive, got {value}")
