@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
+from prensa.addresses import free_port
 from prensa.defaults import package_dir
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest, Task
@@ -16,21 +16,20 @@ from prensa.triton.metrics import ModelStats, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.tiny_models import prompted_copy, tiny_bge_m3, tiny_classifier, tiny_reranker
 
+TIERS = {"unit": pytest.mark.unit, "reliability": pytest.mark.slow, "packaging": pytest.mark.slow}  # see the Makefile
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test marked with its tier (tests/fast marks its own), so `-m` selects by cost."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.fspath).relative_to(root).parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(TIERS[parts[0]])
+
+
 # Served a second time as one fused model each (`<name>-fused`): the same answers, fewer hops.
 FUSED = ("minilm", "bge-m3", "msmarco")
-
-
-HANDED_OUT: set[int] = set()  # the kernel may give a just-closed port again: never twice to this session
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in HANDED_OUT:
-            HANDED_OUT.add(port)
-            return port
 
 
 def counted_since(metrics_url: str, before: dict[str, ModelStats], models: tuple[str, ...], requests: int,

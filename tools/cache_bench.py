@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from prensa.bench.suite import free_port
+from prensa.addresses import free_port
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import CACHED_TASKS, ModelSource, ServingOptions, build_repository, cache_refusal

@@ -26,9 +26,8 @@ from typing import Any, ClassVar
 
 import orjson
 
-from prensa.addresses import LOOPBACK, http_url
+from prensa.addresses import LOOPBACK, free_port, http_url
 from prensa.bench.load import LoadResult, Workload, closed_loop
-from prensa.bench.suite import free_port
 from prensa.bench.systems import HttpClient, ServerProcess
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend

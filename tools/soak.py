@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 import psutil
 
-from prensa.bench.suite import free_port
+from prensa.addresses import free_port
 
 PRENSA = Path(sys.executable).parent / "prensa"
 WORDS = ["river", "bridge", "city", "museum", "night", "train", "harbour", "market", "winter", "garden", "library", "question", "answer", "embedding", "vector", "search", "ranking", "passage", "query", "model", "server", "memory", "latency", "batch", "token"]

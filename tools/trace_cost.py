@@ -22,6 +22,7 @@ import grpc
 import httpx
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from prensa.addresses import free_port
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.tracing import NEVER, TritonTracing
 
@@ -42,14 +43,6 @@ class DropHttp(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_healthy(url: str) -> None:

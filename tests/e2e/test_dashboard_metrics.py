@@ -26,9 +26,9 @@ import httpx
 import pytest
 import yaml
 
+from prensa.addresses import free_port
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.supervisor import SupervisorMetrics
-from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from prensa.addresses import free_port
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.files import graph_data_files
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
-from tests.conftest import free_port
 from tests.e2e.test_embeddings_triton import TEXTS, cosine, flag_m3, sparse_cosine  # noqa: F401 - the fixture, on the same texts
 from tests.e2e.test_scoring_triton import infer
 from tests.external_data import traced_as_torch_writes_large_graphs

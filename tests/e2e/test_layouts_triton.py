@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+from prensa.addresses import free_port
 from prensa.export.llm_reranker import QWEN3_RERANKER
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests import tiny_layouts
-from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.tiny_models import tiny_reranker
 

@@ -7,10 +7,10 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from prensa.addresses import free_port
 from prensa.cli import app
 from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.triton
 

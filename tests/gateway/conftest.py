@@ -18,9 +18,9 @@ import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
+from prensa.addresses import free_port
 from prensa.gateway.server import worker_server
 from prensa.gateway.settings import GatewaySettings
-from tests.conftest import free_port
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from prensa.addresses import free_port
 from tests.gateway.conftest import TcpForwarder
 
 pytestmark = pytest.mark.triton

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from prensa.addresses import free_port
 from tests.gateway.test_cli import wait_healthy
 
 pytestmark = pytest.mark.triton

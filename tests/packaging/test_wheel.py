@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
+from prensa.addresses import free_port
 from prensa.gateway.settings import GatewaySettings
-from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until
 

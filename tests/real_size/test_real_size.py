@@ -21,11 +21,11 @@ import numpy as np
 import psutil
 import pytest
 
+from prensa.addresses import free_port
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from tests.conftest import free_port
 from tests.e2e.test_embeddings_triton import cosine, sparse_cosine
 from tests.gateway.conftest import running_gateway
 

@@ -17,11 +17,11 @@ import httpx
 import psutil
 import pytest
 
+from prensa.addresses import free_port
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from tests.conftest import free_port
 from tests.gateway.conftest import direct, running_gateway  # noqa: F401 - `direct` is a fixture shared with tests/gateway
 
 # What an error body must never contain: stack traces and source locations.

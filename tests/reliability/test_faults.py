@@ -23,8 +23,8 @@ import numpy as np
 import psutil
 import pytest
 
+from prensa.addresses import free_port
 from prensa.triton.repo import ServingOptions
-from tests.conftest import free_port
 from tests.reliability.conftest import build_repo, listens_on_loopback_only, status_of, stop_tree, wait_until
 
 pytestmark = pytest.mark.triton

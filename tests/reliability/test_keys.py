@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from prensa.addresses import free_port
 from tests.reliability.conftest import stop_tree
 
 PRENSA = str(Path(sys.executable).parent / "prensa")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from starlette.routing import BaseRoute, Route
 
+from prensa.addresses import free_port
 from prensa.cli.gateway import gateway as gateway_command
 from prensa.cli.serve import serve as serve_command
 from prensa.gateway import middleware
@@ -22,7 +23,6 @@ from prensa.gateway.app import create_app
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.triton_client import public_message
 from prensa.triton.launcher import TritonOptions, triton_command
-from tests.conftest import free_port
 from tests.reliability.conftest import assert_no_leak, listens_on_loopback_only
 
 pytestmark = pytest.mark.triton

@@ -17,10 +17,10 @@ import httpx
 import psutil
 import pytest
 
+from prensa.addresses import free_port
 from prensa.triton import leftovers
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ServingOptions
-from tests.conftest import free_port
 from tests.reliability.conftest import build_repo, stop_tree, wait_until
 from tests.reliability.test_faults import PRENSA, Serve
 from tests.reliability.test_healing import TEXT, kill_stub

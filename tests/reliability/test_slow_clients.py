@@ -28,10 +28,10 @@ import httpx
 import psutil
 import pytest
 
+from prensa.addresses import free_port
 from prensa.gateway.middleware import ANSWER_BYTES_PER_PERMIT
 from prensa.gateway.server import RESERVED_FDS
 from prensa.gateway.settings import GatewaySettings
-from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until
 from tests.reliability.test_faults import in_flight

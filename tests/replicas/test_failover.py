@@ -11,12 +11,12 @@ import httpx
 import numpy as np
 import pytest
 
+from prensa.addresses import free_port
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import scrape
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
-from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.triton

@@ -188,3 +188,20 @@ def test_the_server_gets_the_grace_period_and_the_guarded_protocol():
     assert (config.http.limits.max_connections, config.http.limits.max_header_size) == (10, 9000)
     capped = worker_server(GatewaySettings(max_connections=10**9), "127.0.0.1", 0).config
     assert capped.http.limits.max_connections == connection_ceiling()  # never above the descriptor limit
+
+
+def test_flags_print_no_type_and_completion_reads_no_prensa_variable():
+    """typer would print `<bool>` beside each flag and let PRENSA_INSTALL_COMPLETION=1 install a
+    shell completion on any run of `prensa`; the console script's command does neither."""
+    from click.testing import CliRunner as ClickRunner
+
+    from prensa.cli import command_line
+
+    runner = ClickRunner()
+    for command in (["bench"], ["gateway"], ["export"], ["repo", "build"]):
+        shown = runner.invoke(command_line(), [*command, "--help"], terminal_width=200)
+        assert shown.exit_code == 0 and "--no-" in shown.output and "<bool>" not in shown.output, command
+    assert "<bool>" in runner.invoke(typer.main.get_command(app), ["bench", "--help"], terminal_width=200).output
+    result = runner.invoke(command_line(), ["--help"], env={"PRENSA_INSTALL_COMPLETION": "1",
+                                                             "PRENSA_SHOW_COMPLETION": "1"})
+    assert result.exit_code == 0 and "Usage" in result.output and "completion installed" not in result.output

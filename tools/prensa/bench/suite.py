@@ -14,7 +14,7 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prensa.addresses import LOOPBACK, http_url
+from prensa.addresses import free_port, http_url
 from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import (
     EncodeStageAlone,
@@ -60,15 +60,6 @@ class BenchOptions:
     # More encoder layouts to measure beside `serving`'s, as (instances, onnxruntime threads per instance).
     layouts: tuple[tuple[int, int], ...] = ()
     pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 BENCH_CACHE_BYTES = 256 << 20  # Triton's response cache in the cached runs: room for every distinct query

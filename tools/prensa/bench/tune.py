@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prensa.addresses import free_port
 from prensa.bench.load import LoadResult, Workload, closed_loop
-from prensa.bench.suite import BenchOptions, build_workload, free_port
+from prensa.bench.suite import BenchOptions, build_workload
 from prensa.bench.systems import HttpClient, TritonClient, gateway_server
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
