@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 
 from prensa.gateway.coalesce import Coalescer, split_rows
+from prensa.gateway.dispatch import ModelDispatch
 from prensa.gateway.errors import ErrorKind, GatewayError
-from prensa.gateway.service import Service
 from tests.fast.conftest import gateway_client
 
 
@@ -178,14 +178,14 @@ def close(got: object, expected: object) -> bool:
 
 def test_mixed_concurrent_requests_get_what_they_get_alone(settings, monkeypatch):
     sent: list[int] = []
-    original = Service._send_texts
+    original = ModelDispatch.send
 
-    async def counted(self, model, texts, pairs, outputs, request_id):
+    async def counted(self, texts, pairs, outputs, request_id):
         sent.append(len(texts))
         await asyncio.sleep(0.02)  # a busy model: calls pile up behind the ones in flight
-        return await original(self, model, texts, pairs, outputs, request_id)
+        return await original(self, texts, pairs, outputs, request_id)
 
-    monkeypatch.setattr(Service, "_send_texts", counted)
+    monkeypatch.setattr(ModelDispatch, "send", counted)
     with gateway_client(replace(settings, coalesce_requests=False)) as client:
         alone = [answer(client, path, body) for path, body in REQUESTS]
     assert {status for status, _ in alone} == {200, 422}
@@ -257,3 +257,17 @@ def test_a_merged_call_cancelled_before_it_ran_frees_its_place():
         assert later["lengths"].ravel().tolist() == [5] and ["b", "c"] not in model.calls
 
     run(scenario())
+
+
+def test_a_model_read_again_gets_a_whole_new_dispatch(http):
+    """Cutting, merging and the window are sized together from the model as read: a model read
+    again with more encoder instances gets all three anew, not a new merger beside an old window."""
+    gateway = http.app.state.gateway
+    model = gateway.registry.models["embed"]
+    first = gateway.service.dispatch(model)
+    assert gateway.service.dispatch(model) is first
+    again = gateway.service.dispatch(replace(model, encode_instances=model.encode_instances + 2))
+    replicas = max(gateway.client.replica_count, 1)
+    assert again is not first and again.calls == first.calls + 2 * replicas
+    assert again.window is not None and again.window.capacity == again.calls * model.max_batch_size
+    assert gateway.service.dispatch(replace(model, fused=True)).window is None  # a fused model drops what it must

@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, TritonWindow
+from prensa.gateway.dispatch import SPARE_CALLS
+from prensa.gateway.limits import TritonWindow
 from prensa.gateway.settings import GatewaySettings
 from prensa.stages import contract, load_stage
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
@@ -60,7 +61,7 @@ class Layout:
 LAYOUTS = [
     Layout("minilm-fused", "minilm-fused", ("minilm-fused",), BATCH + ROWS),
     Layout("minilm", "minilm_encode", ("minilm", "minilm_tokenize", "minilm_encode", "minilm_pool"),
-           (1 + ENSEMBLE_SPARE_BATCHES) * BATCH + ROWS),  # one encoder instance
+           (1 + SPARE_CALLS) * BATCH + ROWS),  # one encoder instance
 ]
 
 

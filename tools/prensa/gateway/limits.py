@@ -15,12 +15,6 @@ from prensa.gateway.errors import overloaded
 
 T = TypeVar("T")
 
-# Rows an ensemble may have in Triton per replica, in batches of its `max_batch_size`: one per
-# encoder instance computing, and this many more tokenized and waiting, so no instance waits for
-# the gateway.
-ENSEMBLE_SPARE_BATCHES = 1
-
-
 class SharedPermits:
     """The permits every worker of a gateway holds (`--workers`), one slot per worker in shared
     memory, so that --max-concurrent-requests bounds them all together; a worker that dies has its

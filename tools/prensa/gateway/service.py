@@ -8,10 +8,9 @@ inputs and truncated pairs are pooled by the same stage code as everything else.
 is taken only when the text path would give a different answer; a request whose inputs all fit
 goes the text path even when the gateway had to count its tokens. Texts longer than the model's
 window are first cut to what it reads (`tokenization.bound_texts`), so that neither path tokenizes
-a long text once per input or pair. Inputs are cut into chunks of at most the model's
-`max_batch_size` (and the client batch limit) and the chunks go to Triton concurrently, where the
-dynamic batcher merges them again. Text calls to an ensemble pass its
-`TritonWindow` (see `limits`): what clients that hang up leave Triton to compute stays bounded.
+a long text once per input or pair. How a model's calls are cut, merged across requests and
+bounded in Triton is its `dispatch.ModelDispatch`'s: the chunks go to Triton concurrently, where
+the dynamic batcher merges them again.
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ import numpy.typing as npt
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.chunking import Chunking, Windows, concatenated, max_per_id, mean_by_tokens, split_items, summed
-from prensa.gateway.coalesce import Coalescer
+from prensa.gateway.dispatch import Dispatcher
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows
 from prensa.gateway.hybrid import scores as scores_of
-from prensa.gateway.limits import ENSEMBLE_SPARE_BATCHES, Permits, TritonWindow
+from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
 from prensa.gateway.protocol_tei import ChunkingRequest
@@ -46,9 +45,8 @@ from prensa.gateway.tokenization import (
     has_long_texts,
     tokenize_items,
 )
-from prensa.gateway.tracing import past_stage, sampled, stage
+from prensa.gateway.tracing import past_stage, stage
 from prensa.stages import contract, load_stage
-from prensa.tensors import texts_tensor
 
 # The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
 # (`normalize: false` on a model that normalises) the gateway pools with the very same code.
@@ -128,8 +126,7 @@ class Service:
         self.client = client
         self.metrics = metrics
         self.permits = permits
-        self.windows: dict[str, TritonWindow] = {}  # per ensemble, see `_send_texts`
-        self.coalescers: dict[tuple[str, tuple[str, ...], bool], tuple[ServedModel, Coalescer]] = {}  # `_text_call`
+        self.dispatch = Dispatcher(settings, client, metrics.merged_calls.observe)  # cut, merge, bound: per model
 
     def chunking(self, asked: ChunkingRequest | None) -> Chunking | None:
         """A request's chunking of long inputs: what it asks, else the server's --chunk-long-inputs."""
@@ -153,46 +150,6 @@ class Service:
         self.check_batch(inputs)
         with self.permits.hold(inputs):
             return await asyncio.to_thread(work, *args)
-
-    def _chunks(self, model: ServedModel, count: int) -> list[slice]:
-        size = max(1, min(model.max_batch_size, self.settings.max_client_batch_size))
-        return [slice(start, start + size) for start in range(0, count, size)]
-
-    async def _text_call(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
-                         outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
-        """One call of `model` on texts, merged with other requests' (`coalesce`) unless this one is
-        traced (its own call carries its trace to Triton), the model's answers are cached by Triton
-        (a cached answer is keyed on the call's exact texts: merged calls would almost never
-        repeat), or merging is off."""
-        if not self.settings.coalesce_requests or model.cached or sampled():
-            return await self._send_texts(model, texts, pairs, outputs, request_id)
-        key = (model.name, outputs, pairs is not None)
-        known = self.coalescers.get(key)
-        if known is None or known[0] is not model:  # new, or the model was read again (reloaded, reconfigured)
-            self.coalescers[key] = model, Coalescer(
-                lambda t, p, rid: self._send_texts(model, t, p, outputs, rid),
-                max_calls=(model.encode_instances + ENSEMBLE_SPARE_BATCHES) * max(self.client.replica_count, 1),
-                max_rows=model.max_batch_size,  # what Triton takes in one request
-                on_merge=self.metrics.merged_calls.observe)
-        return await self.coalescers[key][1].call(texts, pairs, request_id)
-
-    async def _send_texts(self, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None,
-                          outputs: tuple[str, ...], request_id: str) -> dict[str, npt.NDArray[Any]]:
-        inputs = {contract.TEXT: texts_tensor(texts)}
-        if pairs is not None:
-            inputs[contract.TEXT_PAIR] = texts_tensor(pairs)
-        if model.fused:  # a cancelled call is dropped in Triton: by its batcher, or by the model before computing it
-            return await self.client.infer(model.name, inputs, outputs, request_id)
-        return await self._window(model).run(len(texts),
-                                             lambda: self.client.infer(model.name, inputs, outputs, request_id))
-
-    def _window(self, model: ServedModel) -> TritonWindow:
-        """An ensemble's `TritonWindow`: what its client hang-ups can leave Triton to compute."""
-        if model.name not in self.windows:
-            replicas = max(self.client.replica_count, 1)
-            batches = model.encode_instances + ENSEMBLE_SPARE_BATCHES
-            self.windows[model.name] = TritonWindow(batches * model.max_batch_size * replicas)
-        return self.windows[model.name]
 
     async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
                           encoder_only: bool, request_id: str) -> dict[str, npt.NDArray[Any]]:
@@ -243,7 +200,8 @@ class Service:
             timings.tokenization_s += elapsed
             self.metrics.tokenization_duration.observe(elapsed)
         token_path = rows is not None and (needs_tokens or rows.cut)
-        chunks = self._chunks(model, len(items))
+        dispatch = self.dispatch(model)
+        chunks = dispatch.chunks(len(items))
         started = time.perf_counter()
         if timings.queue_s is None:  # parsing, validation and admission (a TritonWindow wait counts as inference)
             timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
@@ -253,8 +211,7 @@ class Service:
             calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
         else:
             texts = cast("list[str]", items)  # no `needs_tokens` here: every input is a text
-            calls = [self._text_call(model, texts[c], pairs[c] if pairs else None, outputs, timings.request_id)
-                     for c in chunks]
+            calls = [dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id) for c in chunks]
         parts = await gather(calls)
         elapsed = time.perf_counter() - started
         timings.inference_s += elapsed
