@@ -133,3 +133,29 @@ def test_direct_routes_answer_as_fastapi_does(http, through_fastapi, path, monke
 def test_an_unknown_model_is_404_in_the_routes_shape(http, path):
     body = {"inputs": "dog"} if path == "/embed" else {"input": "dog", "model": "nope"}
     assert_error_shape(path, http.post(f"{path}?model=nope", json=body), 404)
+
+
+def undeclared(sent, kept, where: str = "") -> list[str]:
+    """Fields of the answer `sent` that validating it against its model did not keep."""
+    if isinstance(sent, dict) and isinstance(kept, dict):
+        return [f"{where}.{key}" for key in sent if key not in kept] + \
+            [found for key in sent if key in kept for found in undeclared(sent[key], kept[key], f"{where}.{key}")]
+    if isinstance(sent, list) and isinstance(kept, list):
+        return [found for index, (a, b) in enumerate(zip(sent, kept)) for found in undeclared(a, b, f"{where}[{index}]")]
+    return []
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_answer_is_what_its_route_declares(http, path):
+    """The OpenAPI schema clients generate code from is the payload: each route's 200 answer
+    validates against its declared `response_model`, and sends no field the model lacks."""
+    from pydantic import TypeAdapter
+
+    route = next(r for r in INFERENCE_ROUTES if r.path == path and "POST" in r.methods)
+    if route.response_model is None:
+        pytest.skip(f"{path} declares no response model")
+    answer = http.post(path, json=own_bodies().get(path, {"inputs": "dog"}))
+    assert answer.status_code == 200, answer.text
+    declared = TypeAdapter(route.response_model)
+    kept = declared.dump_python(declared.validate_python(answer.json()), mode="json", by_alias=True)
+    assert not undeclared(answer.json(), kept), undeclared(answer.json(), kept)
