@@ -10,3 +10,20 @@ def error_of(response: Any) -> dict[str, Any]:
     body = dict(response.json())
     assert body.pop("request_id") == response.headers["x-request-id"], body
     return body
+
+
+def declared_error(path: str) -> Any:
+    """The error model the route at `path` declares in its OpenAPI `responses`: what its clients
+    read, hence the body every error of that route must validate against."""
+    from prensa.gateway.app import ROUTERS
+
+    route = next(r for router in ROUTERS for r in router.routes if r.path == path.split("?")[0])
+    return next(spec["model"] for spec in route.responses.values() if "model" in spec)
+
+
+def error_kind(path: str, body: dict[str, Any]) -> str:
+    """The error's type as the declared model names it: TEI's `error_type`, OpenAI's `type`."""
+    model = declared_error(path)
+    model.model_validate(body)
+    assert set(body) <= set(model.model_fields), (path, body)
+    return str(body["error_type"] if "error_type" in model.model_fields else body["type"])

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from prensa.gateway.app import INFERENCE_ROUTES
-from prensa.gateway.errors import is_openai_path
+from tests.bodies import error_kind
 
 PATHS = sorted(route.path for route in INFERENCE_ROUTES if "POST" in route.methods)
 
@@ -31,12 +31,9 @@ JSON = {"content-type": "application/json"}
 
 
 def assert_error_shape(path: str, response, status: int) -> None:
+    """The status, and a body of the error model the route declares."""
     assert response.status_code == status, (path, response.status_code, response.text)
-    body = response.json()
-    if is_openai_path(path):
-        assert body["code"] == status and body["message"] and body["type"], (path, body)
-    else:
-        assert body["error"] and body["error_type"], (path, body)
+    assert error_kind(path, response.json()), (path, response.text)
 
 
 @pytest.mark.parametrize("path", PATHS)

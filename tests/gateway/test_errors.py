@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from prensa.gateway import triton_client
-from prensa.gateway.errors import ErrorKind, GatewayError, error_body
+from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body
 from prensa.gateway.tokenization import Truncation, as_items, token_id_limit, tokenize_items
 from prensa.gateway.triton_client import translate_error
 
@@ -102,9 +102,9 @@ def test_a_request_that_met_a_dead_stub_is_tried_once_more(failures, calls, stat
 
 def test_both_body_shapes():
     error = GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
-    assert orjson.loads(error_body(error, "/embed")) == {"error": "Model is overloaded", "error_type": "Overloaded"}
-    assert orjson.loads(error_body(error, "/v1/embeddings")) == {"message": "Model is overloaded", "code": 429,
-                                                                   "type": "Overloaded"}
+    assert orjson.loads(error_body(error)) == {"error": "Model is overloaded", "error_type": "Overloaded"}
+    assert orjson.loads(error_body(error, ErrorShape.OPENAI)) == {"message": "Model is overloaded", "code": 429,
+                                                                    "type": "Overloaded"}
 
 
 def test_inputs_as_a_batch():

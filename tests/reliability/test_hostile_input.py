@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from prensa.gateway.errors import is_openai_path
 from prensa.gateway.settings import GatewaySettings
+from tests.bodies import error_kind
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import assert_no_leak
 
@@ -70,8 +70,7 @@ def error_type(route: str, response: httpx.Response) -> str | None:
     """TEI's `error_type`, or OpenAI's `type` on the OpenAI, Cohere and NIM routes."""
     if response.status_code < 400:
         return None
-    body = response.json()
-    return body["type"] if is_openai_path(route) else body["error_type"]
+    return error_kind(route, response.json())
 
 
 def post(url: str, route: str, body: object) -> httpx.Response:

@@ -25,7 +25,7 @@ from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBo
 from prensa.gateway.models import Registry
 from prensa.gateway.protocol_tei import ERRORS as TEI_ERRORS
 from prensa.gateway.replicas import ReplicaPool
-from prensa.gateway.responses import DirectRoutes, Gateway, GatewayRoute
+from prensa.gateway.responses import DirectRoutes, ErrorShapes, Gateway, GatewayRoute
 from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import Traced, provider
@@ -36,6 +36,7 @@ log = logging.getLogger("prensa.gateway")
 INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_ollama.router, routes_tei.router,
                      routes_m3.router, routes_tei.default_router]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
+ROUTERS = [*INFERENCE_ROUTERS, routes_openai.models_router, routes_ollama.models_router, routes_tei.open_router]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
 
@@ -55,7 +56,8 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
 def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
     setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
-    return Response(error_body(error, request.url.path, getattr(request.state, ID_KEY, "")), status_code=error.status,
+    shape = cast(GatewayApp, request.app).error_shapes(request.url.path)
+    return Response(error_body(error, shape, getattr(request.state, ID_KEY, "")), status_code=error.status,
                     headers=error.headers, media_type="application/json")
 
 
@@ -95,9 +97,10 @@ class GatewayApp(FastAPI):
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.traces = provider(settings) if settings.otlp_endpoint else None
         self.vertex = vertex
-        for router in (*INFERENCE_ROUTERS, routes_openai.models_router, routes_ollama.models_router,
-                       routes_tei.open_router, vertex):
+        routers = (*ROUTERS, vertex)
+        for router in routers:
             self.include_router(router)
+        self.error_shapes = ErrorShapes(route for router in routers for route in router.routes)
 
     @property
     def open_paths(self) -> frozenset[str]:
@@ -115,7 +118,7 @@ class GatewayApp(FastAPI):
         app: ASGIApp = DirectRoutes(super().build_middleware_stack(), direct, cast(Any, handlers))
         app = PacedAnswer(app, self.permits)
         app = CancelOnHangUp(app)
-        app = JsonBody(app, settings.payload_limit, on_reject)
+        app = JsonBody(app, settings.payload_limit, on_reject, self.error_shapes)
         if settings.api_key:
             app = ApiKey(app, settings.api_key, self.open_paths)
         if self.traces is not None:

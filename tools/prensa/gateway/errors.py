@@ -1,5 +1,6 @@
 """Every error the gateway returns: one table from kind to status code and `error_type`, and the
-two body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}`)."""
+two body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}`), written
+here alone. Which shape a path answers is what its route declares (`responses.ErrorShapes`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from enum import Enum
 
 import orjson
 
-# Routes whose clients (OpenAI, Cohere, Jina, NIM SDKs) read `message`; TEI's read `error`.
-OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings", "/v1/rerank", "/v2/rerank", "/v1/embed", "/v2/embed",
-                          "/v1/ranking", "/v1/models"})
-MODELS_PREFIX = "/v1/models/"
+
+class ErrorShape(Enum):
+    TEI = "tei"  # {"error", "error_type"}: TEI's clients, and every route that declares no other shape
+    OPENAI = "openai"  # {"message", "code", "type"}: the OpenAI, Cohere, Jina and NIM SDKs
 
 
 class ErrorKind(str, Enum):
@@ -64,16 +65,12 @@ class GatewayError(Exception):
         return ERROR_TABLE[self.kind][0]
 
 
-def is_openai_path(path: str) -> bool:
-    return path in OPENAI_PATHS or path.startswith(MODELS_PREFIX)
-
-
-def error_body(error: GatewayError, path: str, request_id: str = "") -> bytes:
-    """The JSON body for `error` in the shape the route at `path` speaks, with the request's id
-    (one field more than TEI's and OpenAI's shapes, which their clients ignore)."""
+def error_body(error: GatewayError, shape: ErrorShape = ErrorShape.TEI, request_id: str = "") -> bytes:
+    """The JSON body for `error` in `shape`, with the request's id (one field more than TEI's and
+    OpenAI's shapes, which their clients ignore)."""
     status, error_type = ERROR_TABLE[error.kind]
-    body: dict[str, object] = ({"message": error.message, "code": status, "type": error_type} if is_openai_path(path)
-                               else {"error": error.message, "error_type": error_type})
+    body: dict[str, object] = ({"message": error.message, "code": status, "type": error_type}
+                               if shape is ErrorShape.OPENAI else {"error": error.message, "error_type": error_type})
     if request_id:
         body["request_id"] = request_id
     return orjson.dumps(body)

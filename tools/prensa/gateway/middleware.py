@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prensa.gateway.errors import ErrorKind, GatewayError, error_body
+from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body
 from prensa.gateway.limits import Permits
 from prensa.gateway.logs import ERROR_KEY, ID_KEY
 
@@ -55,12 +55,13 @@ async def respond(send: Send, status: int, body: bytes = b"", content_type: byte
     await send({"type": "http.response.body", "body": body})
 
 
-async def reject(scope: Scope, send: Send, error: GatewayError, on_reject: Callable[[ErrorKind], None]) -> None:
-    """Answer `error` in the route's error shape and count it, before any route has run."""
+async def reject(scope: Scope, send: Send, error: GatewayError, on_reject: Callable[[ErrorKind], None],
+                 shape: ErrorShape) -> None:
+    """Answer `error` in the route's error `shape` and count it, before any route has run."""
     on_reject(error.kind)
     state = scope.setdefault("state", {})
     state[ERROR_KEY] = error.message
-    await respond(send, error.status, error_body(error, scope["path"], state.get(ID_KEY, "")), b"application/json")
+    await respond(send, error.status, error_body(error, shape, state.get(ID_KEY, "")), b"application/json")
 
 
 class ApiKey:
@@ -84,10 +85,12 @@ class JsonBody:
     """POST bodies must be JSON (415) of at most `limit` bytes (413, by the declared length or as
     they arrive); the app then gets the whole body in one message."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[ErrorKind], None]) -> None:
+    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[ErrorKind], None],
+                 shape_of: Callable[[str], ErrorShape] = lambda path: ErrorShape.TEI) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
+        self.shape_of = shape_of  # the error shape of the route at a path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -96,7 +99,7 @@ class JsonBody:
         if not is_json(header(scope, b"content-type")):
             await reject(scope, send, GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
                                                    "Expected request with `Content-Type: application/json`"),
-                         self.on_reject)
+                         self.on_reject, self.shape_of(scope["path"]))
             return
         declared = header(scope, b"content-length")
         if declared.isdigit() and int(declared) > self.limit:
@@ -128,7 +131,8 @@ class JsonBody:
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
-                                               f"Payload too large: the limit is {self.limit} bytes"), self.on_reject)
+                                               f"Payload too large: the limit is {self.limit} bytes"), self.on_reject,
+                     self.shape_of(scope["path"]))
 
 
 class CancelOnHangUp:

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
 from prensa.gateway.protocol_tei import CHUNKING, ChunkingRequest, Usage
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
@@ -96,7 +97,14 @@ class RankingResponse(BaseModel):
 
 
 class OpenAIError(BaseModel):
+    shape: ClassVar[ErrorShape] = ErrorShape.OPENAI  # what a route declaring this model answers errors with
+
     message: str = Field(description="What went wrong.")
     code: int = Field(description="The HTTP status code.")
     type: str = Field(description="Error kind: Validation, Empty, NotFound, Overloaded, Backend, Unhealthy, ...")
     request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")
+
+
+# The error bodies an OpenAI-shaped route documents (its OpenAPI `responses`): the OpenAI, Cohere,
+# Jina and NIM routes.
+ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES}

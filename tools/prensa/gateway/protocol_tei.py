@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.chunking import DEFAULT_OVERLAP
-from prensa.gateway.errors import ROUTE_ERROR_STATUSES
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -202,6 +202,8 @@ class Info(ModelInfo):
 
 
 class ErrorResponse(BaseModel):
+    shape: ClassVar[ErrorShape] = ErrorShape.TEI  # what a route declaring this model answers errors with
+
     error: str = Field(description="What went wrong.")
     error_type: str = Field(description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ...")
     request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")

@@ -5,7 +5,7 @@ that counts every request under TEI's metric names."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, TypeVar, cast
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.backend import Backend
+from prensa.gateway.errors import ErrorShape
 from prensa.gateway.logs import ID_KEY, RECEIVED_KEY, TIMINGS_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
@@ -156,6 +157,35 @@ class GatewayRoute(APIRoute):
         if self.dependant.query_params:  # most requests have no query string: no parsing then
             arguments[MODEL_QUERY] = request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
         return cast(Response, await self.endpoint(**arguments))
+
+
+class ErrorShapes:
+    """The error body each path answers: the shape of the error model its route declares in its
+    OpenAPI `responses` (a model with a `shape`, see `errors.ErrorShape`); TEI's elsewhere, for a
+    path no route serves included. What clients read in the schema is what they get."""
+
+    def __init__(self, routes: Iterable[Any]) -> None:
+        self.exact: dict[str, ErrorShape] = {}
+        self.patterns: list[tuple[Any, ErrorShape]] = []  # routes with path parameters
+        for route in routes:
+            if not isinstance(route, APIRoute):
+                continue
+            shape = declared_shape(route)
+            if route.param_convertors:
+                self.patterns.append((route.path_regex, shape))
+            else:
+                self.exact.setdefault(route.path, shape)
+
+    def __call__(self, path: str) -> ErrorShape:
+        if (shape := self.exact.get(path)) is not None:
+            return shape
+        return next((shape for pattern, shape in self.patterns if pattern.match(path)), ErrorShape.TEI)
+
+
+def declared_shape(route: APIRoute) -> ErrorShape:
+    """The shape of the error model `route` declares, TEI's when it declares none."""
+    shapes = (getattr(spec.get("model"), "shape", None) for spec in route.responses.values())
+    return next((shape for shape in shapes if isinstance(shape, ErrorShape)), ErrorShape.TEI)
 
 
 MODEL_QUERY = "model"  # the query parameter every inference route takes (`ModelParam`)

@@ -26,9 +26,10 @@ from prensa.gateway.protocol_cohere import (
     RerankV1Request,
     RerankV2Request,
 )
+from prensa.gateway.protocol_openai import ERRORS
 from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
-from prensa.gateway.routes_openai import ERRORS, truncation_of
+from prensa.gateway.routes_openai import truncation_of
 from prensa.gateway.service import Timings
 from prensa.gateway.tokenization import Item, Truncation, chunk_texts, cut_texts
 

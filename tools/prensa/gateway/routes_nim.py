@@ -7,9 +7,9 @@ import numpy as np
 from fastapi import APIRouter, Response
 
 from prensa.gateway.models import Capability, named_model
-from prensa.gateway.protocol_openai import RankingRequest, RankingResponse
+from prensa.gateway.protocol_openai import ERRORS, RankingRequest, RankingResponse
 from prensa.gateway.responses import CountedRoute, GatewayRequest, ModelParam, json_response
-from prensa.gateway.routes_openai import ERRORS, truncation_of
+from prensa.gateway.routes_openai import truncation_of
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["NIM"])
 

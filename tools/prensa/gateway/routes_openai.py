@@ -5,26 +5,23 @@ these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from fastapi import APIRouter, Response
 
-from prensa.gateway.errors import ROUTE_ERROR_STATUSES, validation
+from prensa.gateway.errors import validation
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_openai import (
+    ERRORS,
     EmbeddingRequest,
     EmbeddingResponse,
     ModelCard,
     ModelList,
-    OpenAIError,
 )
 from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, GatewayRoute, ModelParam, json_response
 from prensa.gateway.tokenization import Truncation, as_items
 
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES}
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["OpenAI"])
 # NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.

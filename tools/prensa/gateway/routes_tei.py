@@ -377,7 +377,7 @@ async def health(http: GatewayRequest) -> Response:
         return Response(status_code=200)
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
     setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
-    return Response(error_body(error, "/health", http.state.request_id), status_code=error.status,
+    return Response(error_body(error, request_id=http.state.request_id), status_code=error.status,
                     media_type="application/json")
 
 
