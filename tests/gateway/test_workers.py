@@ -44,9 +44,16 @@ def pool(triton, tmp_path_factory) -> Iterator[tuple[subprocess.Popen, str, Path
 
 
 def workers_of(process: subprocess.Popen) -> list[psutil.Process]:
-    """The gateway's worker processes (multiprocessing's resource tracker is a child too)."""
-    return [child for child in psutil.Process(process.pid).children()
-            if "resource_tracker" not in " ".join(child.cmdline())]
+    """The gateway's live worker processes (multiprocessing's resource tracker is a child too, and
+    a killed worker stays a zombie until the pool reaps it)."""
+    workers = []
+    for child in psutil.Process(process.pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.Error:  # gone since listed
+            continue
+    return workers
 
 
 def embed_count(url: str) -> float:

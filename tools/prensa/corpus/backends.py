@@ -30,12 +30,7 @@ from prensa.triton.repo import (
     served_pipeline,
 )
 
-# Output kinds a corpus run can ask for, and the ensemble outputs each needs.
-KINDS: dict[str, tuple[str, ...]] = {
-    "dense": (contract.DENSE,),
-    "sparse": (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS),
-    "colbert": (contract.COLBERT,),
-}
+KINDS = contract.OUTPUT_KINDS  # output kinds a corpus run can ask for, and the ensemble outputs each needs
 EMBEDDING_TASKS = (Task.EMBED.value, Task.M3.value, Task.SPLADE.value)
 
 

@@ -55,6 +55,9 @@ SCORES = "scores"  # fp32 [labels], sigmoid (one label) or softmax (several) of 
 
 SPARSE_PAD_ID = -1
 
+# What clients ask for by name (bge-m3's `outputs`, a corpus run's kinds), and the ensemble outputs each is.
+OUTPUT_KINDS: dict[str, tuple[str, ...]] = {"dense": (DENSE,), "sparse": (SPARSE_IDS, SPARSE_WEIGHTS), "colbert": (COLBERT,)}
+
 # The encode stage starts a new sub-batch when a row is this many times longer than the shortest:
 # the repository generator's default, and the stage's own where a config names none.
 DEFAULT_LENGTH_RATIO = 1.25

@@ -7,10 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prensa.gateway.protocol_openai import INPUT_TYPE, InputType
-from prensa.gateway.protocol_tei import Usage
+from prensa.gateway.protocol_common import INPUT_TYPE, InputType, TruncateEnd, Usage
 
-CohereTruncate = Literal["NONE", "START", "END"]
+CohereTruncate = TruncateEnd
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default END."
 MODEL = "Served model name; the default model that can answer when absent."

@@ -7,15 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_tei import (
-    CHUNKING,
-    PROMPT,
-    ChunkingRequest,
-    Inputs,
-    SparseValue,
-    TruncatedRequest,
-    Usage,
-)
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage
+from prensa.gateway.protocol_tei import PROMPT, Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
 ColbertEncoding = Literal["float", "base64", "base64_float16"]

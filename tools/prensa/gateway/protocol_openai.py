@@ -8,13 +8,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
-from prensa.gateway.protocol_tei import CHUNKING, ChunkingRequest, Usage
+from prensa.gateway.protocol_common import CHUNKING, INPUT_TYPE, ChunkingRequest, InputType, TruncateEnd, Usage
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
 EmbeddingInput = str | list[int] | list[str | list[int]]
-InputType = Literal["query", "passage", "document", "search_query", "search_document", "classification", "clustering"]
-INPUT_TYPE = ("What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
-              "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one.")
 # NIM's (float, int8, uint8, binary, ubinary) and Jina's (float, base64, binary, ubinary) `embedding_type`.
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 EMBEDDING_TYPE = ("NIM's and Jina's precision: float; int8/uint8 (the model's calibration ranges, full dimension), "
@@ -22,7 +19,7 @@ EMBEDDING_TYPE = ("NIM's and Jina's precision: float; int8/uint8 (the model's ca
 JinaTask = Literal["retrieval.query", "retrieval.passage", "text-matching", "classification", "separation"]
 JINA_TASK = ("Jina's task: the model's prompt of that name when it has one; else retrieval.query and "
              "retrieval.passage act as `input_type` query and passage, and the other tasks are refused.")
-NimTruncate = Literal["NONE", "START", "END"]
+NimTruncate = TruncateEnd
 NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
 

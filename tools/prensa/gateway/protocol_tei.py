@@ -6,8 +6,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from prensa.gateway.chunking import DEFAULT_OVERLAP
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -32,15 +32,6 @@ class Truncation(BaseModel):
 
 class TruncatedRequest(ModelRequest, Truncation):
     pass
-
-
-class ChunkingRequest(BaseModel):
-    enabled: bool = Field(True, description="Cut inputs over the model's max length into windows and combine them.")
-    overlap: int = Field(DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share.")
-
-
-CHUNKING = ("Long inputs as overlapping windows combined into one answer instead of truncated; absent: the "
-            "server's --chunk-long-inputs.")
 
 
 class EmbedRequest(TruncatedRequest):
@@ -118,13 +109,6 @@ class InfinityRank(BaseModel):
     relevance_score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
     index: int = Field(description="Position of the document in `documents`.")
     document: str | None = Field(None, description="The document, with `return_documents`.")
-
-
-class Usage(BaseModel):
-    """Token counts as OpenAI, Jina, Infinity and vLLM report them."""
-
-    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
-    total_tokens: int = Field(description="Same as prompt_tokens: embedders and rerankers generate nothing.")
 
 
 class InfinityRerank(BaseModel):

@@ -26,10 +26,10 @@ from prensa.gateway.protocol_cohere import (
     RerankV1Request,
     RerankV2Request,
 )
+from prensa.gateway.protocol_common import truncate_end
 from prensa.gateway.protocol_openai import ERRORS
 from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
-from prensa.gateway.routes_openai import truncation_of
 from prensa.gateway.service import Timings
 from prensa.gateway.tokenization import Item, Truncation, chunk_texts, cut_texts
 
@@ -85,7 +85,7 @@ async def cohere_rerank(request: RerankV1Request | RerankV2Request, http: Gatewa
     gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
-    scores, tokens = await document_scores(gw, served, request.query, texts, truncation_of(None, gw.settings.auto_truncate),
+    scores, tokens = await document_scores(gw, served, request.query, texts, gw.service.truncation(*truncate_end(None)),
                                            timings, max_chunks, max_tokens, request.instruction)
     meta = cohere_meta(version, search_units=1) | ({"tokens": {"input_tokens": tokens}} if version == "2" else {})
     return json_response({"id": str(uuid.uuid4()), "model": served.name,
@@ -124,7 +124,7 @@ async def cohere_embed(request: CohereEmbedRequest, http: GatewayRequest, model:
         tokenizer = served.require_tokenizer()
         content = request.max_tokens - tokenizer.num_special_tokens_to_add(False)
         items = cast("list[Item]", await gw.service.tokenizer_work(len(items), cut_texts, tokenizer, items, content))
-    result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate), True,
+    result = await gw.service.dense(served, items, gw.service.truncation(*truncate_end(request.truncate)), True,
                                     request.output_dimension, timings)
     tokens = int(result.num_tokens.sum())
     meta = cohere_meta(version, input_tokens=tokens)

@@ -7,9 +7,9 @@ import numpy as np
 from fastapi import APIRouter, Response
 
 from prensa.gateway.models import Capability, named_model
+from prensa.gateway.protocol_common import truncate_end
 from prensa.gateway.protocol_openai import ERRORS, RankingRequest, RankingResponse
 from prensa.gateway.responses import CountedRoute, GatewayRequest, ModelParam, json_response
-from prensa.gateway.routes_openai import truncation_of
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["NIM"])
 
@@ -21,6 +21,6 @@ async def nim_ranking(request: RankingRequest, http: GatewayRequest, model: Mode
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     passages = [p.text for p in request.passages]
     logits, _ = await gw.service.relevance(served, request.query.text, passages,
-                                           truncation_of(request.truncate, gw.settings.auto_truncate), True, timings)
+                                           gw.service.truncation(*truncate_end(request.truncate)), True, timings)
     return json_response({"rankings": [{"index": i, "logit": float(logits[i])}
                                        for i in np.argsort(-logits, kind="stable").tolist()]}, timings)

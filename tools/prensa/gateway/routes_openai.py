@@ -11,6 +11,7 @@ from fastapi import APIRouter, Response
 from prensa.gateway.errors import validation
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
+from prensa.gateway.protocol_common import asked_chunking, truncate_end
 from prensa.gateway.protocol_openai import (
     ERRORS,
     EmbeddingRequest,
@@ -20,19 +21,11 @@ from prensa.gateway.protocol_openai import (
 )
 from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, GatewayRoute, ModelParam, json_response
-from prensa.gateway.tokenization import Truncation, as_items
+from prensa.gateway.tokenization import as_items
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["OpenAI"])
 # NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.
-TRUNCATE_ENDS = {"NONE": (False, "right"), "START": (True, "left"), "END": (True, "right")}
-
-
-def truncation_of(truncate: str | None, auto_truncate: bool) -> Truncation:
-    enabled, direction = TRUNCATE_ENDS[truncate] if truncate else (auto_truncate, "right")
-    return Truncation(enabled, direction)
-
-
 # NIM's model names for one role: `<model>-query`, `<model>-passage`.
 ROLE_SUFFIXES = {"-query": "query", "-passage": "passage"}
 # Jina's retrieval tasks, for models without a prompt of that name: the input types they are.
@@ -95,8 +88,8 @@ async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest, mod
     prompt_name, input_type = prompt_choice(request, served, role)
     kind = embedding_kind(request, served)
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
-    result = await gw.service.dense(served, items, truncation_of(request.truncate, gw.settings.auto_truncate),
-                                    True, request.dimensions, timings, gw.service.chunking(request.chunking))
+    result = await gw.service.dense(served, items, gw.service.truncation(*truncate_end(request.truncate)),
+                                    True, request.dimensions, timings, gw.service.chunking(*asked_chunking(request.chunking)))
     tokens = int(result.num_tokens.sum())
     rows = result.rows if kind == "float" else as_type(np.asarray(result.rows), kind, served.dense_ranges)
     return json_response({

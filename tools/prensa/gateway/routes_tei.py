@@ -24,8 +24,10 @@ from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
 from prensa.gateway.logs import ERROR_KEY
+from prensa.gateway.m3_answers import embed_m3_payload
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
+from prensa.gateway.protocol_common import asked_chunking
 from prensa.gateway.protocol_m3 import M3Request
 from prensa.gateway.protocol_tei import (
     ERRORS,
@@ -56,7 +58,6 @@ from prensa.gateway.responses import (
     record_success,
     validate_body,
 )
-from prensa.gateway.routes_m3 import embed_m3_payload
 from prensa.gateway.service import Timings, gather
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json, too_many_tokens
@@ -95,7 +96,7 @@ async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timing
         return await embed_m3_payload(m3, gw, served, timings)
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
     result = await gw.service.dense(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
-                                    request.normalize, request.dimensions, timings, gw.service.chunking(request.chunking))
+                                    request.normalize, request.dimensions, timings, gw.service.chunking(*asked_chunking(request.chunking)))
     return result.rows
 
 

@@ -33,7 +33,6 @@ from prensa.gateway.hybrid import scores as scores_of
 from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
-from prensa.gateway.protocol_tei import ChunkingRequest
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import (
     Item,
@@ -128,11 +127,12 @@ class Service:
         self.permits = permits
         self.dispatch = Dispatcher(settings, client, metrics.merged_calls.observe)  # cut, merge, bound: per model
 
-    def chunking(self, asked: ChunkingRequest | None) -> Chunking | None:
-        """A request's chunking of long inputs: what it asks, else the server's --chunk-long-inputs."""
-        if asked is None:
+    def chunking(self, enabled: bool | None, overlap: int) -> Chunking | None:
+        """A request's chunking of long inputs: what it asks (`enabled`, `overlap`), else (`enabled`
+        None) the server's --chunk-long-inputs."""
+        if enabled is None:
             return Chunking() if self.settings.chunk_long_inputs else None
-        return Chunking(asked.overlap) if asked.enabled else None
+        return Chunking(overlap) if enabled else None
 
     def truncation(self, truncate: bool | None, direction: str) -> Truncation:
         return Truncation(self.settings.auto_truncate if truncate is None else truncate, direction)
