@@ -149,6 +149,7 @@ MODELS = {
     "splade": (Task.SPLADE, splade_graph, PAIR_INPUTS[:2], None, {}),
 }
 FUSED = {"embed-fused": "embed"}  # served a second time as one fused model
+MATRYOSHKA = {"embed": [4]}  # the sizes `dimensions` may cut a model's vectors to; the others declare none
 
 
 def write_export(directory: Path, name: str, seed: int) -> Path:
@@ -162,7 +163,8 @@ def write_export(directory: Path, name: str, seed: int) -> Path:
     Manifest(task=task, source=f"prensa-fast/{name}", revision=f"rev-{seed}", max_length=MAX_LENGTH,
              onnx_file="model.onnx", dtype="fp32", inputs=list(inputs), outputs=outputs,
              pad_id=VOCAB["[PAD]"], special_ids=[VOCAB[t] for t in SPECIALS], pooling=pooling, normalize=True,
-             dim=HIDDEN if task in (Task.EMBED, Task.M3) else None, id2label=id2label).write(directory)
+             dim=HIDDEN if task in (Task.EMBED, Task.M3) else None, id2label=id2label,
+             matryoshka_dimensions=MATRYOSHKA.get(name)).write(directory)
     return directory
 
 

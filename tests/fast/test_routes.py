@@ -176,3 +176,19 @@ def test_openai_and_cohere_embeddings(http, oracle):
 def test_the_default_route_answers_with_the_default_model(http, oracle):
     got = http.post("/", json={"inputs": TEXTS}).json()
     np.testing.assert_allclose(got, oracle("embed")(TEXTS)[contract.DENSE], atol=ATOL)
+
+
+@pytest.mark.parametrize(("path", "body"), [("/embed", {"inputs": "dog", "model": "m3"}),
+                                            ("/v1/embeddings", {"input": "dog", "model": "m3"})])
+def test_dimensions_cut_only_where_the_model_declares_matryoshka(http, start_gateway, path, body):
+    """As vLLM: a model that declares no Matryoshka sizes is not cut (400 naming it), one that lists
+    sizes is cut to those only, the full size is always served, and the operator may allow any."""
+    refused = http.post(path, json={**body, "dimensions": 4})
+    assert refused.status_code == 400 and "declares no Matryoshka dimensions" in refused.text, refused.text
+    assert http.post(path, json={**body, "dimensions": 8}).status_code == 200  # its full size: nothing cut
+    listed = {**body, "model": "embed"}
+    assert http.post(path, json={**listed, "dimensions": 4}).status_code == 200
+    wrong = http.post(path, json={**listed, "dimensions": 2})
+    assert wrong.status_code == 400 and "cut to 4 dimensions, not 2" in wrong.text, wrong.text
+    allowed = start_gateway(allow_any_dimensions=True)
+    assert allowed.post(path, json={**body, "dimensions": 4}).status_code == 200

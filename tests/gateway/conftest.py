@@ -44,7 +44,9 @@ def running_gateway(settings: GatewaySettings, other_metrics: Sequence[Collector
 
 @pytest.fixture(scope="session")
 def settings(triton) -> GatewaySettings:
-    return GatewaySettings(triton_url=triton.grpc_url, repo=triton.options.repo, default_model="minilm")
+    # all-MiniLM-L6-v2 declares no Matryoshka sizes: the tests of `dimensions` run with the operator's switch
+    return GatewaySettings(triton_url=triton.grpc_url, repo=triton.options.repo, default_model="minilm",
+                           allow_any_dimensions=True)
 
 
 @pytest.fixture(scope="session")

@@ -211,3 +211,23 @@ def test_a_model_too_large_for_the_machine_is_refused_before_any_work(dense_dir,
     require_memory(source(dense_dir), {}, available=2**40)
     with pytest.raises(SourceError, match=r"takes about \d+ GiB of memory .* this machine has 0 GiB free"):
         require_memory(source(dense_dir), {}, available=1024)
+
+
+@pytest.mark.parametrize(("config", "st_config", "declared"), [
+    ({"matryoshka_dimensions": [768, 64, 256, 64]}, {}, [64, 256, 768]),
+    ({}, {"matryoshka_dimensions": [128]}, [128]),
+    ({}, {"truncate_dim": 256}, []),  # trained to be cut, no list of where: any size
+    ({}, {}, None),
+])
+def test_matryoshka_dimensions_are_read_where_models_declare_them(tmp_path, config, st_config, declared):
+    from prensa.export.pipeline import read_matryoshka
+
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    assert read_matryoshka(source(tmp_path), config) == declared
+
+
+def test_a_matryoshka_list_of_anything_but_sizes_is_refused(tmp_path):
+    from prensa.export.pipeline import read_matryoshka
+
+    with pytest.raises(SourceError, match="matryoshka_dimensions must list positive sizes"):
+        read_matryoshka(source(tmp_path), {"matryoshka_dimensions": [64, "all"]})

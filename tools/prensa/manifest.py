@@ -84,6 +84,9 @@ class Manifest:
     # sentence-transformers' Pooling `include_prompt`: false leaves a prompt's tokens out of the pooling,
     # which the graph and pool stage do for tokens marked `contract.PROMPT_TOKEN`.
     include_prompt: bool = True
+    # Where the model's vectors may be cut (`dimensions`): its declared Matryoshka sizes, [] when it
+    # declares Matryoshka training without a list, None when it declares none (see `pipeline.read_matryoshka`).
+    matryoshka_dimensions: list[int] | None = None
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
     attention_heads: int | None = None  # the transformer's; with max_length, what one text's attention can hold
     # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s

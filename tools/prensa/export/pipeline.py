@@ -153,6 +153,19 @@ def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
     return prompts, default
 
 
+def read_matryoshka(source: SourceModel, config: dict[str, Any]) -> list[int] | None:
+    """The Matryoshka dimensions the model declares: a `matryoshka_dimensions` list (its config.json
+    or sentence-transformers' config), [] for sentence-transformers' `truncate_dim` alone (trained to
+    be cut, no list of where), None when it declares neither."""
+    st_config = json.loads((source.path / ST_CONFIG).read_text()) if source.has(ST_CONFIG) else {}
+    listed = config.get("matryoshka_dimensions") or st_config.get("matryoshka_dimensions")
+    if listed is not None:
+        if not isinstance(listed, list) or not all(isinstance(d, int) and d > 0 for d in listed):
+            raise SourceError(f"{source.name}: matryoshka_dimensions must list positive sizes, got {listed!r}")
+        return sorted(set(listed))
+    return [] if isinstance(st_config.get("truncate_dim"), int) else None
+
+
 def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], options: ExportOptions,
           task: Task | None, prompts: dict[str, str]) -> ModelPlan:
     pad_offset = (config.get("pad_token_id") or 0) + 1 if config.get("model_type") in ("xlm-roberta", "roberta") else 0
@@ -565,6 +578,7 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         prompts=prompts,
         default_prompt_name=default_prompt,
         include_prompt=plan.layout.include_prompt if plan.layout else True,
+        matryoshka_dimensions=read_matryoshka(source, config) if plan.task in calibration.DENSE_TASKS else None,
     )
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)  # a previous export's, into the same directory
     if manifest.task in calibration.DENSE_TASKS:

@@ -81,6 +81,8 @@ class ServedModel:
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     include_prompt: bool = True  # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
+    # The sizes `dimensions` may cut its vectors to: () any, None where the model declares no Matryoshka training.
+    matryoshka: tuple[int, ...] | None = None
     dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
     # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
@@ -205,6 +207,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         fused=fused,
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
         include_prompt=params.get("include_prompt", "true") == "true",
+        matryoshka=tuple(contract.int_list(params["matryoshka_dimensions"])) if "matryoshka_dimensions" in params else None,
         dense_ranges=dense_ranges,
         cached=ensemble.response_cache.enable,
         pair_template=template,

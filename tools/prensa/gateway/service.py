@@ -144,6 +144,20 @@ class Service:
         """The batch limit alone, for routes where an empty input is valid (`/tokenize`, `/decode`)."""
         check_batch(size, self.settings.max_client_batch_size, self.settings.split_large_batches)
 
+    def check_matryoshka(self, model: ServedModel, dimensions: int) -> None:
+        """Cut vectors only where the model was trained to be cut (vLLM's rule), unless the operator
+        allows any size (--allow-any-dimensions)."""
+        if self.settings.allow_any_dimensions:
+            return
+        if model.matryoshka is None:
+            raise GatewayError(ErrorKind.UNSUPPORTED, f"model `{model.name}` declares no Matryoshka dimensions: its "
+                               f"vectors cut to {dimensions} would be poor ones; ask for its full size or none, or "
+                               "start the gateway with --allow-any-dimensions")
+        if model.matryoshka and dimensions not in model.matryoshka:
+            sizes = ", ".join(map(str, model.matryoshka))
+            raise GatewayError(ErrorKind.UNSUPPORTED, f"model `{model.name}` is trained to be cut to {sizes} "
+                               f"dimensions, not {dimensions}")
+
     async def tokenizer_work(self, inputs: int, work: Callable[..., T], *args: Any) -> T:
         """`work(*args)` on `inputs` inputs in a thread, under the batch limit and holding their
         permits: tokenizer work on a large body takes seconds and memory of its own."""
@@ -258,6 +272,8 @@ class Service:
             raise validation("`dimensions` should be positive")
         if dimensions is not None and dimensions > dim:
             raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
+        if dimensions is not None and dimensions != dim:
+            self.check_matryoshka(model, dimensions)
         windows = await self.chunk_windows(model, items, chunking, timings)
         if windows and any(isinstance(item, PromptedText) for item in items):
             raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "

@@ -59,6 +59,9 @@ class GatewaySettings:
     auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")  # `truncate: null`
     chunk_long_inputs: bool = setting(False, "Embed inputs over the model's max length as overlapping windows "
                                       "combined into one answer, when a request does not say (`chunking`).")
+    allow_any_dimensions: bool = setting(
+        False, "Serve `dimensions` on models that declare no Matryoshka sizes (their cut vectors are poor ones); "
+        "otherwise such a request gets 400.")
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on inference routes.")
     cors_allow_origins: tuple[str, ...] = setting((), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin")
     # Per inference call; health and metadata calls use min(2 s, this).

@@ -318,7 +318,7 @@ class ModelRenderer:
     def served_parameters(self) -> dict[str, object]:
         """Read by the gateway and by tritonclient users (`get_model_config`) on the model clients call.
         `prompts` (a JSON object, name -> text) and `default_prompt_name` appear only when the model has them,
-        `include_prompt` only when it is false."""
+        `include_prompt` only when it is false, `matryoshka_dimensions` only when the model declares some."""
         m = self.m
         parameters: dict[str, object] = {
             "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
@@ -332,6 +332,8 @@ class ModelRenderer:
             parameters["default_prompt_name"] = m.default_prompt_name
         if not m.include_prompt:
             parameters["include_prompt"] = "false"
+        if m.matryoshka_dimensions is not None:  # "" for any size
+            parameters["matryoshka_dimensions"] = ",".join(map(str, m.matryoshka_dimensions))
         return parameters
 
     def served_calibration(self) -> Path | None:
