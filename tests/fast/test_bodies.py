@@ -76,7 +76,8 @@ def own_bodies() -> dict[str, dict]:
             "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
             "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
             "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
-            "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"}}
+            "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"},
+            "/classify": {"input": "dog", "model": "classify"}}
 
 
 VOLATILE_FIELDS = {"request_id", "id", "created", "total_duration", "load_duration", "prompt_eval_duration"}

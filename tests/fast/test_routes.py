@@ -126,6 +126,29 @@ def test_rerank_equals_the_stage_code(http, oracle):
             assert result["relevance_score"] == pytest.approx(float(sigmoid(logits[result["index"]])), abs=ATOL)
 
 
+def test_classify_answers_vllm_and_infinity_each_in_its_shape(http, oracle):
+    """vLLM's body gets vLLM's answer (each input's probabilities and its best label), Infinity's
+    (with `raw_scores`) Infinity's (every label by score, logits when asked); both from the stage code."""
+    labels = ["negative", "neutral", "positive"]
+    scores, logits = oracle("classify")(TEXTS)[contract.SCORES], oracle("classify")(TEXTS)[contract.LOGITS]
+    vllm = http.post("/classify", json={"input": TEXTS, "model": "classify"}).json()
+    assert vllm["object"] == "list" and vllm["id"].startswith("classify-") and vllm["usage"]["completion_tokens"] == 0
+    for row, got in enumerate(vllm["data"]):
+        assert (got["index"], got["num_classes"], got["label"]) == (row, 3, labels[int(np.argmax(scores[row]))])
+        assert got["probs"] == pytest.approx(scores[row].tolist(), abs=ATOL)
+    one = http.post("/classify", json={"input": TEXTS[0], "model": "classify", "truncate_prompt_tokens": -1}).json()
+    assert len(one["data"]) == 1 and one["data"][0]["probs"] == pytest.approx(scores[0].tolist(), abs=ATOL)
+    for raw, expected in ((False, scores), (True, logits)):
+        infinity = http.post("/classify", json={"input": TEXTS, "model": "classify", "raw_scores": raw}).json()
+        assert infinity["object"] == "classify"
+        for row, got in enumerate(infinity["data"]):
+            assert [p["score"] for p in got] == sorted((p["score"] for p in got), reverse=True)
+            assert {p["label"]: p["score"] for p in got} == pytest.approx(dict(zip(labels, expected[row].tolist())),
+                                                                           abs=ATOL)
+    window = http.post("/classify", json={"input": "dog", "model": "classify", "truncate_prompt_tokens": 4})
+    assert window.status_code == 422 and "truncate_prompt_tokens" in window.text
+
+
 def test_predict_equals_the_stage_code(http, oracle):
     expected = oracle("classify")(TEXTS)[contract.SCORES]
     predictions = http.post("/predict", json={"inputs": [[t] for t in TEXTS], "model": "classify"}).json()

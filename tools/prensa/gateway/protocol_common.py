@@ -17,6 +17,10 @@ class Usage(BaseModel):
     total_tokens: int = Field(description="Same as prompt_tokens: embedders and rerankers generate nothing.")
 
 
+class VllmUsage(Usage):
+    completion_tokens: int = Field(0, description="Always 0.")
+
+
 class ChunkingRequest(BaseModel):
     enabled: bool = Field(True, description="Cut inputs over the model's max length into windows and combine them.")
     overlap: int = Field(DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share.")

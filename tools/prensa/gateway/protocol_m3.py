@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, VllmUsage
 from prensa.gateway.protocol_tei import PROMPT, Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
@@ -66,10 +66,6 @@ class VllmScore(BaseModel):
     index: int = Field(description="Position of the pair.")
     object: str = Field("score", description="Always `score`.")
     score: float = Field(description="A reranker's sigmoid score, or an embedder's cosine similarity.")
-
-
-class VllmUsage(Usage):
-    completion_tokens: int = Field(0, description="Always 0.")
 
 
 class VllmScores(BaseModel):

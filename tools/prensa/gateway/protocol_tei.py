@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage, VllmUsage
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -109,6 +109,46 @@ class InfinityRank(BaseModel):
     relevance_score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
     index: int = Field(description="Position of the document in `documents`.")
     document: str | None = Field(None, description="The document, with `return_documents`.")
+
+
+class ClassifyRequest(ModelRequest):
+    """vLLM's `/classify` body, or Infinity's: the same `input` and `model`; a body with Infinity's
+    `raw_scores` (true or false) is answered in Infinity's shape, any other in vLLM's."""
+
+    input: str | list[str] = Field(description="A text or a list of texts, each classified on its own.")
+    raw_scores: bool | None = Field(None, description="Infinity's: logits instead of probabilities; present, the "
+                                                      "answer is Infinity's `{object: classify, data: [[{score, label}]]}`.")
+    truncate_prompt_tokens: int | None = Field(None, description="vLLM's: -1 (the model's max length) is served; a "
+                                                                 "smaller window is refused (422).")
+
+
+class VllmClassification(BaseModel):
+    index: int = Field(description="Position of the input.")
+    label: str = Field(description="The most likely label.")
+    probs: list[float] = Field(description="Softmax (several labels) or sigmoid (one label) of each label's logit.")
+    num_classes: int = Field(description="How many labels.")
+
+
+class VllmClassifications(BaseModel):
+    """vLLM's answer to `/classify`."""
+
+    id: str = Field(description="A fresh id.")
+    object: str = Field("list", description="Always `list`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The served model that answered.")
+    data: list[VllmClassification] = Field(description="One per input, in input order.")
+    usage: VllmUsage = Field(description="Token counts.")
+
+
+class InfinityClassifications(BaseModel):
+    """Infinity's answer to `/classify` (a body with `raw_scores`)."""
+
+    object: str = Field("classify", description="Always `classify`.")
+    data: list[list[Prediction]] = Field(description="Per input, every label by score, best first.")
+    model: str = Field(description="The served model that answered.")
+    usage: Usage = Field(description="Token counts.")
+    id: str = Field(description="A fresh id.")
+    created: int = Field(description="Unix seconds.")
 
 
 class InfinityRerank(BaseModel):

@@ -31,8 +31,10 @@ from prensa.gateway.protocol_common import asked_chunking
 from prensa.gateway.protocol_m3 import M3Request
 from prensa.gateway.protocol_tei import (
     ERRORS,
+    ClassifyRequest,
     DecodeRequest,
     EmbedRequest,
+    InfinityClassifications,
     InfinityRerank,
     Info,
     ModelRequest,
@@ -47,6 +49,7 @@ from prensa.gateway.protocol_tei import (
     TokenLevelRequest,
     VertexRequest,
     VertexResponse,
+    VllmClassifications,
 )
 from prensa.gateway.responses import (
     CountedRoute,
@@ -144,6 +147,27 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
     return ranked if batched or hub is not None else ranked[0]
 
 
+async def _classify(request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
+    if request.truncate_prompt_tokens not in (None, -1):
+        raise validation("`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served")
+    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    truncation = gw.service.truncation(True if request.truncate_prompt_tokens == -1 else None, "right")
+    values, tokens = await gw.service.scores(served, texts, [None] * len(texts), truncation, bool(request.raw_scores),
+                                             timings)
+    labels, counted = served.id2label, int(tokens.sum())
+    answer = {"model": served.name, "id": f"classify-{uuid.uuid4().hex}", "created": int(time.time())}
+    if request.raw_scores is not None:
+        ranked = [[{"score": row[j], "label": labels[j]} for j in np.argsort(-np.asarray(row), kind="stable").tolist()]
+                  for row in values.tolist()]
+        return {**answer, "object": "classify", "data": ranked,
+                "usage": {"prompt_tokens": counted, "total_tokens": counted}}
+    rows = [{"index": i, "label": labels[int(np.argmax(row))], "probs": row, "num_classes": len(row)}
+            for i, row in enumerate(values.tolist())]
+    return {**answer, "object": "list", "data": rows,
+            "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0}}
+
+
 def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
     """The passages and whether the body is Infinity's (`documents`) rather than TEI's (`texts`);
     each shape's echo flag belongs to it alone."""
@@ -193,6 +217,7 @@ EMBED_SPARSE = Operation("embed_sparse", TokenLevelRequest, Capability.SPARSE, _
 EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _per_token("hidden"))
 EMBED_COLBERT = Operation("embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert"))
 PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
+CLASSIFY = Operation("classify", ClassifyRequest, Capability.PREDICT, _classify)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
 # What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
@@ -230,6 +255,13 @@ async def embed_colbert(request: TokenLevelRequest, http: GatewayRequest, model:
 async def predict(request: PredictRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """Classifiers take texts or pairs; rerankers score pairs, and a lone text as a sequence of its own."""
     return await _serve(PREDICT, request, http, model)
+
+
+@router.post("/classify", response_model=VllmClassifications | InfinityClassifications,
+             summary="Classify texts (vLLM's body and answer, or Infinity's with `raw_scores`)")
+async def classify(request: ClassifyRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """One label distribution per input; a body with Infinity's `raw_scores` gets Infinity's answer."""
+    return await _serve(CLASSIFY, request, http, model)
 
 
 @router.post("/rerank", response_model=list[Rank] | InfinityRerank, response_model_exclude_none=True,
