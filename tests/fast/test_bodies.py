@@ -77,7 +77,7 @@ def own_bodies() -> dict[str, dict]:
             "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
             "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
             "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"},
-            "/classify": {"input": "dog", "model": "classify"}}
+            "/classify": {"input": "dog", "model": "classify"}, "/pooling": {"input": "dog", "model": "embed"}}
 
 
 VOLATILE_FIELDS = {"request_id", "id", "created", "total_duration", "load_duration", "prompt_eval_duration"}

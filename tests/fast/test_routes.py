@@ -126,6 +126,26 @@ def test_rerank_equals_the_stage_code(http, oracle):
             assert result["relevance_score"] == pytest.approx(float(sigmoid(logits[result["index"]])), abs=ATOL)
 
 
+def test_pooling_answers_as_vllm_from_the_stage_code(http, oracle):
+    """vLLM's `/pooling`: `embed` is each text's pooled, L2-normalised vector (float or base64 float32),
+    `token_embed` the encoder's vector of each of its tokens."""
+    expected = oracle("embed")(TEXTS)
+    pooled = http.post("/pooling", json={"input": TEXTS, "model": "embed"}).json()
+    assert pooled["object"] == "list" and pooled["id"].startswith("pool-") and pooled["usage"]["completion_tokens"] == 0
+    got = np.asarray([row["data"] for row in sorted(pooled["data"], key=lambda row: row["index"])])
+    np.testing.assert_allclose(got, expected[contract.DENSE], atol=ATOL)
+    packed = http.post("/pooling", json={"input": TEXTS, "model": "embed", "encoding_format": "base64"}).json()
+    unpacked = [np.frombuffer(base64.b64decode(row["data"]), dtype="<f4") for row in packed["data"]]
+    np.testing.assert_allclose(unpacked, got, atol=1e-7)
+    tokens = http.post("/pooling", json={"input": TEXTS[:2], "model": "embed", "task": "token_embed"}).json()
+    hidden = oracle("embed").encoded(oracle("embed").tokens(TEXTS))[contract.LAST_HIDDEN_STATE]
+    for row, answer in enumerate(tokens["data"]):
+        count = int(expected[contract.NUM_TOKENS][row][0])
+        np.testing.assert_allclose(np.asarray(answer["data"]), hidden[row, :count], atol=ATOL)
+    refused = http.post("/pooling", json={"input": "dog", "task": "token_embed", "encoding_format": "base64"})
+    assert refused.status_code == 422 and "base64" in refused.text
+
+
 def test_classify_answers_vllm_and_infinity_each_in_its_shape(http, oracle):
     """vLLM's body gets vLLM's answer (each input's probabilities and its best label), Infinity's
     (with `raw_scores`) Infinity's (every label by score, logits when asked); both from the stage code."""

@@ -121,6 +121,8 @@ VALID = {
                    "model": "minilm"},
     "/embed_colbert": {"inputs": "ok", "truncate": True, "truncation_direction": "right", "prompt_name": None,
                        "model": "bge-m3"},
+    "/pooling": {"input": ["a text"], "model": "minilm", "task": "embed", "encoding_format": "float",
+                 "truncate_prompt_tokens": -1},
     "/classify": {"input": ["a text"], "model": "classifier", "raw_scores": False, "truncate_prompt_tokens": -1},
     "/predict": {"inputs": ["q", "p"], "truncate": True, "truncation_direction": "right", "raw_scores": False,
                  "model": "msmarco", "parameters": {"top_k": 1, "function_to_apply": "sigmoid"}},

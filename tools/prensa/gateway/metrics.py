@@ -55,7 +55,7 @@ class TeiCounter(Collector):
         yield family
 
 
-EMBED_METHODS = frozenset({"embed", "embed_m3", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
+EMBED_METHODS = frozenset({"embed", "pooling", "embed_m3", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
                            "embed_v1", "embed_v2"})
 PREDICT_METHODS = frozenset({"predict", "classify", "score", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"})
 

@@ -122,6 +122,35 @@ class ClassifyRequest(ModelRequest):
                                                                  "smaller window is refused (422).")
 
 
+class PoolingRequest(ModelRequest):
+    """vLLM's `/pooling` body: each input's pooled vector (`embed`) or its tokens' vectors (`token_embed`)."""
+
+    input: str | list[str] = Field(description="A text or a list of texts.")
+    task: Literal["embed", "token_embed"] = Field("embed", description="embed: the model's pooled, L2-normalised "
+                                                  "vector; token_embed: the encoder's vector of every token.")
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 "
+                                                        "(`embed` only).")
+    truncate_prompt_tokens: int | None = Field(None, description="-1 (the model's max length) is served; a smaller "
+                                                                 "window is refused (422).")
+
+
+class VllmPooled(BaseModel):
+    index: int = Field(description="Position of the input.")
+    object: str = Field("pooling", description="Always `pooling`.")
+    data: list[float] | list[list[float]] | str = Field(description="The vector, the tokens' vectors, or base64.")
+
+
+class VllmPoolings(BaseModel):
+    """vLLM's answer to `/pooling`."""
+
+    id: str = Field(description="A fresh id.")
+    object: str = Field("list", description="Always `list`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The served model that answered.")
+    data: list[VllmPooled] = Field(description="One per input, in input order.")
+    usage: VllmUsage = Field(description="Token counts.")
+
+
 class VllmClassification(BaseModel):
     index: int = Field(description="Position of the input.")
     label: str = Field(description="The most likely label.")

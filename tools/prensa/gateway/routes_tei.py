@@ -17,6 +17,7 @@ from importlib.metadata import version
 from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import RootModel
@@ -38,6 +39,7 @@ from prensa.gateway.protocol_tei import (
     InfinityRerank,
     Info,
     ModelRequest,
+    PoolingRequest,
     Prediction,
     PredictRequest,
     Rank,
@@ -50,7 +52,9 @@ from prensa.gateway.protocol_tei import (
     VertexRequest,
     VertexResponse,
     VllmClassifications,
+    VllmPoolings,
 )
+from prensa.gateway.quantize import base64_float32
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -149,10 +153,8 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
 
 async def _classify(request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
-    if request.truncate_prompt_tokens not in (None, -1):
-        raise validation("`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served")
     texts = [request.input] if isinstance(request.input, str) else list(request.input)
-    truncation = gw.service.truncation(True if request.truncate_prompt_tokens == -1 else None, "right")
+    truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
     values, tokens = await gw.service.scores(served, texts, [None] * len(texts), truncation, bool(request.raw_scores),
                                              timings)
     labels, counted = served.id2label, int(tokens.sum())
@@ -165,6 +167,33 @@ async def _classify(request: ClassifyRequest, gw: Gateway, served: ServedModel, 
     rows = [{"index": i, "label": labels[int(np.argmax(row))], "probs": row, "num_classes": len(row)}
             for i, row in enumerate(values.tolist())]
     return {**answer, "object": "list", "data": rows,
+            "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0}}
+
+
+def vllm_window(truncate_prompt_tokens: int | None) -> bool | None:
+    """vLLM's `truncate_prompt_tokens` as the service's `truncate`: -1 cuts at the model's max length,
+    absent leaves it to --auto-truncate; a smaller window is not served."""
+    if truncate_prompt_tokens not in (None, -1):
+        raise validation("`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served")
+    return True if truncate_prompt_tokens == -1 else None
+
+
+async def _pooling(request: PoolingRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
+    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
+    if request.task == "token_embed":
+        if request.encoding_format != "float":
+            raise validation("`encoding_format` base64 is served for `task: embed` only")
+        result = await gw.service.hidden(served, list(texts), truncation, timings)
+        data: list[Any] = list(result.rows)
+    else:
+        result = await gw.service.dense(served, list(texts), truncation, True, None, timings)
+        rows = cast("npt.NDArray[Any]", result.rows)
+        data = [base64_float32(row) for row in rows] if request.encoding_format == "base64" else list(rows)
+    counted = int(result.num_tokens.sum())
+    return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": served.name,
+            "data": [{"index": i, "object": "pooling", "data": value} for i, value in enumerate(data)],
             "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0}}
 
 
@@ -218,6 +247,7 @@ EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _per_to
 EMBED_COLBERT = Operation("embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert"))
 PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
 CLASSIFY = Operation("classify", ClassifyRequest, Capability.PREDICT, _classify)
+POOLING = Operation("pooling", PoolingRequest, Capability.DENSE, _pooling)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
 # What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
@@ -262,6 +292,12 @@ async def predict(request: PredictRequest, http: GatewayRequest, model: ModelPar
 async def classify(request: ClassifyRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """One label distribution per input; a body with Infinity's `raw_scores` gets Infinity's answer."""
     return await _serve(CLASSIFY, request, http, model)
+
+
+@router.post("/pooling", response_model=VllmPoolings, summary="vLLM's pooling: pooled or per-token vectors")
+async def pooling(request: PoolingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+    """`task: embed` gives each input's pooled, L2-normalised vector; `token_embed` every token's."""
+    return await _serve(POOLING, request, http, model)
 
 
 @router.post("/rerank", response_model=list[Rank] | InfinityRerank, response_model_exclude_none=True,
