@@ -21,6 +21,16 @@ class VllmUsage(Usage):
     completion_tokens: int = Field(0, description="Always 0.")
 
 
+class VllmList(BaseModel):
+    """What every vLLM pooling answer (`/score`, `/classify`, `/pooling`) has around its `data`."""
+
+    id: str = Field(description="A fresh id.")
+    object: str = Field("list", description="Always `list`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The served model that answered.")
+    usage: VllmUsage = Field(description="Token counts.")
+
+
 class ChunkingRequest(BaseModel):
     enabled: bool = Field(True, description="Cut inputs over the model's max length into windows and combine them.")
     overlap: int = Field(DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share.")

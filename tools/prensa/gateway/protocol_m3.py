@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, VllmUsage
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, VllmList
 from prensa.gateway.protocol_tei import PROMPT, Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
@@ -68,15 +68,10 @@ class VllmScore(BaseModel):
     score: float = Field(description="A reranker's sigmoid score, or an embedder's cosine similarity.")
 
 
-class VllmScores(BaseModel):
+class VllmScores(VllmList):
     """vLLM's answer to a `/score` body with `text_1`/`text_2` (or `queries`/`documents`)."""
 
-    id: str = Field(description="A fresh id.")
-    object: str = Field("list", description="Always `list`.")
-    created: int = Field(description="Unix seconds.")
-    model: str = Field(description="The served model that answered.")
     data: list[VllmScore] = Field(description="One score per pair, in pair order.")
-    usage: VllmUsage = Field(description="Token counts.")
 
 
 class HybridScore(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage, VllmUsage
+from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage, VllmList
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -140,15 +140,10 @@ class VllmPooled(BaseModel):
     data: list[float] | list[list[float]] | str = Field(description="The vector, the tokens' vectors, or base64.")
 
 
-class VllmPoolings(BaseModel):
+class VllmPoolings(VllmList):
     """vLLM's answer to `/pooling`."""
 
-    id: str = Field(description="A fresh id.")
-    object: str = Field("list", description="Always `list`.")
-    created: int = Field(description="Unix seconds.")
-    model: str = Field(description="The served model that answered.")
     data: list[VllmPooled] = Field(description="One per input, in input order.")
-    usage: VllmUsage = Field(description="Token counts.")
 
 
 class VllmClassification(BaseModel):
@@ -158,15 +153,10 @@ class VllmClassification(BaseModel):
     num_classes: int = Field(description="How many labels.")
 
 
-class VllmClassifications(BaseModel):
+class VllmClassifications(VllmList):
     """vLLM's answer to `/classify`."""
 
-    id: str = Field(description="A fresh id.")
-    object: str = Field("list", description="Always `list`.")
-    created: int = Field(description="Unix seconds.")
-    model: str = Field(description="The served model that answered.")
     data: list[VllmClassification] = Field(description="One per input, in input order.")
-    usage: VllmUsage = Field(description="Token counts.")
 
 
 class InfinityClassifications(BaseModel):
