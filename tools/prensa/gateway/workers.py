@@ -176,7 +176,8 @@ class WorkerPool:
             for slot in range(self.count):
                 self._start(slot, sock)
             log.info("gateway: %d worker processes on %s:%d", self.count, self.host, self.port)
-            self.started = self._supervise(sock)
+            self.started = True
+            self.started = self._supervise(sock)  # False: a worker could not start
         finally:
             self._stop()
             sock.close()
