@@ -32,8 +32,8 @@ from prensa.bench.systems import HttpClient, ServerProcess
 from prensa.gateway.app import create_app
 from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.logs import configure_logging
-from prensa.gateway.server import gateway_server
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.workers import gateway_server
 from prensa.workload import query_texts
 
 TEXT = "how are module attributes looked up?"

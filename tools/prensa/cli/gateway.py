@@ -20,8 +20,9 @@ import typer
 
 from prensa.addresses import GATEWAY_PORT, LOOPBACK
 from prensa.gateway.logs import configure_logging
-from prensa.gateway.server import gateway_server, run_server
+from prensa.gateway.server import run_server
 from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
+from prensa.gateway.workers import gateway_server
 
 R = TypeVar("R")
 PANEL = "Gateway"  # the --help panel of the gateway options of serve and up

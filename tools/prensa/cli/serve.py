@@ -18,8 +18,9 @@ from rich.table import Table
 from prensa.addresses import ANY_ADDRESS, LOOPBACK
 from prensa.cli.gateway import PANEL, GatewayAddress, with_gateway_options
 from prensa.gateway.logs import configure_logging
-from prensa.gateway.server import gateway_server, run_server
+from prensa.gateway.server import run_server
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.workers import gateway_server
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
 from prensa.triton.repo import Pipeline, cached_models
 from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics

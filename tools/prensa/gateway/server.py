@@ -1,5 +1,5 @@
-"""The gateway's HTTP server (`gateway_server`: one process, or a pool of workers) and its
-connections: uvicorn's httptools protocol with the limits a server facing untrusted clients needs
+"""The gateway's HTTP server in one process (`worker_server`; `workers.gateway_server` picks one
+or a pool of them) and its connections: uvicorn's httptools protocol with the limits a server facing untrusted clients needs
 and uvicorn lacks.
 
 - A request (line, headers and body) must arrive within `read_timeout_s` of the connection
@@ -280,22 +280,6 @@ class Serving(Protocol):
     started: bool
 
     def run(self) -> None: ...
-
-
-def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
-                   backend: BackendFactory | None = None) -> Serving:
-    """The gateway on host:port: one uvicorn server (`GatewayServer`), or a pool of worker
-    processes each running one (`settings.workers`, see `workers.worker_count`). `run()` blocks,
-    `should_exit = True` stops it, giving in-flight requests `graceful_timeout_s` before cancelling
-    them. Connections are this module's protocol: read and write timeouts, header and connection
-    limits. `other_metrics` join the gateway's own on its /metrics (with workers, only series kept
-    in prometheus-client's multiprocess files reach it: `workers.share_metrics`); `backend` is
-    `create_app`'s (default: the Tritons of the settings), picklable when there are workers."""
-    from prensa.gateway.workers import WorkerPool, worker_count
-
-    if worker_count(settings) > 1:
-        return WorkerPool(settings, host, port, backend)
-    return worker_server(settings, host, port, other_metrics, backend)
 
 
 def worker_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),

@@ -29,6 +29,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -38,13 +39,17 @@ from typing import TYPE_CHECKING, Any
 from prensa.gateway.limits import SharedPermits
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.metrics import MULTIPROCESS_DIR
+from prensa.gateway.server import run_server, worker_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.triton.supervisor import describe_exit
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+    from prometheus_client import CollectorRegistry
+
     from prensa.gateway.backend import BackendFactory
+    from prensa.gateway.server import Serving
 
 log = logging.getLogger("prensa.gateway")
 
@@ -122,8 +127,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def serve_worker(settings: GatewaySettings, host: str, port: int, sock: socket.socket, slot: int, counts: Any,
                  backend: BackendFactory | None) -> None:
     """A worker process's life: one gateway on the shared socket, permits in slot `slot` of `counts`."""
-    from prensa.gateway.server import run_server, worker_server
-
     configure_logging(settings.log_level, settings.json_output)
     server = worker_server(settings, host, port, backend=backend, shared_permits=SharedPermits(counts, slot))
     if not run_server(server, sockets=[sock]):
@@ -227,3 +230,16 @@ class WorkerPool:
                 worker.process.kill()
                 worker.process.join()
 
+
+def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
+                   backend: BackendFactory | None = None) -> Serving:
+    """The gateway on host:port: one uvicorn server (`GatewayServer`), or a pool of worker
+    processes each running one (`settings.workers`, see `workers.worker_count`). `run()` blocks,
+    `should_exit = True` stops it, giving in-flight requests `graceful_timeout_s` before cancelling
+    them. Connections are this module's protocol: read and write timeouts, header and connection
+    limits. `other_metrics` join the gateway's own on its /metrics (with workers, only series kept
+    in prometheus-client's multiprocess files reach it: `workers.share_metrics`); `backend` is
+    `create_app`'s (default: the Tritons of the settings), picklable when there are workers."""
+    if worker_count(settings) > 1:
+        return WorkerPool(settings, host, port, backend)
+    return worker_server(settings, host, port, other_metrics, backend)
