@@ -165,3 +165,16 @@ def test_a_splade_encoder_passes_fewer_tokens_so_its_logits_stay_bounded(tmp_pat
                          .parameters["max_batch_tokens"].string_value) for name in ("s", "m")}
     assert budgets == {"s": expected, "m": ServingOptions().max_batch_tokens}
     assert encoder_token_budget(splade, ServingOptions(max_batch_tokens=1024)) == max(splade.max_length, 1024)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"execution_provider": "tpu"}, "--execution-provider must be cpu or cuda"),
+    ({"target": Target.CONTAINER, "execution_provider": "cuda"}, "--execution-provider applies to the cpu target"),
+    ({"length_buckets": (16, 32)}, "apply to --target container"),
+    ({"onnx_tensorrt": True}, "apply to --target container"),
+])
+def test_serving_options_refuse_what_no_repository_serves_from_python_too(changes, message):
+    """The checks live in the options class: `build_repository` called from Python gets them as
+    `prensa repo build` does."""
+    with pytest.raises(ValueError, match=message):
+        ServingOptions(**changes)

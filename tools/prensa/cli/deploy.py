@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from prensa.deploy.k8s import ADAPTER_VALUES, K8sOptions, read_repository, render, triton_memory, write_manifests
+from prensa.triton.repo import DEFAULT_REPO
 
 app = typer.Typer(help="Render deployment manifests for a model repository.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -26,7 +27,7 @@ def parse_labels(labels: list[str]) -> tuple[tuple[str, str], ...]:
 
 @app.command()
 def k8s(
-    repo: Annotated[Path, typer.Option(help="Model repository rendered by `prensa repo build` (read for model names, stages and instance counts).")] = Path("model_repo"),
+    repo: Annotated[Path, typer.Option(help="Model repository rendered by `prensa repo build` (read for model names, stages and instance counts).")] = DEFAULT_REPO,
     repo_image: Annotated[str | None, typer.Option(help="Image holding the repository at /models (deploy/model-repo.Dockerfile); an init container copies it into each pod.")] = None,
     repo_pvc: Annotated[str | None, typer.Option(help="Instead of --repo-image: a PersistentVolumeClaim holding the repository, mounted read-only.")] = None,
     out: Annotated[Path, typer.Option(help="Directory to write the manifests to.")] = Path("deploy/k8s"),

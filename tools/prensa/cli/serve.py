@@ -22,7 +22,7 @@ from prensa.gateway.server import run_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.workers import gateway_server
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, TritonStartError
-from prensa.triton.repo import Pipeline, cached_models
+from prensa.triton.repo import DEFAULT_REPO, Pipeline, cached_models
 from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics
 from prensa.triton.tracing import TracingSetupError, TritonTracing, traces_url
 
@@ -43,7 +43,6 @@ RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_B
 TritonOtlpEndpoint = Annotated[str | None, typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
 CacheSize = Annotated[int, typer.Option(envvar="PRENSA_CACHE_SIZE", help="Bytes of memory for Triton's response cache, shared by the models built with `prensa repo build --response-cache` (at least 1 MiB, e.g. 268435456 for 256 MiB); 0: no cache, those models answer every request themselves.")]
 # The gateway reads tokenizers from Triton's repository, so both default to the same directory.
-DEFAULT_REPO = GatewaySettings.repo
 
 
 def say(message: str) -> None:

@@ -12,13 +12,14 @@ from rich.table import Table
 from prensa.bench.tune import TunePoint, write_best
 from prensa.bench.tune import tune as run_tune
 from prensa.cli.interrupt import sigterm_exits
+from prensa.triton.repo import DEFAULT_REPO
 from prensa.workload import Workloads
 
 
 def tune(
     export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export`.")],
     name: Annotated[str, typer.Option(help="Model name in the repository.")],
-    repo: Annotated[Path, typer.Option(help="Repository to write the winning settings into.")] = Path("model_repo"),
+    repo: Annotated[Path, typer.Option(help="Repository to write the winning settings into.")] = DEFAULT_REPO,
     requests: Annotated[int, typer.Option(help="Requests per sweep point.")] = 192,
     concurrency: Annotated[int, typer.Option(help="Concurrent clients per sweep point.")] = 32,
     quick: Annotated[bool, typer.Option(help="Two points only (CI).")] = False,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prensa.addresses import TRITON_GRPC_URL
+from prensa.triton.repo import DEFAULT_REPO
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class GatewaySettings:
     triton_url: str = setting(
         TRITON_GRPC_URL, "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
         "requests, health-checked).", gateway_only=True)
-    repo: Path = setting(Path("model_repo"), "Triton's model repository, read for tokenizer files.", gateway_only=True)
+    repo: Path = setting(DEFAULT_REPO, "Triton's model repository, read for tokenizer files.", gateway_only=True)
     default_model: str | None = setting(None, "Model for requests naming none (if it fits the route).")
     # Permits, one per input, taken by try-acquire (TEI).
     max_concurrent_requests: int = setting(512, "Inputs in flight before requests get 429.")

@@ -91,6 +91,10 @@ class Target(str, Enum):
     CONTAINER = "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
 
 
+EXECUTION_PROVIDERS = ("cpu", "cuda")  # the cpu target's Python encoder: onnxruntime's CPU or CUDA provider
+DEFAULT_REPO = Path("model_repo")  # where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServingOptions:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
@@ -109,6 +113,18 @@ class ServingOptions:
     trt_cache_dir: str = "/cache/trt"  # container path of that accelerator's engine cache (a volume in compose.yaml)
     pipeline: Pipeline = Pipeline.ENSEMBLE
     response_cache: bool = False  # Triton's response cache on the model clients call (`cache_refusal`); needs `serve --cache-size`
+
+    def __post_init__(self) -> None:
+        """The combinations no repository can serve, refused here so that `build_repository` called
+        from Python refuses them as `prensa repo build` does (messages name the flags)."""
+        if self.execution_provider not in EXECUTION_PROVIDERS:
+            raise ValueError(f"--execution-provider must be {' or '.join(EXECUTION_PROVIDERS)}, "
+                             f"got {self.execution_provider}")
+        if self.target is Target.CONTAINER and self.execution_provider != "cpu":
+            raise ValueError("--execution-provider applies to the cpu target; the container target's encoder "
+                             "runs on the GPU")
+        if self.target is Target.CPU and (self.length_buckets or self.onnx_tensorrt):
+            raise ValueError("--length-buckets and --onnx-tensorrt apply to --target container")
 
 
 def cache_refusal(task: Task, pipeline: Pipeline) -> str | None:
