@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any, cast
@@ -67,7 +67,7 @@ from prensa.gateway.responses import (
 )
 from prensa.gateway.service import Timings, gather
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tokenization import as_items, check_token_ids, tokens_json, too_many_tokens
+from prensa.gateway.tokenization import Item, as_items, check_token_ids, tokens_json, too_many_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
 
@@ -135,6 +135,12 @@ def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[l
     return ([cast("list[str]", inputs)] if inputs else []), False
 
 
+def ranked_labels(values: npt.NDArray[Any], labels: Sequence[str], top_k: int | None = None) -> list[list[dict[str, Any]]]:
+    """Per row, `{score, label}` of its `top_k` (default all) labels, best first, ties in label order."""
+    return [[{"score": row[j], "label": labels[j]} for j in np.argsort(-np.asarray(row), kind="stable").tolist()[:top_k]]
+            for row in values.tolist()]
+
+
 async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     sequences, batched = predict_sequences(request.inputs)
     if any(len(s) not in (1, 2) for s in sequences):
@@ -145,24 +151,25 @@ async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, ti
     values, _ = await gw.service.scores(served, texts, pairs,
                                         gw.service.truncation(request.truncate, request.truncation_direction),
                                         raw, timings)
-    labels, top_k = served.id2label, hub.top_k if hub else None
-    ranked = [[{"score": row[j], "label": labels[j]}
-               for j in np.argsort(-np.asarray(row), kind="stable").tolist()[:top_k]] for row in values.tolist()]
+    ranked = ranked_labels(values, served.id2label, hub.top_k if hub else None)
     return ranked if batched or hub is not None else ranked[0]
+
+
+def text_list(inputs: str | list[str]) -> list[str]:
+    """vLLM's and Infinity's `input`: a text, or a list of texts."""
+    return [inputs] if isinstance(inputs, str) else list(inputs)
 
 
 async def _classify(request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
-    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    texts = text_list(request.input)
     truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
     values, tokens = await gw.service.scores(served, texts, [None] * len(texts), truncation, bool(request.raw_scores),
                                              timings)
     labels, counted = served.id2label, int(tokens.sum())
     answer = {"model": served.name, "id": f"classify-{uuid.uuid4().hex}", "created": int(time.time())}
     if request.raw_scores is not None:
-        ranked = [[{"score": row[j], "label": labels[j]} for j in np.argsort(-np.asarray(row), kind="stable").tolist()]
-                  for row in values.tolist()]
-        return {**answer, "object": "classify", "data": ranked,
+        return {**answer, "object": "classify", "data": ranked_labels(values, labels),
                 "usage": {"prompt_tokens": counted, "total_tokens": counted}}
     rows = [{"index": i, "label": labels[int(np.argmax(row))], "probs": row, "num_classes": len(row)}
             for i, row in enumerate(values.tolist())]
@@ -180,15 +187,15 @@ def vllm_window(truncate_prompt_tokens: int | None) -> bool | None:
 
 async def _pooling(request: PoolingRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
-    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    items: list[Item] = [*text_list(request.input)]  # texts only: vLLM's pooling takes no token ids here
     truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
-        result = await gw.service.hidden(served, list(texts), truncation, timings)
+        result = await gw.service.hidden(served, items, truncation, timings)
         data: list[Any] = list(result.rows)
     else:
-        result = await gw.service.dense(served, list(texts), truncation, True, None, timings)
+        result = await gw.service.dense(served, items, truncation, True, None, timings)
         rows = cast("npt.NDArray[Any]", result.rows)
         data = [base64_float32(row) for row in rows] if request.encoding_format == "base64" else list(rows)
     counted = int(result.num_tokens.sum())

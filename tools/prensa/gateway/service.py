@@ -185,8 +185,10 @@ class Service:
             past_stage("parse and validate", timings.received)
         timings.model, timings.inputs = model.name, timings.inputs + len(items)
         timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
-        # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts.
-        prompt_tokens = [model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0 for item in items]
+        # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts
+        # (none for the models that pool their prompts, nearly all: no pass over the inputs then).
+        prompt_tokens = [] if model.include_prompt else [
+            model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0 for item in items]
         if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
             # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
             started = time.perf_counter()
