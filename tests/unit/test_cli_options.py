@@ -1,13 +1,16 @@
 """`prensa gateway`, `serve` and `up` offer the same gateway options (flags, PRENSA_* variables,
-defaults), one per GatewaySettings field, and what they receive reaches the settings they serve with.
-No Triton: the functions that would serve are replaced by ones that record their arguments."""
+defaults), one per GatewaySettings field, and what they receive reaches the settings they serve with;
+`repo build` and `bench` take theirs from ServingOptions the same way. No Triton: the functions that
+would serve, build or measure are replaced by ones that record their arguments."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 from dataclasses import fields
+from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,8 +19,11 @@ from typer.testing import CliRunner
 
 from prensa.cli import app
 from prensa.cli.gateway import GatewayAddress
+from prensa.cli.options import parameter_name
 from prensa.gateway.server import GatewayProtocol, connection_ceiling, worker_server
 from prensa.gateway.settings import GatewaySettings
+from prensa.options import command_flag, flag_name, flag_of
+from prensa.triton.repo import ServingOptions, Target
 
 # `prensa.cli` exports the command functions under the modules' names, hence import_module.
 gateway_cli = importlib.import_module("prensa.cli.gateway")
@@ -67,7 +73,7 @@ def test_every_option_reads_its_own_prensa_variable(command):
 def test_gateway_options_are_the_settings_fields():
     """A new GatewaySettings field without a flag (or a flag without a field) fails here."""
     address = {item.name for item in fields(GatewayAddress)}
-    settings = {item.name for item in fields(GatewaySettings)}
+    settings = {parameter_name(item) for item in fields(GatewaySettings)}
     assert {param.name for param in COMMANDS["gateway"].params} == settings | address
     for command in ("serve", "up"):
         names = {param.name for param in COMMANDS[command].params}
@@ -205,3 +211,61 @@ def test_flags_print_no_type_and_completion_reads_no_prensa_variable():
     result = runner.invoke(command_line(), ["--help"], env={"PRENSA_INSTALL_COMPLETION": "1",
                                                              "PRENSA_SHOW_COMPLETION": "1"})
     assert result.exit_code == 0 and "Usage" in result.output and "completion installed" not in result.output
+
+
+def test_repo_build_options_are_the_serving_options_fields():
+    """Each flagged ServingOptions field is one `repo build` option with the field's default (a
+    field the class adds reaches the command, and no default is written twice)."""
+    offered = {param.name: param for param in COMMANDS["repo"].commands["build"].params}
+    for item in fields(ServingOptions):
+        if flag_of(item) is None:
+            assert parameter_name(item) not in offered, item.name
+            continue
+        param = offered[parameter_name(item)]
+        expected = None if command_flag(item).parse else item.default
+        assert param.default == (expected.value if isinstance(expected, Enum) else expected), item.name
+        assert param.opts[0] == flag_name(item)
+
+
+@pytest.fixture
+def built(monkeypatch) -> list[ServingOptions]:
+    """The options each `repo build` or `bench` run would use, instead of building or measuring."""
+    bench_cli = importlib.import_module("prensa.cli.bench")
+    repo_cli = importlib.import_module("prensa.cli.repo")
+    calls: list[ServingOptions] = []
+    monkeypatch.setattr(repo_cli, "build_repository", lambda models, repo, options: calls.append(options) or [])
+    monkeypatch.setattr(repo_cli, "parse_model_arg", lambda argument, name: None)
+    monkeypatch.setattr(bench_cli, "require", lambda *args: None)
+    monkeypatch.setattr(bench_cli, "Manifest", SimpleNamespace(read=lambda path: SimpleNamespace(source="none")))
+    monkeypatch.setattr(bench_cli, "run_bench", lambda options, step: calls.append(options.serving) or {})
+    monkeypatch.setattr(bench_cli, "add_ratios", lambda report: (_ for _ in ()).throw(typer.Exit(0)))
+    return calls
+
+
+def test_repo_build_hands_its_flags_to_the_serving_options(built):
+    result = CliRunner().invoke(app, ["repo", "build", "unused", "--instances", "3", "--target", "container",
+                                      "--length-buckets", "16,64", "--no-response-cache"],
+                                env={"PRENSA_REPO_BUILD_QUEUE_DELAY_US": "250"})
+    assert result.exit_code == 0, result.output
+    assert built == [ServingOptions(encode_instances=3, target=Target.CONTAINER, length_buckets=(16, 64),
+                                    queue_delay_us=250)]
+
+
+def test_bench_takes_the_serving_options_it_names(built, tmp_path):
+    result = CliRunner().invoke(app, ["bench", str(tmp_path), "--out", str(tmp_path), "--cpu-threads", "2"],
+                                env={"PRENSA_BENCH_INSTANCES": "2"})
+    assert result.exit_code == 0, result.output
+    assert built == [ServingOptions(encode_instances=2, cpu_threads=2)]
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    (["--instances", "0"], "'--instances'"),
+    (["--max-queue-size", "-1"], "'--max-queue-size'"),
+    (["--length-buckets", "16,sixty"], "'--length-buckets'"),
+    (["--length-buckets", "16"], "--target container"),
+])
+def test_a_serving_option_no_repository_can_serve_is_a_usage_error(given, named, built):
+    result = CliRunner().invoke(app, ["repo", "build", "unused", *given], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert not built

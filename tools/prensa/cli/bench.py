@@ -13,9 +13,10 @@ from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, parse_layout, run_bench
 from prensa.cli.extras import require
 from prensa.cli.interrupt import sigterm_exits
+from prensa.cli.options import with_options
 from prensa.cli.progress import step_progress
 from prensa.manifest import Manifest
-from prensa.triton.repo import DEFAULT_ENCODER_INSTANCES, DEFAULT_MAX_BATCH_TOKENS, Pipeline, ServingOptions
+from prensa.triton.repo import Pipeline, ServingOptions
 from prensa.workload import Workloads
 
 
@@ -26,6 +27,7 @@ def layout_option(text: str) -> tuple[int, int]:
         raise typer.BadParameter(str(exc), param_hint="--compare-layout") from None
 
 
+@with_options(ServingOptions, "serving", only=("encode_instances", "cpu_threads", "queue_delay_us", "max_batch_tokens"))
 def bench(
     export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")],
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")] = Path("bench-results"),
@@ -37,16 +39,14 @@ def bench(
     infinity: Annotated[str | None, typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
     gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
     quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
-    instances: Annotated[int, typer.Option(min=1, help="Encoder instances for the prensa runs.")] = DEFAULT_ENCODER_INSTANCES,
-    cpu_threads: Annotated[int, typer.Option(help="onnxruntime threads per encoder instance; 0 = all cores.")] = 0,
-    queue_delay_us: Annotated[int, typer.Option(help="Dynamic batcher queue delay for the prensa runs.")] = 0,
-    max_batch_tokens: Annotated[int, typer.Option(help="Encoder token budget per forward pass.")] = DEFAULT_MAX_BATCH_TOKENS,
     pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
     workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages), queries (short queries only, the online path) or zipf (short queries repeated by a Zipf law, s=1.1 over 10,000).")] = Workloads.MIXED,
     peers: Annotated[bool, typer.Option(help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed).")] = True,
     compare_cache: Annotated[bool, typer.Option(help="Measure prensa without and with Triton's response cache (embedders and SPLADE, ensemble pipeline); with --workload zipf, repeated queries as search traffic repeats them.")] = False,
     compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
     compare_layout: Annotated[list[str] | None, typer.Option(metavar="INSTANCESxTHREADS", help="Also measure prensa with this encoder layout (e.g. 2x1: two instances of one onnxruntime thread each; threads 0 = every core) beside --instances/--cpu-threads; repeatable.")] = None,
+    *,
+    serving: ServingOptions,
 ) -> None:
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     require("bench", "bench")
@@ -60,8 +60,7 @@ def bench(
         texts=24 if quick else texts, rerank_queries=4 if quick else queries,
         passages_per_query=4 if quick else passages, single_repeats=5 if quick else 100, torch_model_dir=torch_dir,
         infinity=infinity, gateway=gateway,
-        serving=ServingOptions(queue_delay_us=queue_delay_us, encode_instances=instances, cpu_threads=cpu_threads,
-                               max_batch_tokens=max_batch_tokens),
+        serving=serving,
         pipelines=pipeline or list(Pipeline), workload=workload,
         coalescing=(True, False) if compare_coalescing else (True,),
         response_cache=(False, True) if compare_cache else (False,),

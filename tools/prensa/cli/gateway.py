@@ -7,22 +7,30 @@ a new setting reaches all three.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import Field, dataclass, fields
-from typing import Annotated, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import typer
 
 from prensa.addresses import GATEWAY_PORT, LOOPBACK
+from prensa.cli.options import (
+    adding_parameters,
+    construct,
+    envvar,
+    field_parameter,
+    field_value,
+    option_parameter,
+    parameter_name,
+)
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.server import run_server
-from prensa.gateway.settings import Flag, GatewaySettings, InvalidSetting, setting
+from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.workers import gateway_server
+from prensa.options import command_flag, flag_name, setting
 
 R = TypeVar("R")
 PANEL = "Gateway"  # the --help panel of the gateway options of serve and up
@@ -46,44 +54,9 @@ class GatewayAddress:
 ADDRESS_TYPES = typing.get_type_hints(GatewayAddress)
 
 
-def envvar(flag: str) -> str:
-    """`--max-client-batch-size` reads PRENSA_MAX_CLIENT_BATCH_SIZE (TEI's `#[clap(long, env)]`)."""
-    return "PRENSA_" + flag.removeprefix("--").replace("-", "_").upper()
-
-
-def flag_of(item: Field[Any]) -> Flag:
-    if "flag" not in item.metadata:
-        raise TypeError(f"{item.name} has no command-line flag: declare it with prensa.gateway.settings.setting")
-    return cast(Flag, item.metadata["flag"])
-
-
-def flag_name(item: Field[Any]) -> str:
-    return flag_of(item).name or "--" + item.name.replace("_", "-")
-
-
 def gateway_fields(standalone: bool) -> list[Field[Any]]:
     """The settings a command offers: serve and up set the gateway-only ones from their own Triton."""
-    return [item for item in fields(GatewaySettings) if standalone or not flag_of(item).gateway_only]
-
-
-def _keyword(name: str, annotation: Any, default: Any, decl: str, env: str, help: str,
-             panel: str | None) -> inspect.Parameter:
-    option = typer.Option(decl, envvar=env, help=help, rich_help_panel=panel)
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=Annotated[annotation, option])
-
-
-def repeatable(item: Field[Any]) -> bool:
-    return typing.get_origin(TYPES[item.name]) is tuple
-
-
-def _setting_parameter(item: Field[Any], panel: str | None) -> inspect.Parameter:
-    default: Any  # a tuple for a repeatable setting
-    flag, annotation, default = flag_name(item), TYPES[item.name], item.default
-    if repeatable(item):  # click hands a list, None when not given (`list[element] | None`, built at run time)
-        annotation, default = types.GenericAlias(list, (typing.get_args(annotation)[0],)) | None, list(default) or None
-    decl = f"{flag}/--no-{flag.removeprefix('--')}" if annotation is bool else flag
-    return _keyword(item.name, annotation, default, decl, envvar(flag), flag_of(item).help, panel)
+    return [item for item in fields(GatewaySettings) if standalone or not command_flag(item).gateway_only]
 
 
 def address_name(item: Field[Any], standalone: bool) -> str:
@@ -93,15 +66,15 @@ def address_name(item: Field[Any], standalone: bool) -> str:
 
 def _address_parameter(item: Field[Any], standalone: bool, panel: str | None) -> inspect.Parameter:
     name = address_name(item, standalone)
-    return _keyword(name, ADDRESS_TYPES[item.name], item.default, "--" + name.replace("_", "-"),
-                    envvar(f"--gateway-{item.name}"), flag_of(item).help, panel)
+    return option_parameter(name, ADDRESS_TYPES[item.name], item.default, "--" + name.replace("_", "-"),
+                            command_flag(item).help, env=envvar(f"--gateway-{item.name}"), panel=panel)
 
 
 def gateway_parameters(standalone: bool) -> list[inspect.Parameter]:
     """Typer parameters for GatewayAddress and GatewaySettings, defaults taken from both."""
     panel = None if standalone else PANEL
     return [*(_address_parameter(item, standalone, panel) for item in fields(GatewayAddress)),
-            *(_setting_parameter(item, panel) for item in gateway_fields(standalone))]
+            *(field_parameter(item, TYPES[item.name], own_env=True, panel=panel) for item in gateway_fields(standalone))]
 
 
 def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
@@ -109,46 +82,29 @@ def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
     offered = gateway_fields(standalone)
     given: dict[str, Any] = {}
     for item in offered:
-        value = values.pop(item.name)
-        given[item.name] = tuple(value or ()) if repeatable(item) else value
+        value = values.pop(parameter_name(item))
+        given[item.name] = field_value(item, TYPES[item.name], value)
         if item.name in EMPTY_MEANS_EMPTY and value is None and os.environ.get(envvar(flag_name(item))) == "":
             given[item.name] = ""
     if all(given[name] is not None for name in EXCLUSIVE):
         raise typer.BadParameter("they exclude each other (flags or PRENSA_* variables): give a prompt text or a "
                                  "prompt name, not both",
                                  param_hint=" / ".join(f"'{flag_name(i)}'" for i in offered if i.name in EXCLUSIVE))
-    try:
-        return GatewaySettings(**given)
-    except InvalidSetting as exc:  # an empty PRENSA_API_KEY= as much as an empty --api-key
-        flag = next(flag_name(item) for item in offered if item.name == exc.name)
-        raise typer.BadParameter(str(exc), param_hint=f"'{flag}' / {envvar(flag)}") from exc
+    return construct(GatewaySettings, given, own_env=True)  # an empty PRENSA_API_KEY= as much as an empty --api-key
 
 
 def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Add the gateway options to a command whose signature takes `settings: GatewaySettings` and
-    `address: GatewayAddress`, and hand it those two values instead (typer reads `__signature__`).
+    `address: GatewayAddress`, and hand it those two values instead.
     `standalone`: `prensa gateway` itself, which also takes --triton-url and --repo."""
 
-    def decorate(command: Callable[..., R]) -> Callable[..., R]:
-        signature = inspect.signature(command, eval_str=True)
-        own = [p for name, p in signature.parameters.items() if name not in ("settings", "address")]
-        added = gateway_parameters(standalone)
-        if clash := {p.name for p in own} & {p.name for p in added}:
-            raise TypeError(f"{command.__name__} has parameters named like gateway options: {sorted(clash)}")
+    def build(values: dict[str, Any]) -> dict[str, Any]:
+        settings = _settings(values, standalone)
+        address = GatewayAddress(**{item.name: values.pop(address_name(item, standalone))
+                                    for item in fields(GatewayAddress)})
+        return {"settings": settings, "address": address}
 
-        @functools.wraps(command)
-        def wrapper(**values: Any) -> R:
-            settings = _settings(values, standalone)
-            address = GatewayAddress(**{item.name: values.pop(address_name(item, standalone))
-                                        for item in fields(GatewayAddress)})
-            return command(**values, settings=settings, address=address)
-
-        parameters = [*own, *added]
-        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": signature.return_annotation}
-        return wrapper
-
-    return decorate
+    return adding_parameters(gateway_parameters(standalone), ("settings", "address"), build)
 
 
 @with_gateway_options(standalone=True)

@@ -1,43 +1,21 @@
 """Gateway settings: one frozen value built by the CLI (or a test) and read everywhere.
 
-Each field carries its command-line flag and help text (`setting`): `prensa.cli.gateway` builds the
-gateway options of `prensa gateway`, `serve` and `up` from these fields, so no command can miss one.
+Each field carries its command-line flag and help text (`prensa.options.setting`): `prensa.cli.gateway`
+builds the gateway options of `prensa gateway`, `serve` and `up` from these fields, so no command can
+miss one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prensa.addresses import TRITON_GRPC_URL
+from prensa.options import InvalidSetting, require_positive, setting
 from prensa.triton.repo import DEFAULT_REPO
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How a field appears on the command line; the environment variable is PRENSA_<FLAG>."""
-
-    help: str
-    name: str | None = None  # default: --field-name
-    gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
-
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
-
-
-class InvalidSetting(ValueError):
-    """A value no gateway should run with; `name` is the GatewaySettings field, for the CLI to name its flag."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(message)
-        self.name = name
-
-
-def setting(default: Any, help: str, *, flag: str | None = None, gateway_only: bool = False) -> Any:
-    """A field with its default and command-line flag."""
-    return field(default=default, metadata={"flag": Flag(help, flag, gateway_only)})
 
 
 @dataclass(frozen=True)
@@ -126,11 +104,8 @@ class GatewaySettings:
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
                                             "--api-key and PRENSA_API_KEY unset")
-        for name in ("request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
-                     "max_connections", "max_tokenize_tokens", "workers"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise InvalidSetting(name, f"must be positive, got {value}")
+        require_positive(self, "request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
+                         "max_connections", "max_tokenize_tokens", "workers")
 
     @property
     def triton_urls(self) -> list[str]:

@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2
 
 from prensa.files import graph_data_files, link_graph_files, link_or_copy
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
+from prensa.options import internal, require_positive, setting
 from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
 from prensa.triton import native
 from prensa.triton.config import (
@@ -95,28 +96,65 @@ EXECUTION_PROVIDERS = ("cpu", "cuda")  # the cpu target's Python encoder: onnxru
 DEFAULT_REPO = Path("model_repo")  # where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
 
 
+def length_list(text: str) -> tuple[int, ...]:
+    """`--length-buckets 16,32,64`: pad lengths, comma-separated."""
+    try:
+        return tuple(int(length) for length in text.split(",") if length.strip())
+    except ValueError:
+        raise ValueError("takes comma-separated integers, e.g. 16,32,64,128") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServingOptions:
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    queue_delay_us: int = 0  # under load requests queue behind a busy encoder anyway; a lone query must not wait
-    max_queue_size: int = 0  # 0: unbounded (see `dynamic_batching`); the gateway's permits answer 429
-    encode_instances: int = DEFAULT_ENCODER_INSTANCES
-    cpu_threads: int = 0  # 0: onnxruntime uses every core
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
-    length_ratio: float = DEFAULT_LENGTH_RATIO
-    instance_kind: str = "KIND_CPU"
-    execution_provider: str = "cpu"
-    pooling: Pooling | None = None  # overrides the manifest's
-    target: Target = Target.CPU
-    length_buckets: tuple[int, ...] = ()  # container: pad lengths below max length; () = powers of two from 16
-    onnx_tensorrt: bool = False  # container, onnxruntime backend: TensorRT as execution accelerator
-    trt_cache_dir: str = "/cache/trt"  # container path of that accelerator's engine cache (a volume in compose.yaml)
-    pipeline: Pipeline = Pipeline.ENSEMBLE
-    response_cache: bool = False  # Triton's response cache on the model clients call (`cache_refusal`); needs `serve --cache-size`
+    """How `repo build` renders each model; the fields are `prensa repo build`'s options."""
+
+    max_batch_size: int = setting(DEFAULT_MAX_BATCH_SIZE, "Rows per Triton batch (and per client request).")
+    # Under load requests queue behind a busy encoder anyway; a lone query must not wait.
+    queue_delay_us: int = setting(
+        0, "Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy "
+        "encoder).")
+    max_queue_size: int = setting(
+        0, "Requests queued per stage before Triton rejects; 0 (default): unbounded, the gateway's "
+        "--max-concurrent-requests answers 429 instead. A bound costs latency: Triton then now and then leaves a "
+        "request in the queue for half a second (docs/performance.md).")
+    encode_instances: int = setting(
+        DEFAULT_ENCODER_INSTANCES, "Encoder instances (processes); one uses every core (its onnxruntime threads "
+        "spin only when it is alone).", flag="--instances")
+    cpu_threads: int = setting(0, "onnxruntime intra-op threads per encoder instance; 0 = all cores.")
+    max_batch_tokens: int = setting(
+        DEFAULT_MAX_BATCH_TOKENS, "Token budget of one encoder forward pass (rows x padded length).")
+    length_ratio: float = setting(
+        DEFAULT_LENGTH_RATIO, "Start a new sub-batch when a row is this many times longer than the shortest.")
+    instance_kind: str = internal("KIND_CPU")
+    execution_provider: str = setting(
+        "cpu", "cpu target: onnxruntime provider of the Python encoder, cpu or cuda (cuda needs onnxruntime-gpu "
+        "where Triton runs).")
+    pooling: Pooling | None = setting(None, "Override the exported pooling for dense outputs.")
+    target: Target = setting(
+        Target.CPU, "cpu: Python-backend encoder (pip Triton, `prensa serve`); container: native GPU encoder for "
+        "the official Triton container (compose.yaml, docs/gpu.md).")
+    length_buckets: tuple[int, ...] = setting(
+        (), "container target: comma-separated pad lengths (the max length is always the last); default powers of "
+        "two from 16.", parse=length_list)
+    onnx_tensorrt: bool = setting(
+        False, "container target, exports without model.plan: run the onnxruntime backend with TensorRT as its "
+        "accelerator (fp16, engine cache).")
+    trt_cache_dir: str = setting(
+        "/cache/trt", "container target with --onnx-tensorrt: engine cache directory inside the container.")
+    pipeline: Pipeline = setting(
+        Pipeline.ENSEMBLE, "ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two "
+        "process hops fewer per request (cpu target only; `prensa bench` compares both).")
+    response_cache: bool = setting(
+        False, "Turn Triton's response cache on for embedding and SPLADE ensembles: an exact repeat is answered "
+        "without the encoder. Needs `prensa serve --cache-size`; other models are listed and left uncached "
+        "(docs/operations.md#response-cache).")
 
     def __post_init__(self) -> None:
         """The combinations no repository can serve, refused here so that `build_repository` called
         from Python refuses them as `prensa repo build` does (messages name the flags)."""
+        require_positive(self, "max_batch_size", "encode_instances", "max_batch_tokens", "length_ratio")
+        require_positive(self, "queue_delay_us", "max_queue_size", "cpu_threads",
+                         allow_zero=("queue_delay_us", "max_queue_size", "cpu_threads"))
         if self.execution_provider not in EXECUTION_PROVIDERS:
             raise ValueError(f"--execution-provider must be {' or '.join(EXECUTION_PROVIDERS)}, "
                              f"got {self.execution_provider}")
