@@ -1,9 +1,11 @@
-"""`prensa bench --quick` and `prensa tune --quick` on the test exports: every system present,
-every figure positive (speed targets live in the full benchmark, not in tests)."""
+"""`prensa bench --quick`, its measures of one part (`gateway`, `tracing`, `cache`) and `prensa tune
+--quick` on the test exports: every system present, every figure positive (speed targets live in
+the full benchmark, not in tests)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -80,3 +82,38 @@ def test_compare_layout_measures_each_encoder_layout(tmp_path, exports):
     # Triton started the second instance only for the 2x1 layout.
     assert "bench_0_1" in (tmp_path / "tritonserver-fused-2x1.log").read_text()
     assert "bench_0_1" not in (tmp_path / "tritonserver-fused-1x0.log").read_text()
+
+
+def figures(text: str) -> list[float]:
+    return [float(number) for number in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", text)]
+
+
+def test_bench_gateway_measures_the_gateways_own_cpu(tmp_path, exports):
+    in_process = CliRunner().invoke(app, ["bench", "gateway", str(exports["minilm"]), "--requests", "20"])
+    assert in_process.exit_code == 0, in_process.output
+    best, median = figures(in_process.output.split("best", 1)[1])[:2]
+    assert 0 < best <= median
+    served = CliRunner().invoke(app, ["bench", "gateway", str(exports["minilm"]), "--http", "--requests", "200",
+                                      "--concurrency", "4", "--log", str(tmp_path / "gateway.log")])
+    assert served.exit_code == 0, served.output
+    assert "us CPU per /embed request" in served.output and all(n > 0 for n in figures(served.output))
+    assert (tmp_path / "gateway.log").read_text().count("POST /embed") >= 200
+
+
+def test_bench_tracing_and_cache_compare_their_variants(exports):
+    traced = CliRunner().invoke(app, ["bench", "tracing", str(exports["minilm"]), "--requests", "5"])
+    assert traced.exit_code == 0, traced.output
+    assert all(name in traced.output for name in ("off", "every request", "no request sampled"))
+    cached = CliRunner().invoke(app, ["bench", "cache", str(exports["minilm"]), "--requests", "200",
+                                      "--distinct", "20", "--rounds", "2", "--concurrency", "2", "--warmup", "2"])
+    assert cached.exit_code == 0, cached.output
+    executions = re.search(r"encoder executions\s+(\d+)\s+(\d+)", cached.output)
+    assert executions and int(executions[2]) < int(executions[1])  # the cache answered repeats
+    assert re.search(r"cache hit ratio\s+-\s+\d+\.\d%", cached.output)
+
+
+@pytest.mark.parametrize("command", ["gateway", "tracing", "cache"])
+def test_bench_measures_refuse_an_export_they_cannot_measure(command, exports):
+    result = CliRunner().invoke(app, ["bench", command, str(exports["reranker"])], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "rerank" in result.output

@@ -204,10 +204,10 @@ def test_flags_print_no_type_and_completion_reads_no_prensa_variable():
     from prensa.cli import command_line
 
     runner = ClickRunner()
-    for command in (["bench"], ["gateway"], ["export"], ["repo", "build"]):
+    for command in (["bench", "compare"], ["gateway"], ["export"], ["repo", "build"]):
         shown = runner.invoke(command_line(), [*command, "--help"], terminal_width=200)
         assert shown.exit_code == 0 and "--no-" in shown.output and "<bool>" not in shown.output, command
-    assert "<bool>" in runner.invoke(typer.main.get_command(app), ["bench", "--help"], terminal_width=200).output
+    assert "<bool>" in runner.invoke(typer.main.get_command(app), ["bench", "compare", "--help"], terminal_width=200).output
     result = runner.invoke(command_line(), ["--help"], env={"PRENSA_INSTALL_COMPLETION": "1",
                                                              "PRENSA_SHOW_COMPLETION": "1"})
     assert result.exit_code == 0 and "Usage" in result.output and "completion installed" not in result.output

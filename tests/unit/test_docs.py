@@ -81,8 +81,11 @@ def arguments(command: object) -> list:
 
 
 def environment_variable(name: str, param) -> str:
-    """The variable that sets an option: its own, else click's PRENSA_<COMMAND>_<OPTION>."""
-    return param.envvar or "_".join(["PRENSA", *name.upper().replace("-", "_").split(), param.name.upper()])
+    """The variable that sets an option: its own, else click's PRENSA_<COMMAND>_<OPTION> (or the
+    prefix the command sets itself)."""
+    prefix = COMMANDS[name].context_settings.get("auto_envvar_prefix")
+    return param.envvar or "_".join([prefix or "PRENSA", *([] if prefix else name.upper().replace("-", "_").split()),
+                                     param.name.upper()])
 
 
 def default_spellings(param) -> set[str] | None:

@@ -8,8 +8,7 @@ from typing import Any
 
 import typer
 
-from prensa.cli import deploy, repo
-from prensa.cli.bench import bench
+from prensa.cli import bench, deploy, repo
 from prensa.cli.corpus import embed_corpus
 from prensa.cli.export import calibrate, export
 from prensa.cli.gateway import gateway
@@ -28,7 +27,7 @@ app.command()(serve)
 app.command()(up)
 app.command()(gateway)
 app.command()(stats)
-app.command()(bench)
+app.add_typer(bench.app, name="bench")
 app.command()(tune)
 app.command()(loadtest)
 app.command("embed-corpus")(embed_corpus)

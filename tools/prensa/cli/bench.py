@@ -1,13 +1,21 @@
-"""`prensa bench`: prensa side by side with the onnxruntime limit and its peers, in one run."""
+"""`prensa bench`: prensa side by side with the onnxruntime limit and its peers, in one run
+(`compare`, what `prensa bench EXPORT` runs), and the measures of one part of it: the gateway's own
+CPU (`gateway`), what tracing costs (`tracing`), what Triton's response cache buys (`cache`)."""
 
 from __future__ import annotations
 
+import statistics
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
 
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, parse_layout, run_bench
@@ -15,9 +23,25 @@ from prensa.cli.extras import require
 from prensa.cli.interrupt import sigterm_exits
 from prensa.cli.options import with_options
 from prensa.cli.progress import step_progress
-from prensa.manifest import Manifest
-from prensa.triton.repo import Pipeline, ServingOptions
+from prensa.manifest import Manifest, Task
+from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from prensa.workload import Workloads
+
+DEFAULT_COMMAND = "compare"
+BENCH_MODEL = "bench"  # the model name of the repository `gateway` and `tracing` build from an export
+
+
+class BenchGroup(TyperGroup):
+    """`prensa bench EXPORT ...` runs `compare`, as before the other measures joined it."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=BenchGroup, no_args_is_help=True,
+                  help="Measure prensa: `prensa bench EXPORT` is `prensa bench compare EXPORT`.")
 
 
 def layout_option(text: str) -> tuple[int, int]:
@@ -27,8 +51,10 @@ def layout_option(text: str) -> tuple[int, int]:
         raise typer.BadParameter(str(exc), param_hint="--compare-layout") from None
 
 
+# Its variables keep the names they had as `prensa bench`'s (PRENSA_BENCH_<FLAG>).
+@app.command(context_settings={"auto_envvar_prefix": "PRENSA_BENCH"})
 @with_options(ServingOptions, "serving", only=("encode_instances", "cpu_threads", "queue_delay_us", "max_batch_tokens"))
-def bench(
+def compare(
     export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")],
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")] = Path("bench-results"),
     torch_model: Annotated[Path | None, typer.Option(help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights.")] = None,
@@ -51,7 +77,10 @@ def bench(
     """Measure sequences/s, tokens/s, p50/p90/p99 and single-query latency for every system."""
     require("bench", "bench")
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI get the whole table
-    manifest = Manifest.read(export_dir)
+    try:
+        manifest = Manifest.read(export_dir)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
     source = Path(manifest.source)
     torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
     torch_dir = torch_dir if peers else None
@@ -73,3 +102,107 @@ def bench(
     write_json(report, out / "bench.json")
     write_plot(report, out / "bench.png")
     console.print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+@contextmanager
+def embedder_repository(export_dir: Path) -> Iterator[Path]:
+    """A repository of the export alone (as `bench`), in a folder removed afterwards."""
+    try:
+        manifest = Manifest.read(export_dir)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
+    if manifest.task is not Task.EMBED:
+        raise typer.BadParameter(f"measures /embed: needs an embedding export, {export_dir} is {manifest.task.value}",
+                                 param_hint="EXPORT_DIR")
+    with tempfile.TemporaryDirectory(prefix="prensa-bench-") as scratch:
+        repo = Path(scratch) / "repo"
+        build_repository([ModelSource(BENCH_MODEL, export_dir, manifest)], repo, ServingOptions())
+        yield repo
+
+
+ExportDir = Annotated[Path, typer.Argument(help="An embedding export from `prensa export`.")]
+
+
+@app.command()
+def gateway(
+    export_dir: ExportDir,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per round (5 rounds); with --http, one run.")] = 2000,
+    http: Annotated[bool, typer.Option(help="Through the gateway's real HTTP server in a child process, over "
+                                            "loopback, instead of its app in this process.")] = False,
+    concurrency: Annotated[int, typer.Option(min=1, help="With --http: concurrent clients.")] = 64,
+    workers: Annotated[int, typer.Option(min=1, help="With --http: gateway worker processes.")] = 1,
+    log: Annotated[Path, typer.Option(help="With --http: the server's log.")] = Path("gateway-cost.log"),
+) -> None:
+    """The gateway's own CPU per /embed request.
+
+    Every model answer is memoised after its first call, so nothing but the gateway's code runs per
+    request."""
+    import asyncio
+
+    from prensa.bench import gateway_cost
+
+    require("bench", "bench gateway")
+    with embedder_repository(export_dir) as repo:
+        if http:
+            cost = gateway_cost.measure_http(repo, BENCH_MODEL, requests, concurrency, log, workers)
+            typer.echo(f"gateway over HTTP at {concurrency} clients, {workers} worker(s): "
+                       f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per /embed request, {cost.requests_per_s:.0f} "
+                       f"requests/s ({cost.requests_per_cpu_s:.0f} per second of CPU); cores busy: gateway "
+                       f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}")
+        else:
+            rounds = asyncio.run(gateway_cost.measure(repo, BENCH_MODEL, requests))
+            typer.echo(f"gateway CPU per /embed request: best {min(rounds):.0f} us, "
+                       f"median {statistics.median(rounds):.0f} us")
+
+
+@app.command()
+def tracing(
+    export_dir: ExportDir,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per gateway, after 50 to warm up.")] = 500,
+) -> None:
+    """What tracing costs a lone query.
+
+    Three gateways on one traced Triton (tracing off, every request traced, none sampled) are asked
+    in turn; spans go to a sink that drops them."""
+    from prensa.bench import trace_cost
+
+    require("bench", "bench tracing")
+    with embedder_repository(export_dir) as repo:
+        seconds = trace_cost.measure(repo, BENCH_MODEL, requests)
+    base = statistics.median(seconds["off"])
+    table = Table("tracing", "p50 ms", "mean ms", "p50 vs off")
+    for name, values in seconds.items():
+        table.add_row(name, f"{statistics.median(values) * 1000:.2f}", f"{statistics.mean(values) * 1000:.2f}",
+                      f"{statistics.median(values) / base:.3f}")
+    Console().print(table)
+
+
+@app.command()
+def cache(
+    export_dir: Annotated[Path, typer.Argument(help="An embedding or SPLADE export from `prensa export`.")],
+    requests: Annotated[int, typer.Option(min=1, help="Queries in the stream, sent to each Triton.")] = 20_000,
+    concurrency: Annotated[int, typer.Option(min=1, help="gRPC clients sending at once.")] = 4,
+    distinct: Annotated[int, typer.Option(min=1, help="Distinct queries the stream draws from.")] = 10_000,
+    zipf_s: Annotated[float, typer.Option(help="Zipf exponent: rank k is drawn with weight k^-s.")] = 1.1,
+    cache_size: Annotated[int, typer.Option(min=1, help="Bytes of Triton's response cache.")] = 256 << 20,
+    warmup: Annotated[int, typer.Option(min=0, help="Requests before measuring, outside the stream.")] = 50,
+    rounds: Annotated[int, typer.Option(min=1, help="Slices of the stream, each sent to both Tritons in turn.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the stream.")] = 0,
+) -> None:
+    """What Triton's response cache buys on repeated queries.
+
+    The export is served without and with it, both sent the same Zipf-distributed stream by gRPC
+    clients straight to the ensemble."""
+    from prensa.bench import cache_gain
+
+    if reason := cache_gain.refusal(export_dir):
+        raise typer.BadParameter(reason, param_hint="EXPORT_DIR")
+    options = cache_gain.CacheRun(export_dir, requests, concurrency, distinct, zipf_s, cache_size, warmup, rounds, seed)
+    try:
+        served, stream = cache_gain.run(options)
+    except ValueError as exc:  # more distinct queries than the vocabulary makes
+        raise typer.BadParameter(str(exc), param_hint="'--distinct'") from exc
+    typer.echo(f"{export_dir.name}: {requests} queries, Zipf s={zipf_s} over {distinct} distinct "
+               f"({len(set(stream))} drawn), {concurrency} concurrent gRPC clients")
+    typer.echo(cache_gain.report(served, 1 - len(set(stream)) / len(stream)))
+

@@ -1,22 +1,21 @@
-"""What Triton's response cache buys on repeated queries: one export served twice, without and with
-the cache (`prensa repo build --response-cache`, `prensa serve --cache-size`), both Tritons sent
-the same stream, Zipf-distributed over distinct short queries (rank k drawn with weight k^-s), by
-concurrent gRPC clients straight to the ensemble, slice by slice in turn (see `compare`). Prints
-throughput, p50/p99 latency, the hit ratio Triton counted (and the most a cold cache can reach on
-that stream) and the encoder's executions side by side.
+"""What Triton's response cache buys on repeated queries (`prensa bench cache`).
 
-    .venv/bin/python tools/cache_bench.py --export models/minilm --requests 20000 --concurrency 4
-
-The export must be an embedding or SPLADE model (the tasks `--response-cache` caches).
+One export served twice, without and with the cache (`prensa repo build --response-cache`,
+`prensa serve --cache-size`); both Tritons are sent the same stream, Zipf-distributed over
+distinct short queries (rank k drawn with weight k^-s), by concurrent gRPC clients straight to the
+ensemble, slice by slice in turn (see `compare`). Reports throughput, p50/p99 latency, the hit
+ratio Triton counted (and the most a cold cache can reach on that stream) and the encoder's
+executions side by side. The export must be an embedding or SPLADE model (the tasks
+`--response-cache` caches).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +104,7 @@ def send_round(served: Served, texts: list[str]) -> None:
         thread.join()
     served.wall_s += time.perf_counter() - started
     if errors:
-        raise SystemExit(f"{served.name}: {errors[0]}")
+        raise RuntimeError(f"{served.name}: {errors[0]}") from errors[0]
     served.latencies_ms += [ms for share in shares for ms in share]
 
 
@@ -134,7 +133,8 @@ def compare(served: list[Served], stream: list[str], rounds: int) -> None:
 
 
 def report(runs: list[Served], ideal_hit_ratio: float) -> str:
-    rows = [("requests", lambda r: f"{r.requests}"),
+    """The runs side by side, one row per figure."""
+    rows: list[tuple[str, Callable[[Served], str]]] = [("requests", lambda r: f"{r.requests}"),
             ("throughput (req/s)", lambda r: f"{r.throughput:.1f}"),
             ("p50 latency (ms)", lambda r: f"{r.percentile(50):.2f}"),
             ("p99 latency (ms)", lambda r: f"{r.percentile(99):.2f}"),
@@ -148,41 +148,41 @@ def report(runs: list[Served], ideal_hit_ratio: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--export", type=Path, required=True, help="an embedding or SPLADE export from `prensa export`")
-    parser.add_argument("--requests", type=int, default=20_000, help="queries in the stream, sent to each Triton")
-    parser.add_argument("--concurrency", type=int, default=4, help="gRPC clients sending at once")
-    parser.add_argument("--distinct", type=int, default=10_000, help="distinct queries the stream draws from")
-    parser.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent: rank k is drawn with weight k^-s")
-    parser.add_argument("--cache-size", type=int, default=256 << 20, help="bytes of Triton's response cache")
-    parser.add_argument("--warmup", type=int, default=50, help="requests before measuring, outside the stream")
-    parser.add_argument("--rounds", type=int, default=20, help="slices of the stream, each sent to both Tritons in turn")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+@dataclass(frozen=True)
+class CacheRun:
+    """What `prensa bench cache` sends: a stream of `requests` queries drawn from `distinct` ones."""
 
-    manifest = Manifest.read(args.export)
-    if refusal := cache_refusal(manifest.task, ServingOptions().pipeline):
-        raise SystemExit(f"{args.export}: {refusal} (cached tasks: {', '.join(t.value for t in CACHED_TASKS)})")
-    try:
-        stream = zipf_queries(args.requests, args.seed, args.distinct, args.zipf_s)
-    except ValueError as exc:  # more distinct queries asked than the vocabulary makes
-        raise SystemExit(f"--distinct: {exc}") from None
-    source = ModelSource(MODEL, args.export, manifest)
+    export: Path
+    requests: int = 20_000
+    concurrency: int = 4
+    distinct: int = 10_000
+    zipf_s: float = 1.1
+    cache_bytes: int = 256 << 20
+    warmup: int = 50
+    rounds: int = 20
+    seed: int = 0
+
+
+def refusal(export: Path) -> str | None:
+    """Why the export cannot be compared (a task whose answers prensa does not cache), or None."""
+    if reason := cache_refusal(Manifest.read(export).task, ServingOptions().pipeline):
+        return f"{export}: {reason} (cached tasks: {', '.join(task.value for task in CACHED_TASKS)})"
+    return None
+
+
+def run(options: CacheRun) -> tuple[list[Served], list[str]]:
+    """Both Tritons after the stream, and the stream (`zipf_queries` refuses more distinct queries
+    than its vocabulary makes, with ValueError)."""
+    stream = zipf_queries(options.requests, options.seed, options.distinct, options.zipf_s)
+    source = ModelSource(MODEL, options.export, Manifest.read(options.export))
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as scratch, ExitStack() as stack:
         served = []
-        for name, options, cache_bytes in (("uncached", ServingOptions(), 0),
-                                           ("cached", ServingOptions(response_cache=True), args.cache_size)):
+        for name, serving, cache_bytes in (("uncached", ServingOptions(), 0),
+                                           ("cached", ServingOptions(response_cache=True), options.cache_bytes)):
             repo = Path(scratch) / name / "repo"
-            build_repository([source], repo, options)
-            one = start(name, repo, cache_bytes, args.concurrency, args.warmup)
+            build_repository([source], repo, serving)
+            one = start(name, repo, cache_bytes, options.concurrency, options.warmup)
             stack.callback(one.triton.stop)
             served.append(one)
-        compare(served, stream, args.rounds)
-    print(f"{args.export.name}: {args.requests} queries, Zipf s={args.zipf_s} over {args.distinct} distinct "
-          f"({len(set(stream))} drawn), {args.concurrency} concurrent gRPC clients")
-    print(report(served, 1 - len(set(stream)) / len(stream)))
-
-
-if __name__ == "__main__":
-    main()
+        compare(served, stream, options.rounds)
+    return served, stream
