@@ -8,11 +8,10 @@ from typing import Any
 
 import typer
 
-from prensa.cli import bench, deploy, repo
+from prensa.cli import bench, deploy, loadtest, repo
 from prensa.cli.corpus import embed_corpus
 from prensa.cli.export import calibrate, export
 from prensa.cli.gateway import gateway
-from prensa.cli.loadtest import loadtest
 from prensa.cli.serve import serve, up
 from prensa.cli.stats import stats
 from prensa.cli.tune import tune
@@ -29,7 +28,7 @@ app.command()(gateway)
 app.command()(stats)
 app.add_typer(bench.app, name="bench")
 app.command()(tune)
-app.command()(loadtest)
+app.add_typer(loadtest.app, name="loadtest")
 app.command("embed-corpus")(embed_corpus)
 
 

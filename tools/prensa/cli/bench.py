@@ -10,16 +10,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
 
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, parse_layout, run_bench
 from prensa.cli.extras import require
+from prensa.cli.groups import default_command_group
 from prensa.cli.interrupt import sigterm_exits
 from prensa.cli.options import with_options
 from prensa.cli.progress import step_progress
@@ -31,16 +31,7 @@ DEFAULT_COMMAND = "compare"
 BENCH_MODEL = "bench"  # the model name of the repository `gateway` and `tracing` build from an export
 
 
-class BenchGroup(TyperGroup):
-    """`prensa bench EXPORT ...` runs `compare`, as before the other measures joined it."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
-        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
-            args = [DEFAULT_COMMAND, *args]
-        return super().parse_args(ctx, args)
-
-
-app = typer.Typer(cls=BenchGroup, no_args_is_help=True,
+app = typer.Typer(cls=default_command_group(DEFAULT_COMMAND), no_args_is_help=True,
                   help="Measure prensa: `prensa bench EXPORT` is `prensa bench compare EXPORT`.")
 
 

@@ -1,22 +1,16 @@
-"""Soak test: a prensa of its own under steady mixed load, watching every process's memory.
+"""Soak: a prensa of its own under steady mixed load, every process's memory watched
+(`prensa loadtest soak`).
 
-Starts `prensa up` (Triton + gateway) on free loopback ports (the offline default models unless
-`--model` names others; exports are kept in `--work` and reused), then for `--minutes` sends
-OpenAI embeddings, sparse embeddings and reranking requests from `--concurrency` clients, while
-sampling the RSS of the prensa process (it hosts the gateway), tritonserver and each Python
-backend stub every `--sample-every` seconds. A warm-up of the largest requests, all clients at
-once, comes first, so memory arenas reach their peak before sampling starts. Prints start/end memory per process, the slope of a
-least-squares line through the second half of the samples (after warm-up), status counts per
-request kind and latency; writes every sample to `<work>/soak-memory.csv`.
-
-Verdict: PASS when no process grows steadily (second-half slope above `--max-slope` MB/min while
-rising in most sampling intervals; see `Trend`) and no request got a 5xx or failed to connect;
-exit code 0, else 1 (2 when prensa did not start).
+`prensa up` (Triton and the gateway) runs on free loopback ports; clients send OpenAI embeddings,
+sparse embeddings and reranking requests while the RSS of the prensa process (it hosts the
+gateway), tritonserver and each Python backend stub is sampled. A warm-up of the largest requests,
+all clients at once, comes first, so memory arenas reach their peak before sampling starts. The
+verdict passes when no process grows steadily (see `Trend`) and no request got a 5xx or failed
+to connect. `prensa loadtest heal` reuses the server and the load.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import csv
@@ -31,15 +25,18 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import psutil
 
-from prensa.addresses import free_port
+from prensa.addresses import free_port, http_url
 
 PRENSA = Path(sys.executable).parent / "prensa"
-WORDS = ["river", "bridge", "city", "museum", "night", "train", "harbour", "market", "winter", "garden", "library", "question", "answer", "embedding", "vector", "search", "ranking", "passage", "query", "model", "server", "memory", "latency", "batch", "token"]
+WORDS = ["river", "bridge", "city", "museum", "night", "train", "harbour", "market", "winter", "garden", "library",
+         "question", "answer", "embedding", "vector", "search", "ranking", "passage", "query", "model", "server",
+         "memory", "latency", "batch", "token"]
 
 
 def label(process: psutil.Process, root: int) -> str:
@@ -82,7 +79,9 @@ class MemorySampler(threading.Thread):
 
 @dataclass
 class Load:
-    statuses: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    """Per request kind: how many got each status (or transport error), and their seconds."""
+
+    statuses: dict[str, Counter[int | str]] = field(default_factory=lambda: defaultdict(Counter))
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
 
@@ -96,16 +95,17 @@ def texts(rng: random.Random, largest: bool, count: int = MAX_TEXTS) -> list[str
             for _ in range(n)]
 
 
-Body = Callable[[random.Random, bool], dict]
+Body = Callable[[random.Random, bool], dict[str, Any]]
+Kind = tuple[str, str, Body]  # (kind, route, body(rng, largest))
 
 
-def requests_for(info: dict) -> list[tuple[str, str, Body]]:
+def requests_for(info: dict[str, Any]) -> list[Kind]:
     """(kind, route, body(rng, largest)) for what the served models can do."""
     tasks = {m["served_model_name"]: m["task"] for m in info["models"]}
     embed = next((n for n, t in tasks.items() if t in ("embed", "m3")), None)
     sparse = next((n for n, t in tasks.items() if t in ("splade", "m3")), None)
     rerank = next((n for n, t in tasks.items() if t == "rerank"), None)
-    kinds: list[tuple[str, str, Body]] = []
+    kinds: list[Kind] = []
     if embed:
         kinds.append(("embeddings", "/v1/embeddings", lambda rng, big: {"model": embed, "input": texts(rng, big)}))
     if sparse:
@@ -116,17 +116,19 @@ def requests_for(info: dict) -> list[tuple[str, str, Body]]:
     return kinds
 
 
-async def warm_up(url: str, kinds: list[tuple[str, str, Body]], concurrency: int) -> None:
+async def warm_up(url: str, kinds: list[Kind], concurrency: int) -> None:
     """The largest requests the load will send, all clients at once, per kind: onnxruntime's memory
     arenas grow to their peak here, before sampling, and do not pass for a leak later."""
     rng = random.Random(0)
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         for _, route, body in kinds:
-            for response in await asyncio.gather(*(client.post(route, json=body(rng, True)) for _ in range(concurrency))):
+            sent = [client.post(route, json=body(rng, True)) for _ in range(concurrency)]
+            for response in await asyncio.gather(*sent):
                 response.raise_for_status()
 
 
-async def drive(url: str, kinds: list[tuple[str, str, Body]], seconds: float, concurrency: int, load: Load) -> None:
+async def drive(url: str, kinds: list[Kind], seconds: float, concurrency: int, load: Load) -> None:
+    """`concurrency` clients send the kinds in turn until `seconds` have passed, counted in `load`."""
     deadline = time.monotonic() + seconds
     cycle = itertools.cycle(kinds)
 
@@ -136,6 +138,7 @@ async def drive(url: str, kinds: list[tuple[str, str, Body]], seconds: float, co
             while time.monotonic() < deadline:
                 kind, route, body = next(cycle)
                 sent = time.perf_counter()
+                status: int | str
                 try:
                     status = (await client.post(route, json=body(rng, False))).status_code
                 except httpx.TransportError as exc:
@@ -166,6 +169,7 @@ RISE_MB = 0.1
 
 
 def trend(points: list[tuple[float, float]]) -> Trend:
+    """The trend of the second half of (seconds, RSS MB) samples."""
     half = points[len(points) // 2:]
     if len(half) < 3:
         return Trend(float("nan"), 0.0)
@@ -173,34 +177,46 @@ def trend(points: list[tuple[float, float]]) -> Trend:
     return Trend(float(np.polyfit(seconds / 60.0, rss, 1)[0]), float(np.mean(np.diff(rss) > RISE_MB)))
 
 
-def report(sampler: MemorySampler, load: Load, minutes: float, max_slope: float) -> bool:
+def memory_report(rows: list[tuple[float, str, int, float]], max_slope: float) -> tuple[list[str], bool]:
+    """One line per process (start, end, peak, trend, verdict), and whether none grew steadily."""
     by_process: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
-    for now, name, pid, rss in sampler.rows:
+    for now, name, pid, rss in rows:
         by_process[(name, pid)].append((now, rss))
-    print(f"\nmemory (RSS MB; second half: least-squares slope, share of {RISE_MB:g} MB rises; "
-          f"threshold {max_slope:g} MB/min)")
-    print(f"{'process':<36} {'pid':>7} {'start':>8} {'end':>8} {'peak':>8} {'MB/min':>8} {'rising':>7}  verdict")
+    lines = [f"memory (RSS MB; second half: least-squares slope, share of {RISE_MB:g} MB rises; "
+             f"threshold {max_slope:g} MB/min)",
+             f"{'process':<36} {'pid':>7} {'start':>8} {'end':>8} {'peak':>8} {'MB/min':>8} {'rising':>7}  verdict"]
     memory_ok = True
     for (name, pid), points in sorted(by_process.items()):
         found = trend(points)
         verdict = found.verdict(max_slope)
         memory_ok &= verdict != "GROWING"
-        rss = [r for _, r in points]
-        print(f"{name:<36} {pid:>7} {rss[0]:>8.1f} {rss[-1]:>8.1f} {max(rss):>8.1f} {found.slope:>8.2f} "
-              f"{found.rising:>7.0%}  {verdict}")
-    print("\nrequests (status: count; latency ms p50/p99)")
-    errors = 0
+        sizes = [size for _, size in points]
+        lines.append(f"{name:<36} {pid:>7} {sizes[0]:>8.1f} {sizes[-1]:>8.1f} {max(sizes):>8.1f} {found.slope:>8.2f} "
+                     f"{found.rising:>7.0%}  {verdict}")
+    return lines, memory_ok
+
+
+def load_report(load: Load, minutes: float) -> tuple[list[str], int]:
+    """One line per request kind (statuses, rate, latency), and the server errors and failed connections."""
+    lines, errors = ["requests (status: count; latency ms p50/p99)"], 0
     for kind, statuses in sorted(load.statuses.items()):
         latencies = np.array(load.latencies[kind]) * 1000
         total = sum(statuses.values())
-        errors += sum(n for s, n in statuses.items() if not isinstance(s, int) or s >= 500)
-        counts = ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items(), key=str))
-        print(f"{kind:<11} {total:>7} requests ({total / (minutes * 60):.1f}/s)  {counts}  "
-              f"p50 {np.percentile(latencies, 50):.0f}  p99 {np.percentile(latencies, 99):.0f}")
-    verdict = memory_ok and errors == 0
-    print(f"\nverdict: {'PASS' if verdict else 'FAIL'} (memory {'without' if memory_ok else 'with'} steady growth, "
-          f"{errors} server errors or failed connections)")
-    return verdict
+        errors += sum(n for status, n in statuses.items() if not isinstance(status, int) or status >= 500)
+        counts = ", ".join(f"{status}: {n}" for status, n in sorted(statuses.items(), key=str))
+        lines.append(f"{kind:<11} {total:>7} requests ({total / (minutes * 60):.1f}/s)  {counts}  "
+                     f"p50 {np.percentile(latencies, 50):.0f}  p99 {np.percentile(latencies, 99):.0f}")
+    return lines, errors
+
+
+def report(sampler: MemorySampler, load: Load, minutes: float, max_slope: float) -> tuple[list[str], bool]:
+    """The memory and request tables and the verdict, as lines, and whether it passed."""
+    memory, memory_ok = memory_report(sampler.rows, max_slope)
+    requests, errors = load_report(load, minutes)
+    passed = memory_ok and errors == 0
+    verdict = (f"verdict: {'PASS' if passed else 'FAIL'} (memory {'without' if memory_ok else 'with'} steady "
+               f"growth, {errors} server errors or failed connections)")
+    return [*memory, "", *requests, "", verdict], passed
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
@@ -236,51 +252,59 @@ def start_prensa(work: Path, models: list[str] | None, log: Path,
     work.mkdir(parents=True, exist_ok=True)
     ports = [str(free_port()) for _ in range(4)]
     command = [str(PRENSA), "up", "--models-dir", str(work / "models"), "--repo", str(work / "model_repo"),
-               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--gateway-port", ports[3],
-               *extra]
+               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
+               "--gateway-port", ports[3], *extra]
     for model in models or ():
         command += ["--model", model]
     with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), f"http://127.0.0.1:{ports[3]}"
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), http_url(int(ports[3]))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
-    parser.add_argument("--work", type=Path, default=Path("soak-run"), help="exports, repository, logs and CSV")
-    parser.add_argument("--model", action="append", help="NAME=SOURCE for `prensa up` (default: its offline set)")
-    parser.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
-    parser.add_argument("--sample-every", type=float, default=3.0, help="seconds between RSS samples (default 3)")
-    parser.add_argument("--max-slope", type=float, default=2.0, help="MB/min per process that fails (default 2)")
-    args = parser.parse_args()
+def write_samples(sampler: MemorySampler, path: Path) -> None:
+    """Every RSS sample as CSV: seconds, process, pid, rss_mb."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["seconds", "process", "pid", "rss_mb"])
+        writer.writerows((f"{now:.1f}", name, pid, f"{rss:.2f}") for now, name, pid, rss in sampler.rows)
 
-    log = args.work / "prensa.log"
-    process, url = start_prensa(args.work, args.model, log)
+
+@dataclass(frozen=True)
+class SoakRun:
+    """What `prensa loadtest soak` runs: `prensa up` in `work`, `concurrency` clients for `minutes`."""
+
+    work: Path
+    models: tuple[str, ...] = ()
+    minutes: float = 10.0
+    concurrency: int = 8
+    sample_every_s: float = 3.0
+    max_slope: float = 2.0
+
+
+class NotServing(RuntimeError):
+    """prensa did not become healthy; its log says why."""
+
+
+def run_soak(run: SoakRun, say: Callable[[str], None]) -> tuple[list[str], bool]:
+    """Serve, warm up, load while sampling, stop; the report and whether it passed (the samples are
+    written to `<work>/soak-memory.csv`)."""
+    log = run.work / "prensa.log"
+    process, url = start_prensa(run.work, list(run.models), log)
     try:
-        print(f"starting prensa (log: {log}) ...", flush=True)
+        say(f"starting prensa (log: {log}) ...")
         if not wait_healthy(url, process, timeout_s=1800):
-            print(f"prensa did not become healthy; see {log}")
-            return 2
+            raise NotServing(f"prensa did not become healthy; see {log}")
         kinds = requests_for(httpx.get(f"{url}/info").json())
-        asyncio.run(warm_up(url, kinds, args.concurrency))
-        print(f"soaking {url} for {args.minutes:g} min with {args.concurrency} clients: "
-              f"{', '.join(kind for kind, _, _ in kinds)}", flush=True)
-        sampler = MemorySampler(process.pid, args.sample_every)
+        asyncio.run(warm_up(url, kinds, run.concurrency))
+        say(f"soaking {url} for {run.minutes:g} min with {run.concurrency} clients: "
+            f"{', '.join(kind for kind, _, _ in kinds)}")
+        sampler = MemorySampler(process.pid, run.sample_every_s)
         sampler.start()
         load = Load()
-        asyncio.run(drive(url, kinds, args.minutes * 60, args.concurrency, load))
+        asyncio.run(drive(url, kinds, run.minutes * 60, run.concurrency, load))
         sampler.stop.set()
         sampler.join()
     finally:
         stop(process)
-    csv_path = args.work / "soak-memory.csv"
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["seconds", "process", "pid", "rss_mb"])
-        writer.writerows((f"{now:.1f}", name, pid, f"{rss:.2f}") for now, name, pid, rss in sampler.rows)
-    print(f"samples: {csv_path}")
-    return 0 if report(sampler, load, args.minutes, args.max_slope) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_samples(sampler, run.work / "soak-memory.csv")
+    say(f"samples: {run.work / 'soak-memory.csv'}")
+    return report(sampler, load, run.minutes, run.max_slope)
