@@ -7,7 +7,7 @@ running at a time so they never compete for the CPU. A single query's latency is
 system by one blocking caller: the in-process ones have no client at all (their figure includes
 tokenizing the query), and the servers get the lightest there is (stdlib `http.client` on a
 kept-alive connection, tritonclient's synchronous gRPC), so the figure is the server's rather than
-an asyncio client's (aiohttp added about 1.1 ms a request).
+an asyncio client's, whose own overhead per request would be in it.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 torch's exporter writes attention, residual LayerNorm and the embedding sum as dozens of small ops,
 and an onnxruntime session fuses only some of them when it loads the graph. onnxruntime's
 transformer optimizer rewrites whole blocks into its fused kernels (Attention,
-SkipLayerNormalization, EmbedLayerNormalization, BiasGelu): on the 2-core CPU a lone short
-all-MiniLM-L6-v2 query ran 12-20% faster in fp32 and 20% in int8 (quantised from the fused graph),
-length-sorted batches of 32 as fast as before. Those are onnxruntime's own (com.microsoft) ops:
+SkipLayerNormalization, EmbedLayerNormalization, BiasGelu), which makes a lone short query faster
+in fp32 and in int8 (quantised from the fused graph) and batches no slower (docs/performance.md,
+"Fused ONNX ops"). Those are onnxruntime's own (com.microsoft) ops:
 TensorRT cannot parse them, so only graphs that onnxruntime serves are fused, and the caller keeps
 a fused graph only if it still agrees with torch.
 """

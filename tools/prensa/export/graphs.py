@@ -16,8 +16,8 @@ from prensa.export.safe_load import pretrained_options, refusing_pickled_code
 from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
 
-# Decoders whose attention masks the graphs build themselves (`decoder_masks`). transformers 4.57
-# builds a decoder's masks with torch.vmap, which torch's ONNX tracer cannot record ("unordered_map::at");
+# Decoders whose attention masks the graphs build themselves (`decoder_masks`). transformers (the
+# 4.x prensa pins) builds a decoder's masks with torch.vmap, which torch's ONNX tracer cannot record ("unordered_map::at");
 # handed a 4D mask (or one per layer type), the model uses it as given.
 DECODER_TYPES = ("qwen3", "qwen2", "mistral", "llama", "gemma3_text")
 

@@ -3,7 +3,7 @@
 `pytorch_model.bin` and `*.pt` files are pickles, and unpickling may call any function. So an
 export reads safetensors whenever the directory has them, and otherwise only pickles that torch's
 `weights_only` unpickler accepts (tensors and plain containers); remote code is never trusted.
-transformers 4.57 already unpickles with `weights_only=True` by default; prensa asks for it
+transformers already unpickles with `weights_only=True` by default; prensa asks for it
 explicitly, so an upgrade cannot change it silently, and turns the refusal (which transformers
 reports as an unreadable file) into an error that says what is wrong.
 """

@@ -86,7 +86,7 @@ class TritonWindow:
     """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
     first served, and a call whose client hangs up while it waits leaves without reaching Triton.
 
-    Triton 2.51 cancels an ensemble step only when it creates it: a client that hangs up cancels
+    Triton cancels an ensemble step only when it creates it: a client that hangs up cancels
     its ensemble request, but the encode step already queued is computed all the same (the
     Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
     counted until Triton answers, even for a client that is gone (its call runs on, its answer is

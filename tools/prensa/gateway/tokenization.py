@@ -96,7 +96,7 @@ INT64_LIMIT = 2**63
 
 def token_id_limit(tokenizer: Tokenizer | None) -> int:
     """One past the largest valid id: the vocabulary size, or int64's limit without a tokenizer. It
-    walks the whole vocabulary (15 ms for a 30k one here): compute it once per model, not per request."""
+    walks the whole vocabulary: compute it once per model, not per request."""
     return tokenizer.get_vocab_size(True) if tokenizer is not None else INT64_LIMIT
 
 
@@ -120,7 +120,7 @@ def first_fills_pair(tokenizer: Tokenizer, firsts: Iterable[str], max_length: in
     """Whether a pair's first text (a rerank query) may leave no room for its second under
     `max_length`, so that the gateway must truncate: the tokenize stage's `only_second` strategy
     refuses such a pair. The distinct first texts are measured here, on the event loop, when they
-    come to at most `INLINE_CHARS` characters (one short query: ~50 us); longer ones are taken to
+    come to at most `INLINE_CHARS` characters (a short query's tokenization); longer ones are taken to
     fill, and the pairs are then tokenized in a thread."""
     distinct = set(firsts)
     if sum(map(len, distinct)) > INLINE_CHARS:

@@ -42,10 +42,10 @@ def dynamic_batching(queue_delay_us: int, max_queue_size: int) -> ConfigDict:
     it unbounded behind the gateway's own admission (429 once its permits are taken).
 
     Unbounded is the default because any queue policy switches off the batcher's payload prefetching,
-    and Triton (2.51, and core's main branch as read on 2026-11-30) then waits for a free instance on
-    a condition variable whose wake-up can land just before the instance is idle again: the waiter
-    misses it and sleeps its 500 ms default. Measured here, a one-instance model met that stall on 3%
-    of a lone client's requests (p99 547 ms) and never without the policy (p99 86 ms)."""
+    and Triton then waits for a free instance on a condition variable whose wake-up can land just
+    before the instance is idle again: the waiter misses it and sleeps its default timeout. A
+    one-instance model meets that stall on a share of a lone client's requests, and never without
+    the policy (docs/performance.md, "Bounded queue stall")."""
     batching: ConfigDict = {"max_queue_delay_microseconds": queue_delay_us}
     if max_queue_size > 0:
         batching["default_queue_policy"] = {"timeout_action": "REJECT", "max_queue_size": max_queue_size,

@@ -27,8 +27,8 @@ def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int
 def warmup_shapes(buckets: list[int], max_batch_size: int) -> list[tuple[int, int]]:
     """(rows, length) pairs a native GPU encoder runs before READY: every bucket alone, and batches
     of 4, 16, 64 ... rows up to `max_batch_size` while they hold at most WARMUP_TOKENS tokens. On
-    onnxruntime CUDA (H200, all-MiniLM-L6-v2) a shape's first run took up to 9x its steady time;
-    after this warmup 1.0-1.65x, but some row counts left out still pay once (3 x 128 in fp16: 7x)."""
+    onnxruntime CUDA a shape's first run is several times slower than its steady ones; row counts
+    left out still pay that once (docs/gpu.md, "Warmup and readiness")."""
     rows = sorted({min(4**k, max_batch_size) for k in range(max_batch_size.bit_length())} | {1})
     return [(r, length) for length in buckets for r in rows if r == 1 or r * length <= WARMUP_TOKENS]
 

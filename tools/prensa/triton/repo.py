@@ -48,10 +48,10 @@ ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's out
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
 # CPU, its onnxruntime session uses every core and spins between operators (`allow_spinning`),
-# and nothing else competes for them. Two instances took turns with a lone client's requests (about
-# 1 ms more per short query), gave less throughput under load, and sharing the cores they must not
-# spin. One instance used to stall now and then for 0.5 s in Triton's queue; that was the queue
-# policy (see `dynamic_batching`), not the instance count.
+# and nothing else competes for them. Two instances took turns with a lone client's requests (slower
+# per short query), gave less throughput under load, and sharing the cores they must not spin
+# (docs/performance.md, "Encoder instances"). One instance used to stall now and then in Triton's
+# queue; that was the queue policy (see `dynamic_batching`), not the instance count.
 DEFAULT_ENCODER_INSTANCES = 1
 DEFAULT_MAX_BATCH_SIZE = contract.DEFAULT_MAX_BATCH_SIZE
 DEFAULT_MAX_BATCH_TOKENS = contract.DEFAULT_MAX_BATCH_TOKENS

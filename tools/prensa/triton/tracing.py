@@ -1,6 +1,6 @@
 """Triton's own OpenTelemetry tracing, pointed where the gateway sends its spans.
 
-Triton 2.51 (`--trace-config mode=opentelemetry`) exports OTLP over HTTP only, as JSON, and makes a
+Triton's OpenTelemetry tracing (`--trace-config mode=opentelemetry`) exports OTLP over HTTP only, as JSON, and makes a
 request that carries a `traceparent` header part of that trace whatever the header's sampled flag
 says. It also samples one request in `rate` on its own, and a request it samples that way may start
 a trace of its own although it carries a `traceparent` (seen at rate 1: the gateway's call and

@@ -354,8 +354,8 @@ class TokenCounters:
     """Real vs computed tokens on Triton's metrics port (`prensa_encoder_{real,padded}_tokens`): the
     padding overhead, per model. The families must outlive their metrics, so both are kept.
 
-    Each increment is a blocking round trip to the Triton process; two per `execute` cost a lone
-    short query 0.5-1 ms on a busy 2-core machine. So `execute` only adds to pending totals, and a
+    Each increment is a blocking round trip to the Triton process, and two per `execute` showed in a
+    lone short query's latency. So `execute` only adds to pending totals, and a
     daemon thread sends them `FLUSH_DELAY_S` later, many executes' worth at once: the counters lag
     by about that much. `close` sends what is still pending."""
 
