@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from prensa.bench.soak import Kind, NotServing, requests_for, start_prensa, stop, wait_healthy, warm_up
+from prensa.bench.soak import Kind, NotServing, requests_for, serving_prensa, warm_up
 
 RELOADED = re.compile(r"(?P<stage>\S+) is serving again, (?P<total>[\d.]+) s after its stub was found dead "
                       r"\(unload (?P<unload>[\d.]+) s, load (?P<load>[\d.]+) s\)")
@@ -120,11 +120,7 @@ class HealRun:
 def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
     """Serve, warm up, load while killing the embedder's encode stub; the report, one block per kill."""
     log = run.work / "heal.log"
-    process, url = start_prensa(run.work, list(run.models), log, run.up_flags)
-    try:
-        say(f"starting prensa (log: {log}) ...")
-        if not wait_healthy(url, process, timeout_s=1800):
-            raise NotServing(f"prensa did not become healthy; see {log}")
+    with serving_prensa(run.work, run.models, log, say, run.up_flags) as (process, url):
         info = httpx.get(f"{url}/info").json()
         kinds = [kind for kind in requests_for(info) if not run.kinds or kind[0] in run.kinds]
         if not kinds:
@@ -150,8 +146,6 @@ def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
         say(f"{run.concurrency} clients over {', '.join(k for k, _, _ in kinds)}; killing {embedder}_encode's stub "
             f"{run.kills} times, {run.gap_s:g} s apart")
         asyncio.run(load_and_kill())
-    finally:
-        stop(process)
     reloads = list(RELOADED.finditer(log.read_text(errors="replace")))
     lines = []
     for n, kill_at in enumerate(kills):  # requests sent just before the next kill fail for that one

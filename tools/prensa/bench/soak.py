@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,15 +284,24 @@ class NotServing(RuntimeError):
     """prensa did not become healthy; its log says why."""
 
 
-def run_soak(run: SoakRun, say: Callable[[str], None]) -> tuple[list[str], bool]:
-    """Serve, warm up, load while sampling, stop; the report and whether it passed (the samples are
-    written to `<work>/soak-memory.csv`)."""
-    log = run.work / "prensa.log"
-    process, url = start_prensa(run.work, list(run.models), log)
+@contextlib.contextmanager
+def serving_prensa(work: Path, models: tuple[str, ...], log: Path, say: Callable[[str], None],
+                   up_flags: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`prensa up` healthy (`start_prensa`): its process and the gateway's URL, stopped afterwards."""
+    process, url = start_prensa(work, list(models), log, up_flags)
     try:
         say(f"starting prensa (log: {log}) ...")
         if not wait_healthy(url, process, timeout_s=1800):
             raise NotServing(f"prensa did not become healthy; see {log}")
+        yield process, url
+    finally:
+        stop(process)
+
+
+def run_soak(run: SoakRun, say: Callable[[str], None]) -> tuple[list[str], bool]:
+    """Serve, warm up, load while sampling, stop; the report and whether it passed (the samples are
+    written to `<work>/soak-memory.csv`)."""
+    with serving_prensa(run.work, run.models, run.work / "prensa.log", say) as (process, url):
         kinds = requests_for(httpx.get(f"{url}/info").json())
         asyncio.run(warm_up(url, kinds, run.concurrency))
         say(f"soaking {url} for {run.minutes:g} min with {run.concurrency} clients: "
@@ -303,8 +312,6 @@ def run_soak(run: SoakRun, say: Callable[[str], None]) -> tuple[list[str], bool]
         asyncio.run(drive(url, kinds, run.minutes * 60, run.concurrency, load))
         sampler.stop.set()
         sampler.join()
-    finally:
-        stop(process)
     write_samples(sampler, run.work / "soak-memory.csv")
     say(f"samples: {run.work / 'soak-memory.csv'}")
     return report(sampler, load, run.minutes, run.max_slope)
