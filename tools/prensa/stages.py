@@ -18,6 +18,16 @@ CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
 PIPELINE_STAGES = ("tokenize", "encode", "pool")  # the ensemble's steps in order; `fused` runs all three
 
 
+def stage_model_name(model: str, stage: str) -> str:
+    """The Triton model that runs `stage` of the ensemble `model`: `<model>_<stage>`."""
+    return f"{model}_{stage}"
+
+
+def stage_of_model(name: str) -> str | None:
+    """The stage a Triton model named by `stage_model_name` runs, None for any other name."""
+    return next((stage for stage in PIPELINE_STAGES if name.endswith(f"_{stage}")), None)
+
+
 def stage_model_file(stage: str) -> Path:
     return ENSEMBLES_DIR / stage / "model.py"
 

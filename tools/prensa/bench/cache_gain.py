@@ -26,7 +26,15 @@ import tritonclient.grpc as grpcclient
 from prensa.addresses import free_port
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
-from prensa.triton.repo import CACHED_TASKS, ModelSource, ServingOptions, build_repository, cache_refusal
+from prensa.triton.repo import (
+    CACHED_TASKS,
+    ModelSource,
+    Pipeline,
+    ServingOptions,
+    build_repository,
+    cache_refusal,
+    encoder_model,
+)
 from prensa.workload import zipf_queries
 
 MODEL = "bench"
@@ -75,7 +83,7 @@ class Served:
 def counters(client: grpcclient.InferenceServerClient) -> tuple[int, int, int]:
     """(cache hits, cache misses, encoder executions) so far."""
     served = client.get_inference_statistics(MODEL).model_stats[0].inference_stats
-    encoder = client.get_inference_statistics(f"{MODEL}_encode").model_stats[0]
+    encoder = client.get_inference_statistics(encoder_model(MODEL, Pipeline.ENSEMBLE)).model_stats[0]
     return served.cache_hit.count, served.cache_miss.count, encoder.execution_count
 
 

@@ -26,6 +26,7 @@ import httpx
 import psutil
 
 from prensa.bench.soak import Kind, NotServing, requests_for, serving_prensa, warm_up
+from prensa.stages import stage_model_name
 
 RELOADED = re.compile(r"(?P<stage>\S+) is serving again, (?P<total>[\d.]+) s after its stub was found dead "
                       r"\(unload (?P<unload>[\d.]+) s, load (?P<load>[\d.]+) s\)")
@@ -137,13 +138,14 @@ def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
             for n in range(run.kills):
                 await asyncio.sleep(start + run.gap_s * (n + 0.5) - time.monotonic())
                 kills.append(time.monotonic())
-                stub_of(process.pid, f"{embedder}_encode").send_signal(signal.SIGKILL)
+                stub_of(process.pid, stage_model_name(embedder, "encode")).send_signal(signal.SIGKILL)
 
         async def load_and_kill() -> None:
             await asyncio.gather(drive(url, kinds, until, run.concurrency, outcomes, run.honour_retry_after),
                                  kill_later())
 
-        say(f"{run.concurrency} clients over {', '.join(k for k, _, _ in kinds)}; killing {embedder}_encode's stub "
+        say(f"{run.concurrency} clients over {', '.join(k for k, _, _ in kinds)}; killing "
+            f"{stage_model_name(embedder, 'encode')}'s stub "
             f"{run.kills} times, {run.gap_s:g} s apart")
         asyncio.run(load_and_kill())
     reloads = list(RELOADED.finditer(log.read_text(errors="replace")))

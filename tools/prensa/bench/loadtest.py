@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from prensa.addresses import LOOPBACK_NAMES
+from prensa.stages import stage_of_model
 from prensa.triton.metrics import ModelStats, difference, scrape
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # locust runs it by path, in its own process
@@ -76,7 +77,7 @@ def per_step(options: LoadTestOptions, history: Path, samples: list[tuple[float,
         if len(window) >= 2:
             delta = difference(window[-1], window[0])
             encoders = {name: {"average_batch": s.average_batch, "queue_ms": s.queue_ms_per_request}
-                        for name, s in delta.items() if (name.endswith("_encode") or s.real_tokens) and s.success}
+                        for name, s in delta.items() if (stage_of_model(name) == "encode" or s.real_tokens) and s.success}
         summary.append({"users": users, "requests_per_s": mean("Requests/s"), "p50_ms": mean("50%"),
                         "p95_ms": mean("95%"), "failures_per_s": mean("Failures/s"), "encoders": encoders})
     return summary

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from prensa.stages import PIPELINE_STAGES, load_stage, stage_module_name
+from prensa.stages import PIPELINE_STAGES, load_stage, stage_module_name, stage_of_model
 from prensa.triton.config import config_parameters, parse_pbtxt
 
 log = logging.getLogger("prensa.inprocess")
@@ -192,7 +192,7 @@ def stage_of(config: model_config_pb2.ModelConfig) -> str | None:
     """Which prensa stage a Python-backend model runs: the fused model says so, stages by their suffix."""
     if config_parameters(config).get("pipeline") == FUSED and "task" in config_parameters(config):
         return FUSED
-    return next((s for s in PIPELINE_STAGES if config.name.endswith(f"_{s}")), None)
+    return stage_of_model(config.name)
 
 
 Outcome = dict[str, npt.NDArray[Any]] | ModelError

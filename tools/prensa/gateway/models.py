@@ -31,7 +31,7 @@ from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import longest_token, token_id_limit
 from prensa.manifest import read_dense_ranges
-from prensa.stages import contract, load_stage
+from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
 
@@ -92,16 +92,18 @@ class ServedModel:
 
     @property
     def encode_model(self) -> str:
-        return self.name if self.fused else f"{self.name}_encode"
+        return self.name if self.fused else stage_model_name(self.name, "encode")
 
     @property
     def pool_model(self) -> str:
-        return f"{self.name}_pool"
+        return stage_model_name(self.name, "pool")
 
     @property
     def triton_models(self) -> tuple[str, ...]:
         """Every Triton model a request to this one may reach."""
-        return (self.name,) if self.fused else (self.name, f"{self.name}_tokenize", self.encode_model, self.pool_model)
+        if self.fused:
+            return (self.name,)
+        return (self.name, stage_model_name(self.name, "tokenize"), self.encode_model, self.pool_model)
 
     @property
     def needs_pairs(self) -> bool:
@@ -164,7 +166,8 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         pool_inputs: tuple[str, ...] = ()
         encode_outputs = tuple(o.name for o in ensemble.output if o.name in contract.ENCODER_ONLY)
     else:
-        tokenize, encode, pool = await asyncio.gather(*(client.config(f"{name}_{s}") for s in ("tokenize", "encode", "pool")))
+        stages = (client.config(stage_model_name(name, stage)) for stage in PIPELINE_STAGES)
+        tokenize, encode, pool = await asyncio.gather(*stages)
         pool_inputs = tuple(i.name for i in pool.input)
         encode_outputs = tuple(o.name for o in encode.output)
     params, tokenize_params = config_parameters(ensemble), config_parameters(tokenize)

@@ -28,7 +28,14 @@ from tritonclient.grpc import model_config_pb2
 from prensa.files import graph_data_files, link_graph_files, link_or_copy
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.options import internal, require_positive, setting
-from prensa.stages import CONTRACT_FILE, PIPELINE_STAGES, contract, stage_model_file, stage_module_name
+from prensa.stages import (
+    CONTRACT_FILE,
+    PIPELINE_STAGES,
+    contract,
+    stage_model_file,
+    stage_model_name,
+    stage_module_name,
+)
 from prensa.triton import native
 from prensa.triton.config import (
     ConfigDict,
@@ -73,7 +80,7 @@ class Pipeline(str, Enum):
 
 def encoder_model(name: str, pipeline: Pipeline) -> str:
     """The Triton model that runs `name`'s encoder (its token counters, batch sizes, queue time)."""
-    return name if pipeline is Pipeline.FUSED else f"{name}_encode"
+    return name if pipeline is Pipeline.FUSED else stage_model_name(name, "encode")
 
 
 def served_pipeline(config: model_config_pb2.ModelConfig) -> Pipeline | None:
@@ -297,7 +304,7 @@ class ModelRenderer:
         return [n for n in TOKEN_INPUTS if n in self.m.inputs] if self.native_encoder else list(TOKEN_INPUTS)
 
     def stage_dir(self, stage: str) -> Path:
-        return self.repo / f"{self.model.name}_{stage}"
+        return self.repo / stage_model_name(self.model.name, stage)
 
     def _write(self, directory: Path, config: ConfigDict, stage: str | None,
                warmup_files: dict[str, bytes] | None = None) -> None:
