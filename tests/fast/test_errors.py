@@ -105,7 +105,7 @@ def test_an_unexpected_error_is_a_bare_500_and_the_next_request_is_served(http, 
 def test_a_model_slower_than_the_timeout_is_503_and_the_gateway_serves_on(start_gateway, monkeypatch):
     import time
 
-    from prensa.corpus.inprocess import ModelRepository
+    from prensa.triton.inprocess import ModelRepository
 
     original = ModelRepository.infer
 

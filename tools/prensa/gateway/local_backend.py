@@ -1,7 +1,7 @@
 """`InProcessBackend`: the gateway's `Backend` over a rendered model repository, with no Triton.
 
 The repository is the one `prensa serve` gives Triton (`prensa.triton.repo.build_repository`);
-`prensa.corpus.inprocess.ModelRepository` runs it in this process: every model's
+`prensa.triton.inprocess.ModelRepository` runs it in this process: every model's
 `config.pbtxt` read with Triton's protobuf, every model reported READY once loaded, prensa's own
 stage code run on onnxruntime for ensembles (step by step, following their tensor maps), fused
 models and the direct `<name>_encode` / `<name>_pool` calls of the gateway's token path. What a
@@ -25,12 +25,12 @@ from opentelemetry.trace import SpanKind
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from prensa.corpus.inprocess import ModelError, ModelRepository
 from prensa.gateway.backend import READY
 from prensa.gateway.errors import GatewayError
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import model_call
 from prensa.gateway.triton_client import translate_error
+from prensa.triton.inprocess import ModelError, ModelRepository
 
 
 class InProcessBackend:

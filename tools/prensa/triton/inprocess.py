@@ -14,8 +14,8 @@ as they translate Triton's (`prensa.gateway.triton_client.translate_error`). Nat
 (TensorRT, the onnxruntime backend: the `container` target) are not run: such a model is listed
 UNAVAILABLE with the reason.
 
-Used by `prensa embed-corpus --export` (`backends.OnnxBackend`) and by the gateway's
-`InProcessBackend`; not thread-safe across `ModelRepository` objects sharing a model directory,
+Used by the gateway's `InProcessBackend` (the fast tests' gateway, `prensa bench gateway`); not
+thread-safe across `ModelRepository` objects sharing a model directory,
 but safe to call from many threads: each model runs one `execute` at a time, as one Triton
 instance does.
 """
