@@ -80,7 +80,11 @@ def _rows(batch_size: int, limit: int, name: str) -> int:
     return batch_size or limit
 
 
-class Backend(Protocol):
+class EmbeddingBackend(Protocol):
+    """What `embed-corpus` reads vectors from, a text slice at a time and synchronously (Ray's
+    workers and the local runner's threads call it); the gateway's `Backend` is a different seam,
+    one Triton call of tensors, awaited."""
+
     info: ModelInfo
 
     def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
@@ -202,7 +206,7 @@ class BackendSpec:
         backend.close()
         return backend.info
 
-    def open(self) -> Backend:
+    def open(self) -> EmbeddingBackend:
         if self.export_dir is not None:
             return OnnxBackend(self.export_dir, self.batch_size, self.threads)
         assert self.triton_url is not None and self.model is not None
