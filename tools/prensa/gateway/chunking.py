@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from prensa.gateway.tokenization import Item
+from prensa.gateway.tokenization import Item, keep_tokens
 
 DEFAULT_OVERLAP = 32  # tokens two neighbouring windows share
 
@@ -43,22 +43,44 @@ class Windows:
         return np.repeat(np.arange(len(self.counts)), self.counts)
 
 
+def token_windows(tokenizer: Tokenizer, text: str, size: int, *, overlap: int = 0,
+                  count: int | None = None) -> list[str]:
+    """Consecutive spans of `text` of at most `size` tokens (special tokens not counted), cut at
+    token boundaries by the tokenizer's character offsets, neighbours sharing `overlap` tokens; at
+    most `count` of them (a long text is first cut to what they read); the text itself when it fits."""
+    if count is not None:
+        text = keep_tokens(tokenizer, text, size * count + 1, "right")
+    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+    if len(offsets) <= size or size <= 0:
+        return [text]
+    stride = max(size - min(overlap, size - 1), 1)
+    windows = []
+    for start in range(0, len(offsets), stride):
+        end = min(start + size, len(offsets))
+        windows.append(text[offsets[start][0]:offsets[end - 1][1]])
+        if end == len(offsets) or len(windows) == count:
+            break
+    return windows
+
+
 def text_windows(tokenizer: Tokenizer, text: str, max_length: int, overlap: int) -> list[str]:
     """`text` as spans of at most `max_length` tokens with their special tokens, neighbours sharing
     `overlap` tokens; the text itself when it fits."""
-    body = max_length - tokenizer.num_special_tokens_to_add(False)
-    encoding = tokenizer.encode(text, add_special_tokens=False)
-    offsets = encoding.offsets
-    if len(offsets) <= body or body <= 0:
-        return [text]
-    stride = max(body - min(overlap, body - 1), 1)
-    windows = []
-    for start in range(0, len(offsets), stride):
-        end = min(start + body, len(offsets))
-        windows.append(text[offsets[start][0]:offsets[end - 1][1]])
-        if end == len(offsets):
-            break
-    return windows
+    return token_windows(tokenizer, text, max_length - tokenizer.num_special_tokens_to_add(False), overlap=overlap)
+
+
+def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[str]:
+    """Each text cut after its first `max_tokens` tokens (Cohere's `max_tokens_per_doc`)."""
+    return [token_windows(tokenizer, text, max(max_tokens, 1), count=1)[0] for text in texts]
+
+
+def chunk_texts(tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int) -> Windows:
+    """Each text split into up to `max_chunks` windows that fit beside `query` in a pair of
+    `max_length` tokens (Cohere's `max_chunks_per_doc`); a text that fits is one window."""
+    query = keep_tokens(tokenizer, query, max_length + 1, "right")  # a longer query leaves no room either way
+    room = max_length - tokenizer.num_special_tokens_to_add(True) - len(tokenizer.encode(query, add_special_tokens=False))
+    pieces = [token_windows(tokenizer, text, max(room, 1), count=max_chunks) for text in texts]
+    return Windows([window for windows in pieces for window in windows], [len(windows) for windows in pieces])
 
 
 def split_items(tokenizer: Tokenizer, items: Sequence[Item], max_length: int, chunking: Chunking) -> Windows:
@@ -107,6 +129,13 @@ def concatenated(rows: list[npt.NDArray[Any]], windows: Windows) -> list[npt.NDA
         out.append(np.concatenate(rows[start:start + count]) if count > 1 else rows[start])
         start += count
     return out
+
+
+def best_of(values: npt.NDArray[Any], windows: Windows) -> npt.NDArray[np.float32]:
+    """Each input's largest value over its windows (Cohere's score of a chunked document)."""
+    best = np.full(len(windows.counts), -np.inf, dtype=np.float32)
+    np.maximum.at(best, windows.owners, values)
+    return best
 
 
 def summed(tokens: npt.NDArray[Any], windows: Windows) -> npt.NDArray[Any]:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter, Response
 
+from prensa.gateway.chunking import best_of, chunk_texts, cut_texts
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_cohere import (
@@ -31,7 +32,7 @@ from prensa.gateway.protocol_openai import ERRORS
 from prensa.gateway.quantize import as_type, check_ranged
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
 from prensa.gateway.service import Timings
-from prensa.gateway.tokenization import Item, Truncation, chunk_texts, cut_texts
+from prensa.gateway.tokenization import Item, Truncation
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["Cohere and Jina"])
 COHERE_SDK_HEADER = "x-fern-sdk-name"
@@ -57,12 +58,9 @@ async def document_scores(gw: Gateway, served: ServedModel, query: str, texts: l
     beside = served.pair_template.text(query, "", instruction) if served.pair_template is not None else query
     windows = await gw.service.tokenizer_work(len(texts), chunk_texts, served.require_tokenizer(), beside, texts,
                                               served.max_length, max_chunks)
-    flat = [window for pieces in windows for window in pieces]
-    values, tokens = await gw.service.relevance(served, query, flat, truncation, False, timings, instruction=instruction)
-    owners = np.repeat(np.arange(len(texts)), [len(pieces) for pieces in windows])
-    best = np.full(len(texts), -np.inf, dtype=np.float32)
-    np.maximum.at(best, owners, values)
-    return best, int(tokens.sum())
+    values, tokens = await gw.service.relevance(served, query, cast("list[str]", windows.items), truncation, False,
+                                                timings, instruction=instruction)
+    return best_of(values, windows), int(tokens.sum())
 
 
 def document_texts(documents: list[str | RerankDocument]) -> list[str]:

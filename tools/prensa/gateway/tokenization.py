@@ -423,31 +423,3 @@ def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool
         body += b"]"
     body += b"]"
     return orjson.Fragment(bytes(body))
-
-
-def _windows(tokenizer: Tokenizer, text: str, size: int, count: int) -> list[str]:
-    """Up to `count` consecutive pieces of `text` of at most `size` tokens each (special tokens not
-    counted), cut at token boundaries by the tokenizer's character offsets; a long text is first cut
-    to what the pieces read."""
-    text = keep_tokens(tokenizer, text, size * count + 1, "right")
-    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
-    if len(offsets) <= size:
-        return [text]
-    pieces = []
-    for first in range(0, min(len(offsets), size * count), size):
-        last = min(first + size, len(offsets)) - 1
-        pieces.append(text[offsets[first][0]: offsets[last][1]])
-    return pieces
-
-
-def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[str]:
-    """Each text cut after its first `max_tokens` tokens (Cohere's `max_tokens_per_doc`)."""
-    return [_windows(tokenizer, text, max(max_tokens, 1), 1)[0] for text in texts]
-
-
-def chunk_texts(tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int) -> list[list[str]]:
-    """Each text split into up to `max_chunks` windows that fit beside `query` in a pair of
-    `max_length` tokens (Cohere's `max_chunks_per_doc`); a text that fits is one window."""
-    query = keep_tokens(tokenizer, query, max_length + 1, "right")  # a longer query leaves no room either way
-    room = max_length - tokenizer.num_special_tokens_to_add(True) - len(tokenizer.encode(query, add_special_tokens=False))
-    return [_windows(tokenizer, text, max(room, 1), max_chunks) for text in texts]
