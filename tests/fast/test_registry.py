@@ -36,3 +36,21 @@ def test_a_model_is_down_when_one_of_its_stages_is():
 
 def test_every_model_is_down_while_the_backend_is_unreachable():
     assert readiness(None) == {"minilm": False, "bge-m3": False}
+
+
+def test_a_model_of_a_task_this_gateway_does_not_know_is_left_out():
+    """A repository rendered by a newer prensa may carry a task this gateway cannot serve: the
+    refresh serves the others instead of failing on it."""
+    from tritonclient.grpc import model_config_pb2
+
+    from prensa.gateway.models import known_task
+    from prensa.manifest import Task
+
+    def ensemble(task: str) -> model_config_pb2.ModelConfig:
+        config = model_config_pb2.ModelConfig(name=task, platform="ensemble")
+        config.parameters["task"].string_value = task
+        return config
+
+    assert all(known_task(ensemble(task.value)) for task in Task)
+    assert not known_task(ensemble("speech-to-text"))
+    assert not known_task(model_config_pb2.ModelConfig(name="plain", platform="ensemble"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ CALIBRATION_FILE = "calibration.json"  # int8/uint8 embedding ranges; `prensa re
 FORMAT_VERSION = 1  # optional fields have defaults: prensa.json files without them still read
 
 
-class Task(str, Enum):
+class Task(StrEnum):  # formats as its value: "rerank", in messages and JSON alike
     EMBED = "embed"  # pooled dense vectors (sentence-transformers style)
     M3 = "m3"  # bge-m3: dense + sparse lexical weights + ColBERT from one pass
     RERANK = "rerank"  # cross-encoder, one logit per (query, passage)

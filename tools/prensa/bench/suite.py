@@ -197,7 +197,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
         if task is Task.RERANK else [SHORT_QUERY]
     short_input = (short_item.query, short_item.passages[0]) if isinstance(short_item, RerankCase) else SHORT_QUERY
     systems: list[dict[str, Any]] = []
-    report = {"model": manifest.source, "task": task.value, "dtype": manifest.dtype, "cpus": os.cpu_count(),
+    report: dict[str, Any] = {"model": manifest.source, "task": task.value, "dtype": manifest.dtype, "cpus": os.cpu_count(),
               "workload": {"kind": options.workload.value, "requests": len(workload.items), "sequences": sum(workload.sequences),
                            "mean_tokens": sum(workload.tokens) / max(sum(workload.sequences), 1)},
               "systems": systems}

@@ -30,7 +30,7 @@ from tritonclient.grpc import model_config_pb2
 from prensa.gateway.backend import READY, Backend
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.tokenization import longest_token, token_id_limit
-from prensa.manifest import read_dense_ranges
+from prensa.manifest import Task, read_dense_ranges
 from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
@@ -38,6 +38,7 @@ from prensa.triton.repo import Pipeline, served_pipeline
 log = logging.getLogger("prensa.gateway")
 TOKENIZE_STAGE = load_stage("tokenize")  # an LLM reranker's prompt is built as the tokenize stage builds it
 REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
+TASKS = frozenset(task.value for task in Task)
 UNLOADED = ("UNAVAILABLE", "unloaded")  # (state, reason) in Triton's index of a model unloaded on purpose
 
 
@@ -56,7 +57,7 @@ class Capability(str, Enum):
 @dataclass(frozen=True)
 class ServedModel:
     name: str
-    task: str
+    task: Task
     source: str
     revision: str
     dtype: str
@@ -109,12 +110,12 @@ class ServedModel:
     def needs_pairs(self) -> bool:
         """The ensemble takes (query, passage) pairs only: a lone text goes the token path. An LLM
         reranker takes a pair already written into its prompt too."""
-        return self.task == "rerank" and self.pair_template is None
+        return self.task is Task.RERANK and self.pair_template is None
 
     @property
     def is_m3(self) -> bool:
         """bge-m3 with its heads: the hybrid scores need all three outputs."""
-        return self.task == "m3" and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
+        return self.task is Task.M3 and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
 
     def can(self, capability: Capability) -> bool:
         return {
@@ -122,7 +123,7 @@ class ServedModel:
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
             Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs,
-            Capability.RERANK: self.task == "rerank" or self.is_m3,  # bge-m3 as a bi-encoder reranker
+            Capability.RERANK: self.task is Task.RERANK or self.is_m3,  # bge-m3 as a bi-encoder reranker
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
@@ -157,6 +158,11 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
+def known_task(config: model_config_pb2.ModelConfig) -> bool:
+    """Whether this gateway knows the task a prensa model carries (a newer prensa's are left out)."""
+    return config_parameters(config).get("task") in TASKS
+
+
 async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.ModelConfig,
                      tokenizers: TokenizerCache) -> ServedModel:
     name = ensemble.name
@@ -185,7 +191,7 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
     prefix, suffix = template.edges(tokenizer) if template is not None and tokenizer is not None else ([], [])
     return ServedModel(
         name=name,
-        task=params["task"],
+        task=Task(params["task"]),
         source=params.get("source", ""),
         revision=params.get("revision", ""),
         dtype=params.get("dtype", ""),
@@ -260,7 +266,7 @@ class Registry:
             states = await self.client.model_states()
             names = [name for name, (state, _) in states.items() if state == READY]
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
-            ensembles = [c for c in configs if served_pipeline(c) is not None]
+            ensembles = [c for c in configs if served_pipeline(c) is not None and known_task(c)]
             models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
             fresh = {m.name: m for m in models}
             down = {name: m for name, m in self.models.items() if name not in fresh and coming_back(m, states)}
@@ -341,8 +347,8 @@ class Registry:
         if self.default_model and self.default_model not in self.models:  # never answer with another model
             raise GatewayError(ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now")
         candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
-        if capability is Capability.RERANK and any(m.task == "rerank" for m in candidates):
-            candidates = [m for m in candidates if m.task == "rerank"]  # bge-m3 reranks when named, or alone
+        if capability is Capability.RERANK and any(m.task is Task.RERANK for m in candidates):
+            candidates = [m for m in candidates if m.task is Task.RERANK]  # bge-m3 reranks when named, or alone
         default = self.models.get(self.default_model or "")
         if default is not None and default in candidates:
             return default

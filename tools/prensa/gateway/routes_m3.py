@@ -19,6 +19,7 @@ from prensa.gateway.protocol_m3 import HybridScore, M3Embedding, M3Request, Scor
 from prensa.gateway.protocol_tei import ERRORS
 from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, ModelParam, json_response
 from prensa.gateway.service import Timings
+from prensa.manifest import Task
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["bge-m3"])
 
@@ -59,7 +60,7 @@ async def vllm_scores(request: ScoreRequest, gw: Gateway, name: str | None, timi
     lefts, rights = score_pairs(request)
     served = await gw.registry.pick(None, name)
     truncation = gw.service.truncation(request.truncate, request.truncation_direction)
-    if served.task == "rerank":
+    if served.task is Task.RERANK:
         values, tokens = await gw.service.scores(served, lefts, rights, truncation, False, timings)
         scores, used = values[:, 0], int(tokens.sum())
     elif served.can(Capability.DENSE):
