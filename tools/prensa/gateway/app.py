@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
+from prensa.addresses import LOOPBACK
 from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_ollama, routes_openai, routes_tei
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
@@ -138,14 +139,16 @@ def triton_backend(settings: GatewaySettings) -> Backend:
 
 def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ,
                other_metrics: Sequence[CollectorRegistry] = (), backend: BackendFactory | None = None,
-               direct_routes: bool = True, shared_permits: SharedPermits | None = None) -> FastAPI:
+               direct_routes: bool = True, shared_permits: SharedPermits | None = None,
+               host: str = LOOPBACK) -> FastAPI:
     """The gateway; it opens its backend and reads the served models when it starts. `other_metrics`
     are rendered on its /metrics after its own (`prensa serve`'s supervisor). `backend` builds what
     answers (see `prensa.gateway.backend`), called in the app's event loop: by default
     `triton_backend`; `local_backend.InProcessBackend.from_settings` runs `settings.repo` in this
     process (tests, machines without Triton). `direct_routes` False sends every request through
     FastAPI: what the tests compare the direct routes with. `shared_permits`: this worker's slot of
-    the permits all of a gateway's workers share (`prensa.gateway.workers`)."""
+    the permits all of a gateway's workers share (`prensa.gateway.workers`). `host`: the HTTP
+    server's, where TEI's gRPC API listens too with `settings.tei_grpc_port` (`tei_grpc.server`)."""
     metrics = GatewayMetrics()
     metrics.others.extend(other_metrics)
     open_backend = backend or triton_backend
@@ -167,8 +170,22 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
             await client.close()
             raise RuntimeError(f"--default-prompt-name {prompt}: no served model has a prompt of that name")
         client.start_probing(lambda: sorted(registry.triton_models()))
-        app.state.gateway = Gateway(settings, client, registry, Service(settings, client, metrics, app.permits), metrics)
+        app.state.gateway = gateway = Gateway(settings, client, registry,
+                                              Service(settings, client, metrics, app.permits), metrics)
+        tei_grpc = None
+        if settings.tei_grpc_port is not None:
+            from prensa.gateway.tei_grpc.server import TeiGrpcServer  # grpc's server only when asked for
+
+            try:  # a worker of a pool (it has a slot of shared permits): every worker binds the port
+                tei_grpc = await TeiGrpcServer.start(gateway, host, settings.tei_grpc_port,
+                                                     reuse_port=shared_permits is not None)
+            except RuntimeError:
+                await client.close()
+                raise
+            app.state.tei_grpc = tei_grpc  # `server.GatewayServer` starts its drain with the HTTP server's
         yield
+        if tei_grpc is not None:
+            await tei_grpc.stop(settings.graceful_timeout_s)
         await client.close()
         if app.traces is not None:  # the last spans go out (or time out) before the process ends
             await asyncio.to_thread(app.traces.shutdown)

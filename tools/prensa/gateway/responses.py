@@ -59,23 +59,27 @@ def _ms(seconds: float) -> str:
     return str(int(seconds * 1000))
 
 
+def timing_headers(timings: Timings) -> dict[str, str]:
+    """TEI's timing headers (HTTP headers, and the initial metadata of a TEI gRPC answer)."""
+    queue = timings.queue_s or 0.0
+    headers = {
+        "x-compute-type": "triton",
+        "x-compute-time": _ms(timings.tokenization_s + queue + timings.inference_s),
+        "x-compute-characters": str(timings.characters),
+        "x-compute-tokens": str(timings.tokens),
+        "x-total-time": _ms(time.perf_counter() - timings.received),
+        "x-tokenization-time": _ms(timings.tokenization_s),
+        "x-queue-time": _ms(queue),
+        "x-inference-time": _ms(timings.inference_s),
+    }
+    if timings.chunks is not None:  # windows per input, in order
+        headers[CHUNKS_HEADER] = ",".join(map(str, timings.chunks))
+    return headers
+
+
 def json_response(payload: Any, timings: Timings | None = None) -> Response:
     """orjson straight from numpy arrays; TEI's timing headers when the request reached Triton."""
-    headers = {}
-    if timings is not None:
-        queue = timings.queue_s or 0.0
-        headers = {
-            "x-compute-type": "triton",
-            "x-compute-time": _ms(timings.tokenization_s + queue + timings.inference_s),
-            "x-compute-characters": str(timings.characters),
-            "x-compute-tokens": str(timings.tokens),
-            "x-total-time": _ms(time.perf_counter() - timings.received),
-            "x-tokenization-time": _ms(timings.tokenization_s),
-            "x-queue-time": _ms(queue),
-            "x-inference-time": _ms(timings.inference_s),
-        }
-        if timings.chunks is not None:  # windows per input, in order
-            headers[CHUNKS_HEADER] = ",".join(map(str, timings.chunks))
+    headers = timing_headers(timings) if timings is not None else {}
     with stage("serialize"):
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=headers)
@@ -89,8 +93,8 @@ def record_success(metrics: GatewayMetrics, method: str, timings: Timings) -> No
 
 class GatewayRequest(Request):
     """The request as the routes take it (a parameter of this type, which FastAPI fills with the
-    request itself: two dependencies fewer to solve per request, measured at a quarter of a
-    millisecond on a lone query). It reaches the gateway's state and this request's timings, and
+    request itself: two dependencies fewer to solve per request; docs/performance.md has the
+    cost). It reaches the gateway's state and this request's timings, and
     parses bodies with orjson: strict UTF-8 (a lone surrogate escape such as "\\ud800" is
     malformed JSON, not a text that fails later) and a nesting limit (1024) instead of a
     RecursionError. Its errors are `json.JSONDecodeError`s, which FastAPI turns into our 400."""

@@ -66,7 +66,6 @@ from prensa.gateway.responses import (
     validate_body,
 )
 from prensa.gateway.service import Timings, gather
-from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import Item, as_items, check_token_ids, tokens_json, too_many_tokens
 
 PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
@@ -367,12 +366,6 @@ def _tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, li
     return json_response(tokens_json(tokenizer, texts, add_special_tokens, limit))
 
 
-def tokenize_limit(served: ServedModel, settings: GatewaySettings) -> int:
-    """Tokens one /tokenize (ids one /decode) may hold: the flag's, else a full batch of full-length texts."""
-    limit: int = settings.max_tokenize_tokens or settings.max_client_batch_size * served.max_length
-    return limit
-
-
 def _decoded(tokenizer: Tokenizer, batch: list[list[int]], id_limit: int, skip_special_tokens: bool) -> Response:
     """`/decode`'s answer, built in a thread: checking and decoding a 2 MB body of ids takes a while too."""
     for ids in batch:
@@ -387,7 +380,7 @@ async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelP
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
     texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))  # texts stay texts
     gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
-    limit = tokenize_limit(served, gw.settings)
+    limit = gw.service.tokenize_limit(served)
     characters = sum(map(len, texts))
     if characters > limit * served.longest_token:  # more tokens than the limit for sure: refused before tokenizing
         raise too_many_tokens(limit, f"{characters} characters, and no token of the model is longer than "
@@ -402,7 +395,7 @@ async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam
     served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
     gw.service.check_batch(len(batch))
-    limit, ids = tokenize_limit(served, gw.settings), sum(map(len, batch))
+    limit, ids = gw.service.tokenize_limit(served), sum(map(len, batch))
     if ids > limit:
         raise too_many_tokens(limit, f"{ids} ids")
     return await gw.service.tokenizer_work(len(batch), _decoded, served.require_tokenizer(), batch,

@@ -18,7 +18,8 @@ and uvicorn lacks.
 `GatewayServer` is uvicorn's server with the heap the gateway keeps for its whole life (modules,
 the app, its routes and schemas, the served models) moved out of the cyclic garbage
 collector once it has started (`gc.freeze`): a full collection then walks only what requests
-create, instead of the ~100,000 objects of the startup every time.
+create, instead of the whole startup heap every time (docs/performance.md, "The garbage
+collector").
 """
 
 from __future__ import annotations
@@ -260,7 +261,8 @@ def protocol_class(limits: ConnectionLimits) -> type[GatewayProtocol]:
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, its startup heap frozen out of the garbage collector while it serves."""
+    """uvicorn's server, its startup heap frozen out of the garbage collector while it serves; TEI's
+    gRPC server (`--tei-grpc-port`), when the app runs one, drains alongside it on shutdown."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -269,6 +271,9 @@ class GatewayServer(uvicorn.Server):
             gc.freeze()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        tei_grpc = getattr(getattr(self.config.app, "state", None), "tei_grpc", None)
+        if tei_grpc is not None:  # TEI's gRPC calls drain alongside the HTTP requests, in the same --graceful-timeout
+            tei_grpc.begin_stop(self.config.timeout_graceful_shutdown)
         await super().shutdown(sockets=sockets)
         gc.unfreeze()  # the app can be collected again (several gateways come and go in a test process)
 
@@ -287,7 +292,7 @@ def worker_server(settings: GatewaySettings, host: str, port: int, other_metrics
     """One process's uvicorn server for the gateway (`gateway_server`'s, or one worker's)."""
     from prensa.gateway.app import create_app
 
-    app = create_app(settings, other_metrics=other_metrics, backend=backend, shared_permits=shared_permits)
+    app = create_app(settings, other_metrics=other_metrics, backend=backend, shared_permits=shared_permits, host=host)
     return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                         # uvicorn hands both to asyncio as they are: fractions of a second hold
                                         access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]

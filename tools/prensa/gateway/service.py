@@ -158,6 +158,11 @@ class Service:
             raise GatewayError(ErrorKind.UNSUPPORTED, f"model `{model.name}` is trained to be cut to {sizes} "
                                f"dimensions, not {dimensions}")
 
+    def tokenize_limit(self, model: ServedModel) -> int:
+        """Tokens one /tokenize (ids one /decode) may hold: the flag's, else a full batch of full-length texts."""
+        limit: int = self.settings.max_tokenize_tokens or self.settings.max_client_batch_size * model.max_length
+        return limit
+
     async def tokenizer_work(self, inputs: int, work: Callable[..., T], *args: Any) -> T:
         """`work(*args)` on `inputs` inputs in a thread, under the batch limit and holding their
         permits: tokenizer work on a large body takes seconds and memory of its own."""

@@ -89,6 +89,11 @@ class GatewaySettings:
     workers: int | None = setting(
         None, "Gateway processes serving the one port, each with its own Triton channels; --max-concurrent-requests "
         "and /metrics count them all together. Default: one per four CPU cores (a container CPU limit counts), at least one.")
+    # TEI's gRPC API (prensa.gateway.tei_grpc) beside the HTTP one, in the same event loop and on the
+    # same host; off by default. prensa's own --grpc-port is Triton's.
+    tei_grpc_port: int | None = setting(
+        None, "Serve TEI's gRPC API (package tei.v1, with server reflection) on this port, on the gateway's host; "
+        "with several --workers each binds it (SO_REUSEPORT). Unset: no gRPC server.")
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
         5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
@@ -106,6 +111,8 @@ class GatewaySettings:
                                             "--api-key and PRENSA_API_KEY unset")
         require_positive(self, "request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
                          "max_connections", "max_tokenize_tokens", "workers")
+        if self.tei_grpc_port is not None and not 0 < self.tei_grpc_port < 65536:
+            raise InvalidSetting("tei_grpc_port", f"must be a port number (1 to 65535), got {self.tei_grpc_port}")
 
     @property
     def triton_urls(self) -> list[str]:

@@ -1,0 +1,417 @@
+"""TEI's gRPC API (`--tei-grpc-port`), through a client built from the checked-in stubs, against the
+session's real Triton: every service, unary and streaming, compared with direct Triton calls,
+`tokenizers` and the HTTP routes; TEI's status codes and messages; reflection; the API key; the
+flag off by default; two workers on one port."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import psutil
+import pytest
+from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from prensa.addresses import free_port
+from prensa.gateway.errors import ErrorKind
+from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.tei_grpc import tei_pb2 as pb
+from prensa.gateway.tei_grpc import tei_pb2_grpc as stubs
+from prensa.gateway.tei_grpc.calls import STATUS
+from tests.gateway.conftest import running_gateway
+from tests.gateway.test_cli import wait_healthy
+
+pytestmark = pytest.mark.triton
+
+TEXTS = ["What is the capital of Germany?", "ok", "Berlin is the capital and largest city of Germany.",
+         "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。"]
+QUERY = "What is the capital of Germany?"
+PASSAGES = ["Berlin is the capital and largest city of Germany.", "Paris is the capital of France.",
+            "The quick brown fox jumps over the lazy dog."]
+LONG = "Berlin is the capital and largest city of Germany. " * 40  # ~400 minilm tokens, over its 256
+SERVICES = {"tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"}
+
+
+@dataclass
+class Tei:
+    """A gateway serving TEI's gRPC API: its HTTP client and a channel to its gRPC port."""
+
+    http: httpx.Client
+    channel: grpc.Channel
+    port: int
+
+    @property
+    def info(self) -> stubs.InfoStub:
+        return stubs.InfoStub(self.channel)
+
+    @property
+    def embed(self) -> stubs.EmbedStub:
+        return stubs.EmbedStub(self.channel)
+
+    @property
+    def predict(self) -> stubs.PredictStub:
+        return stubs.PredictStub(self.channel)
+
+    @property
+    def rerank(self) -> stubs.RerankStub:
+        return stubs.RerankStub(self.channel)
+
+    @property
+    def tokenize(self) -> stubs.TokenizeStub:
+        return stubs.TokenizeStub(self.channel)
+
+
+def model(name: str) -> tuple[tuple[str, str], ...]:
+    return (("model", name),)
+
+
+def serve_grpc(settings: GatewaySettings, **changes: object) -> Iterator[Tei]:
+    port = free_port()
+    with running_gateway(replace(settings, tei_grpc_port=port, **changes)) as url, \
+            httpx.Client(base_url=url, timeout=60) as http, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield Tei(http, channel, port)
+
+
+@pytest.fixture(scope="module")
+def tei(settings) -> Iterator[Tei]:
+    yield from serve_grpc(settings)
+
+
+@pytest.fixture
+def start_tei(settings) -> Iterator[Callable[..., Tei]]:
+    """Extra gRPC gateways with some settings changed, stopped at the end of the test."""
+    started: list[Iterator[Tei]] = []
+
+    def start(**changes: object) -> Tei:
+        started.append(serve_grpc(settings, **changes))
+        return next(started[-1])
+
+    yield start
+    for gateway in started:
+        next(gateway, None)
+
+
+def refused(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def test_every_error_kind_has_a_status():
+    assert set(STATUS) == set(ErrorKind)
+    assert STATUS[ErrorKind.VALIDATION] == STATUS[ErrorKind.EMPTY] == grpc.StatusCode.INVALID_ARGUMENT
+    assert STATUS[ErrorKind.OVERLOADED] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert STATUS[ErrorKind.BACKEND] == STATUS[ErrorKind.TOKENIZER] == grpc.StatusCode.FAILED_PRECONDITION
+    assert STATUS[ErrorKind.UNHEALTHY] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_embed_unary_matches_triton_and_http(tei, direct):
+    expected = direct("minilm", TEXTS)
+    for row, text in enumerate(TEXTS):
+        reply, call = tei.embed.Embed.with_call(pb.EmbedRequest(inputs=text, truncate=True))
+        np.testing.assert_allclose(reply.embeddings, expected["dense"][row], atol=1e-6)
+        assert reply.metadata.compute_tokens == expected["num_tokens"].reshape(-1)[row]
+        assert reply.metadata.compute_chars == len(text)
+        assert reply.metadata.total_time_ns >= reply.metadata.inference_time_ns > 0
+        headers = dict(call.initial_metadata())
+        assert headers["x-compute-tokens"] == str(reply.metadata.compute_tokens)
+        assert len(headers["x-request-id"]) == 32
+    http = tei.http.post("/embed", json={"inputs": TEXTS[0], "normalize": False, "dimensions": 128}).json()[0]
+    raw = tei.embed.Embed(pb.EmbedRequest(inputs=TEXTS[0], normalize=False, dimensions=128))
+    np.testing.assert_allclose(raw.embeddings, http, atol=1e-6)
+    assert abs(np.linalg.norm(raw.embeddings) - 1) > 1e-3  # not normalised: it is the other answer
+    m3 = tei.embed.Embed(pb.EmbedRequest(inputs=TEXTS[2]), metadata=model("bge-m3"))
+    np.testing.assert_allclose(m3.embeddings, direct("bge-m3", [TEXTS[2]])["dense"][0], atol=1e-5)
+
+
+def embed_count(http: httpx.Client) -> float:
+    found = re.search(r'^te_request_count\{method="embed"\} ([0-9.e+]+)', http.get("/metrics").text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def test_embed_stream_answers_in_order_each_message_a_request(tei, direct):
+    texts = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(45)]  # more than --max-client-batch-size in flight
+    before = embed_count(tei.http)
+    replies = list(tei.embed.EmbedStream(iter(pb.EmbedRequest(inputs=t, truncate=True) for t in texts)))
+    expected = direct("minilm", texts)
+    np.testing.assert_allclose([r.embeddings for r in replies], expected["dense"], atol=1e-5)
+    assert [r.metadata.compute_tokens for r in replies] == expected["num_tokens"].reshape(-1).tolist()
+    assert embed_count(tei.http) == before + 45  # counted as HTTP counts /embed
+
+
+def test_truncation_is_the_messages_own(tei, direct, tokenizer):
+    given = len(tokenizer("minilm").encode(LONG).ids)
+    error = refused(lambda: tei.embed.Embed(pb.EmbedRequest(inputs=LONG)))  # proto3: truncate false when unset
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == f"Input validation error: `inputs` must have less than 256 tokens. Given: {given}"
+    right = tei.embed.Embed(pb.EmbedRequest(inputs=LONG, truncate=True))
+    np.testing.assert_allclose(right.embeddings, direct("minilm", [LONG])["dense"][0], atol=1e-6)
+    left = tei.embed.Embed(pb.EmbedRequest(inputs=LONG, truncate=True,
+                                           truncation_direction=pb.TRUNCATION_DIRECTION_LEFT))
+    http = tei.http.post("/embed", json={"inputs": LONG, "truncation_direction": "left"}).json()[0]
+    np.testing.assert_allclose(left.embeddings, http, atol=1e-6)
+    assert not np.allclose(left.embeddings, right.embeddings, atol=1e-3)
+
+
+def test_embed_sparse_unary_and_stream(tei, direct, need):
+    need("splade")
+    expected = direct("splade", TEXTS[:3])
+    unary = [tei.embed.EmbedSparse(pb.EmbedSparseRequest(inputs=t, truncate=True), metadata=model("splade"))
+             for t in TEXTS[:3]]
+    streamed = list(tei.embed.EmbedSparseStream(iter(pb.EmbedSparseRequest(inputs=t, truncate=True) for t in TEXTS[:3]),
+                                                metadata=model("splade")))
+    for row, (one, other) in enumerate(zip(unary, streamed)):
+        ids = expected["sparse_ids"][row]
+        for reply in (one, other):
+            assert [v.index for v in reply.sparse_embeddings] == ids[ids >= 0].tolist()
+            np.testing.assert_allclose([v.value for v in reply.sparse_embeddings],
+                                       expected["sparse_weights"][row][ids >= 0], atol=1e-5)
+    m3 = tei.embed.EmbedSparse(pb.EmbedSparseRequest(inputs=TEXTS[0]), metadata=model("bge-m3"))
+    m3_ids = direct("bge-m3", [TEXTS[0]])["sparse_ids"][0]
+    assert [v.index for v in m3.sparse_embeddings] == m3_ids[m3_ids >= 0].tolist()
+    dense_only = refused(lambda: tei.embed.EmbedSparse(pb.EmbedSparseRequest(inputs="ok"), metadata=model("minilm")))
+    assert dense_only.code() == grpc.StatusCode.FAILED_PRECONDITION  # minilm has no sparse head
+
+
+def test_embed_all_pools_to_the_dense_vector(tei, direct, tokenizer):
+    """minilm mean-pools its token states and normalises: the tokens' vectors give its dense vector back."""
+    replies = [tei.embed.EmbedAll(pb.EmbedAllRequest(inputs=TEXTS[0], truncate=True)),
+               *tei.embed.EmbedAllStream(iter([pb.EmbedAllRequest(inputs=TEXTS[0]), pb.EmbedAllRequest(inputs="ok")]))]
+    http = tei.http.post("/embed_all", json={"inputs": [TEXTS[0], "ok"]}).json()
+    for reply, text, reference in zip(replies[1:], [TEXTS[0], "ok"], http):
+        states = np.array([token.embeddings for token in reply.token_embeddings])
+        assert states.shape == (len(tokenizer("minilm").encode(text).ids), 384)
+        np.testing.assert_allclose(states, reference, atol=1e-5)
+        pooled = states.mean(axis=0)
+        np.testing.assert_allclose(pooled / np.linalg.norm(pooled), direct("minilm", [text])["dense"][0], atol=1e-5)
+    np.testing.assert_allclose([t.embeddings for t in replies[0].token_embeddings],
+                               [t.embeddings for t in replies[1].token_embeddings], atol=1e-6)
+
+
+def test_predict_and_predict_pair(tei, direct, need):
+    need("classifier")
+    labels = ["negative", "neutral", "positive"]
+    classifier = model("classifier")
+    single = tei.predict.Predict(pb.PredictRequest(inputs="I love Berlin."), metadata=classifier)
+    expected = direct("classifier", ["I love Berlin."])["scores"][0]
+    assert [p.label for p in single.predictions] == [labels[i] for i in np.argsort(-expected, kind="stable")]
+    np.testing.assert_allclose([p.score for p in single.predictions], np.sort(expected)[::-1], atol=1e-6)
+    pair = tei.predict.PredictPair(pb.PredictPairRequest(inputs=["I love Berlin.", "Berlin loves me."], raw_scores=True),
+                                   metadata=classifier)
+    logits = direct("classifier", ["I love Berlin."], ["Berlin loves me."])["logits"][0]
+    np.testing.assert_allclose([p.score for p in pair.predictions], np.sort(logits)[::-1], atol=1e-5)
+    lone = tei.predict.PredictPair(pb.PredictPairRequest(inputs=["I love Berlin."]), metadata=classifier)
+    assert [p.label for p in lone.predictions] == [p.label for p in single.predictions]
+    np.testing.assert_allclose([p.score for p in lone.predictions], np.sort(expected)[::-1], atol=1e-6)
+    three = refused(lambda: tei.predict.PredictPair(pb.PredictPairRequest(inputs=["a", "b", "c"]), metadata=classifier))
+    assert (three.code(), three.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                               "`inputs` must have a single or two elements. Given: 3")
+    texts = ["I love Berlin.", "I hate rain.", "It is Tuesday."]
+    streamed = list(tei.predict.PredictStream(iter(pb.PredictRequest(inputs=t) for t in texts), metadata=classifier))
+    scores = direct("classifier", texts)["scores"]
+    np.testing.assert_allclose([max(p.score for p in r.predictions) for r in streamed], scores.max(axis=1), atol=1e-6)
+    pairs = list(tei.predict.PredictPairStream(iter(pb.PredictPairRequest(inputs=[t, "Berlin loves me."]) for t in texts),
+                                               metadata=classifier))
+    pair_scores = direct("classifier", texts, ["Berlin loves me."] * 3)["scores"]
+    np.testing.assert_allclose([sorted(p.score for p in r.predictions) for r in pairs], np.sort(pair_scores), atol=1e-6)
+
+
+def test_rerank_unary_and_stream(tei, direct, need):
+    need("reranker")
+    reranker = model("reranker")
+    expected = direct("reranker", [QUERY] * 3, PASSAGES)["scores"][:, 0]
+    reply = tei.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=PASSAGES, return_text=True), metadata=reranker)
+    order = np.argsort(-expected, kind="stable").tolist()
+    assert [r.index for r in reply.ranks] == order
+    assert [r.text for r in reply.ranks] == [PASSAGES[i] for i in order]
+    np.testing.assert_allclose([r.score for r in reply.ranks], expected[order], atol=1e-6)
+    http = tei.http.post("/rerank?model=reranker", json={"query": QUERY, "texts": PASSAGES}).json()
+    assert [(r["index"], pytest.approx(r["score"], abs=1e-6)) for r in http] == [(r.index, r.score) for r in reply.ranks]
+    plain = tei.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=PASSAGES), metadata=reranker)
+    assert not any(r.HasField("text") for r in plain.ranks)
+    # The stream: raw_scores and return_text are the first message's, whatever the others say.
+    messages = [pb.RerankStreamRequest(query=QUERY, text=p, raw_scores=i == 0, return_text=i == 0)
+                for i, p in enumerate(PASSAGES)]
+    streamed = tei.rerank.RerankStream(iter(messages), metadata=reranker)
+    logits = direct("reranker", [QUERY] * 3, PASSAGES)["logits"][:, 0]
+    assert [r.index for r in streamed.ranks] == np.argsort(-logits, kind="stable").tolist()
+    np.testing.assert_allclose([r.score for r in streamed.ranks], np.sort(logits)[::-1], atol=1e-5)
+    assert [r.text for r in streamed.ranks] == [PASSAGES[r.index] for r in streamed.ranks]
+    assert streamed.metadata.compute_chars == sum(len(QUERY) + len(p) for p in PASSAGES)
+
+
+def test_rerank_refusals(tei, need):
+    need("reranker")
+    reranker = model("reranker")
+    empty = refused(lambda: tei.rerank.Rerank(pb.RerankRequest(query=QUERY), metadata=reranker))
+    assert (empty.code(), empty.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "`texts` cannot be empty")
+    many = refused(lambda: tei.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=["a"] * 33), metadata=reranker))
+    assert (many.code(), many.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                             "batch size 33 > maximum allowed batch size 32")
+    nothing = refused(lambda: tei.rerank.RerankStream(iter([]), metadata=reranker))
+    assert nothing.code() == grpc.StatusCode.INVALID_ARGUMENT
+    embedder = refused(lambda: tei.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=PASSAGES), metadata=model("minilm")))
+    assert embedder.code() == grpc.StatusCode.FAILED_PRECONDITION
+    unknown = refused(lambda: tei.embed.Embed(pb.EmbedRequest(inputs="ok"), metadata=model("no-such-model")))
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_empty_inputs_are_invalid_with_teis_messages(tei):
+    for call in (lambda: tei.embed.Embed(pb.EmbedRequest(inputs="")),
+                 lambda: tei.embed.EmbedAll(pb.EmbedAllRequest(inputs="")),
+                 lambda: tei.tokenize.Tokenize(pb.EncodeRequest(inputs=""))):
+        error = refused(call)
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                   "Input validation error: `inputs` cannot be empty")
+    ids = refused(lambda: tei.tokenize.Decode(pb.DecodeRequest()))
+    assert (ids.code(), ids.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                           "Input validation error: `input_ids` cannot be empty")
+
+
+def test_a_failed_message_ends_the_stream_after_the_answers_before_it(tei, direct):
+    messages = [pb.EmbedRequest(inputs="ok"), pb.EmbedRequest(inputs="dog"), pb.EmbedRequest(inputs="")]
+    stream = tei.embed.EmbedStream(iter(messages))
+    answers = []
+    with pytest.raises(grpc.RpcError) as caught:
+        answers.extend(stream)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    np.testing.assert_allclose([a.embeddings for a in answers], direct("minilm", ["ok", "dog"])["dense"], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["minilm", "bge-m3"])
+def test_tokenize_and_decode_match_http_and_tokenizers(tei, tokenizer, name):
+    tok = tokenizer(name)
+    for add_special_tokens in (True, False):
+        reply = tei.tokenize.Tokenize(pb.EncodeRequest(inputs=TEXTS[3], add_special_tokens=add_special_tokens),
+                                      metadata=model(name))
+        http = tei.http.post(f"/tokenize?model={name}",
+                             json={"inputs": TEXTS[3], "add_special_tokens": add_special_tokens}).json()[0]
+        tokens = [{"id": t.id, "text": t.text, "special": t.special,
+                   "start": t.start if t.HasField("start") else None, "stop": t.stop if t.HasField("stop") else None}
+                  for t in reply.tokens]
+        assert tokens == http
+        assert [t.id for t in reply.tokens] == tok.encode(TEXTS[3], add_special_tokens=add_special_tokens).ids
+    streamed = list(tei.tokenize.TokenizeStream(iter(pb.EncodeRequest(inputs=t, add_special_tokens=True)
+                                                     for t in TEXTS), metadata=model(name)))
+    assert [[t.id for t in r.tokens] for r in streamed] == [tok.encode(t).ids for t in TEXTS]
+    ids = tok.encode(TEXTS[3]).ids
+    for skip in (True, False):
+        decoded = tei.tokenize.Decode(pb.DecodeRequest(ids=ids, skip_special_tokens=skip), metadata=model(name))
+        http = tei.http.post(f"/decode?model={name}", json={"ids": ids, "skip_special_tokens": skip}).json()[0]
+        assert decoded.text == http == tok.decode(ids, skip_special_tokens=skip)
+    batch = [tok.encode(t).ids for t in TEXTS]
+    streamed_text = list(tei.tokenize.DecodeStream(iter(pb.DecodeRequest(ids=i, skip_special_tokens=True) for i in batch),
+                                                   metadata=model(name)))
+    assert [r.text for r in streamed_text] == tok.decode_batch(batch)
+    outside = refused(lambda: tei.tokenize.Decode(pb.DecodeRequest(ids=[10**7]), metadata=model(name)))
+    assert outside.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_info_describes_the_model(tei, need):
+    info = tei.info.Info(pb.InfoRequest())
+    http = tei.http.get("/info").json()
+    assert info.model_id == http["model_id"] and info.model_dtype == http["model_dtype"]
+    assert info.model_type == pb.MODEL_TYPE_EMBEDDING
+    assert (info.max_input_length, info.max_batch_requests) == (256, http["max_batch_requests"])
+    assert info.max_batch_tokens == (http["max_batch_tokens"] or 0)
+    assert (info.max_concurrent_requests, info.max_client_batch_size) == (512, 32)
+    assert info.version == http["version"]
+    need("classifier")
+    need("reranker")
+    assert tei.info.Info(pb.InfoRequest(), metadata=model("classifier")).model_type == pb.MODEL_TYPE_CLASSIFIER
+    assert tei.info.Info(pb.InfoRequest(), metadata=model("reranker")).model_type == pb.MODEL_TYPE_RERANKER
+    assert tei.info.Info(pb.InfoRequest(), metadata=model("bge-m3")).max_input_length == \
+        tei.http.get("/info?model=bge-m3").json()["max_input_length"]
+
+
+def test_reflection_lists_the_services(tei):
+    database = ProtoReflectionDescriptorDatabase(tei.channel)
+    assert set(database.get_services()) >= SERVICES
+    pool = DescriptorPool(database)
+    assert {m.name for m in pool.FindServiceByName("tei.v1.Embed").methods} == {
+        "Embed", "EmbedStream", "EmbedSparse", "EmbedSparseStream", "EmbedAll", "EmbedAllStream"}
+    assert pool.FindMessageTypeByName("tei.v1.RerankStreamRequest").fields_by_name["return_text"].number == 5
+
+
+def test_overload_is_resource_exhausted(start_tei, need):
+    need("reranker")
+    small = start_tei(max_concurrent_requests=1)
+    error = refused(lambda: small.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=PASSAGES[:2]), metadata=model("reranker")))
+    assert (error.code(), error.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "Model is overloaded")
+    assert len(small.embed.Embed(pb.EmbedRequest(inputs="ok")).embeddings) == 384  # one input fits
+
+
+def test_api_key_is_required(start_tei, direct):
+    keyed = start_tei(api_key="secret")
+    for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", "secret"),)):
+        error = refused(lambda m=metadata: keyed.embed.Embed(pb.EmbedRequest(inputs="ok"), metadata=m))
+        assert (error.code(), error.details()) == (grpc.StatusCode.UNAUTHENTICATED, "No valid auth token")
+    stream = refused(lambda: list(keyed.embed.EmbedStream(iter([pb.EmbedRequest(inputs="ok")]))))
+    assert stream.code() == grpc.StatusCode.UNAUTHENTICATED
+    good = keyed.embed.Embed(pb.EmbedRequest(inputs="ok"), metadata=(("authorization", "Bearer secret"),))
+    np.testing.assert_allclose(good.embeddings, direct("minilm", ["ok"])["dense"][0], atol=1e-6)
+    assert set(ProtoReflectionDescriptorDatabase(keyed.channel).get_services()) >= SERVICES  # open, as TEI's
+
+
+def listening_ports(process: psutil.Process | None = None) -> set[int]:
+    """The TCP ports `process` (this one by default) listens on."""
+    found = (process or psutil.Process()).net_connections("tcp")
+    return {c.laddr.port for c in found if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_flag_is_off_by_default(settings):
+    assert GatewaySettings().tei_grpc_port is None
+    before = listening_ports()
+    with running_gateway(settings) as url:
+        opened = listening_ports() - before
+    assert opened == {int(url.rsplit(":", 1)[1])}  # its HTTP port alone
+    port = free_port()
+    with running_gateway(replace(settings, tei_grpc_port=port)) as url:
+        opened = listening_ports() - before
+    assert opened == {int(url.rsplit(":", 1)[1]), port}  # the same check sees a gRPC port when there is one
+
+
+def test_a_taken_port_stops_the_start(settings):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(AssertionError, match="did not start"), \
+                running_gateway(replace(settings, tei_grpc_port=taken.getsockname()[1])):
+            pass
+
+
+def test_two_workers_serve_grpc_on_one_port(triton, direct, tmp_path):
+    """Each worker binds the gRPC port (SO_REUSEPORT): both listen on it, and new connections are answered."""
+    port, grpc_port = free_port(), free_port()
+    with (tmp_path / "gateway.log").open("wb") as stderr:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton.grpc_url, "--repo",
+             str(triton.options.repo), "--port", str(port), "--default-model", "minilm"],
+            stdout=subprocess.DEVNULL, stderr=stderr,
+            env={**os.environ, "PRENSA_WORKERS": "2", "PRENSA_TEI_GRPC_PORT": str(grpc_port)})
+    try:
+        wait_healthy(process, f"http://127.0.0.1:{port}")  # one worker may still be starting: wait for both
+        deadline = time.monotonic() + 60
+        while len(listening := [w for w in psutil.Process(process.pid).children()
+                                if grpc_port in listening_ports(w)]) < 2:
+            assert time.monotonic() < deadline, f"workers listening on the gRPC port: {listening}"
+            time.sleep(0.2)
+        answers = []
+        for _ in range(8):  # a channel each: new connections, spread by the kernel
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                answers.append(stubs.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="dog")).embeddings)
+        np.testing.assert_allclose(answers, direct("minilm", ["dog"] * 8)["dense"], atol=1e-5)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

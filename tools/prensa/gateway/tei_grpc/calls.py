@@ -1,0 +1,259 @@
+"""What every TEI gRPC call shares, whatever its service: the API key, the model its metadata names,
+its request id and timings, the gateway's metrics and access log, and its errors as gRPC statuses.
+
+A message of a stream is a request of its own (as TEI handles it): counted, timed and admitted
+(permits, try-acquire) like an HTTP request. A stream's messages run concurrently, at most
+--max-client-batch-size at once, so they merge into shared Triton calls as concurrent HTTP requests
+do (`dispatch`), and their answers go back in the messages' order. The first failure ends the
+stream with its status, as a failed message ends a TEI stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from prensa.gateway.errors import ErrorKind, GatewayError
+from prensa.gateway.logs import REQUEST_ID_HEADER, access, request_id
+from prensa.gateway.middleware import key_matches
+from prensa.gateway.responses import Gateway, record_success, timing_headers
+from prensa.gateway.service import Timings
+
+Q = TypeVar("Q")  # a request message
+R = TypeVar("R")  # what handling it gives
+# A request's work: the message, the model the call's metadata names (None: the default), its timings.
+Work = Callable[[Q, str | None, Timings], Awaitable[R]]
+
+MODEL_KEY = "model"  # metadata naming the served model, as `?model=` on HTTP (TEI serves one model: no field)
+AUTH_KEY = "authorization"
+UNAUTHENTICATED = "No valid auth token"  # TEI's gRPC answer to a missing or wrong key
+
+# TEI's mapping (router/src/grpc/server.rs, `impl From<ErrorResponse> for Status`): Validation and
+# Empty -> INVALID_ARGUMENT, Tokenizer and Backend -> FAILED_PRECONDITION, Overloaded ->
+# RESOURCE_EXHAUSTED, Unhealthy -> UNAVAILABLE. prensa's own kinds: an unknown model is NOT_FOUND;
+# a request over a size limit is RESOURCE_EXHAUSTED, as gRPC answers a message over its size limit.
+STATUS: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.VALIDATION: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.EMPTY: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.TOKENIZER: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.BACKEND: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UNHEALTHY: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+}
+
+
+class WrongModel(GatewayError):
+    """The model cannot serve this RPC (an embedder asked to rerank): FAILED_PRECONDITION, as TEI
+    answers a model of the wrong type, where HTTP says 422."""
+
+
+def status(error: GatewayError) -> grpc.StatusCode:
+    return grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, WrongModel) else STATUS[error.kind]
+
+
+@dataclass
+class Call:
+    """One RPC: its name, the model its metadata names, its request id, and what it did (its log line)."""
+
+    rpc: str  # "/tei.v1.Embed/Embed"
+    model: str | None
+    request_id: str
+    started: float
+    served: str = ""
+    inputs: int = 0
+    tokens: int = 0
+
+    def add(self, timings: Timings) -> None:
+        """Count a request the call made (itself, or one message of a stream)."""
+        self.served = timings.model or self.served
+        self.inputs += timings.inputs
+        self.tokens += timings.tokens
+
+
+def mean_timings(call: Call, each: list[Timings]) -> Timings:
+    """A client stream's timings as TEI reports them: characters and tokens summed over its messages,
+    tokenization, queue and inference times their means."""
+    count = max(len(each), 1)
+    return Timings(received=call.started, request_id=call.request_id, model=each[-1].model if each else "",
+                   inputs=sum(t.inputs for t in each), characters=sum(t.characters for t in each),
+                   tokens=sum(t.tokens for t in each), tokenization_s=sum(t.tokenization_s for t in each) / count,
+                   queue_s=sum(t.queue_s or 0.0 for t in each) / count,
+                   inference_s=sum(t.inference_s for t in each) / count)
+
+
+def _done(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a stream that failed no longer awaits its other messages
+
+
+async def in_order(messages: AsyncIterator[Q], handle: Callable[[Q], Awaitable[R]],
+                   limit: int) -> AsyncGenerator[R, None]:
+    """`handle(message)` of every message, up to `limit` at once, yielded in the messages' order.
+    Messages are read while earlier ones run; with `limit` unanswered, reading waits (gRPC's flow
+    control then holds the client back). When one fails, or the consumer stops, the rest are cancelled."""
+    slots = asyncio.Semaphore(max(limit, 1))
+    queue: asyncio.Queue[asyncio.Future[R] | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            while True:
+                await slots.acquire()
+                try:
+                    message = await anext(messages)
+                except StopAsyncIteration:
+                    return
+                queue.put_nowait(asyncio.ensure_future(handle(message)))
+        finally:
+            queue.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (task := await queue.get()) is not None:
+            try:
+                result = await task
+            finally:
+                slots.release()
+            yield result
+        await reader  # a stream that broke while being read fails the call
+    finally:
+        reader.cancel()
+        reader.add_done_callback(_done)
+        while not queue.empty():
+            if (left := queue.get_nowait()) is not None:
+                left.cancel()
+                left.add_done_callback(_done)
+
+
+class Calls:
+    """The RPC plumbing of one gateway process (`servicers` hands it each RPC's work)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.metrics = gateway.metrics
+
+    async def open(self, context: Any, rpc: str) -> Call:
+        """The call's metadata read once; a missing or wrong API key ends it UNAUTHENTICATED (TEI's
+        interceptor), before anything else is looked at."""
+        metadata: dict[str, str] = {}
+        for key, value in context.invocation_metadata() or ():
+            if isinstance(value, str):  # "-bin" keys carry bytes; none of them is read here
+                metadata.setdefault(key, value)
+        if self.settings.api_key and not key_matches(metadata.get(AUTH_KEY, ""), self.settings.api_key):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        headers = [(key.encode(), metadata[key].encode("latin-1", "replace"))
+                   for key in (REQUEST_ID_HEADER.decode(), "traceparent") if key in metadata]
+        return Call(rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter())
+
+    async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
+        call = await self.open(context, rpc)
+        timings = Timings(received=call.started, request_id=call.request_id)
+        self.metrics.started(method)
+        with self.hang_up_logged(call):
+            try:
+                reply = await work(message, call.model, timings)
+            except GatewayError as error:
+                await self.fail(context, call, error)
+        record_success(self.metrics, method, timings)
+        call.add(timings)
+        await context.send_initial_metadata([*timing_headers(timings).items(), *self._id(call)])
+        self.log(call, grpc.StatusCode.OK)
+        return reply
+
+    async def stream(self, messages: AsyncIterator[Q], context: Any, rpc: str, method: str,
+                     work: Work[Q, R]) -> AsyncIterator[R]:
+        """A bidirectional stream: one answer per message, in order."""
+        call = await self.open(context, rpc)
+        await context.send_initial_metadata(self._id(call))
+        replies = in_order(messages, lambda message: self._message(call, method, work, message),
+                           self.settings.max_client_batch_size)
+        with self.hang_up_logged(call):
+            try:
+                async with aclosing(replies):  # closed now, its calls cancelled, when the client hangs up
+                    async for reply in replies:
+                        yield reply
+            except GatewayError as error:
+                await self.fail(context, call, error)
+        self.log(call, grpc.StatusCode.OK)
+
+    async def gathered(self, messages: AsyncIterator[Q], context: Any, rpc: str, method: str, work: Work[Q, R],
+                       combine: Callable[[list[R], Timings], Any]) -> Any:
+        """A client stream answered once: `combine` of every message's result and of `mean_timings`,
+        counted as one request."""
+        call = await self.open(context, rpc)
+        self.metrics.started(method)
+        each: list[Timings] = []
+
+        async def part(message: Q) -> R:
+            each.append(timings := Timings(received=time.perf_counter(), request_id=call.request_id))
+            return await work(message, call.model, timings)
+
+        results = in_order(messages, part, self.settings.max_client_batch_size)
+        with self.hang_up_logged(call):
+            try:
+                async with aclosing(results):
+                    parts = [result async for result in results]
+                total = mean_timings(call, each)
+                reply = combine(parts, total)
+            except GatewayError as error:
+                await self.fail(context, call, error)
+        record_success(self.metrics, method, total)
+        call.add(total)
+        await context.send_initial_metadata([*timing_headers(total).items(), *self._id(call)])
+        self.log(call, grpc.StatusCode.OK)
+        return reply
+
+    async def _message(self, call: Call, method: str, work: Work[Q, R], message: Q) -> R:
+        """One message of a stream: a request of its own, counted under `method` as HTTP counts its routes."""
+        timings = Timings(received=time.perf_counter(), request_id=call.request_id)
+        self.metrics.started(method)
+        reply = await work(message, call.model, timings)
+        record_success(self.metrics, method, timings)
+        call.add(timings)
+        return reply
+
+    @contextmanager
+    def hang_up_logged(self, call: Call) -> Iterator[None]:
+        """A call cancelled (its client hung up, or the server stopped) still gets its log line."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.log(call, grpc.StatusCode.CANCELLED)
+            raise
+
+    @staticmethod
+    def _id(call: Call) -> list[tuple[str, str]]:
+        return [(REQUEST_ID_HEADER.decode(), call.request_id)]
+
+    async def fail(self, context: Any, call: Call, error: GatewayError) -> NoReturn:
+        """End the call with `error`'s status and message (TEI's messages), counted and logged."""
+        self.metrics.request_failure.inc(error.kind.value)
+        code = status(error)
+        self.log(call, code, error.message)
+        await context.abort(code, error.message, trailing_metadata=tuple(self._id(call)))
+        raise AssertionError("context.abort returned")  # it raises; this tells the type checker so
+
+    def log(self, call: Call, code: grpc.StatusCode, error: str = "") -> None:
+        """The access log's line for the call, as `logs.RequestLog` writes one per HTTP request."""
+        level = logging.WARNING if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE) else logging.INFO
+        if not self.settings.access_log or not access.isEnabledFor(level):
+            return
+        total_ms = round((time.perf_counter() - call.started) * 1000, 2)
+        fields: dict[str, Any] = {"request_id": call.request_id, "method": "GRPC", "path": call.rpc,
+                                  "status": code.name, "total_ms": total_ms, "model": call.served,
+                                  "inputs": call.inputs, "tokens": call.tokens}
+        if error:
+            fields["error"] = error
+        access.log(level, "GRPC %s %s %.1f ms", call.rpc, code.name, total_ms, extra={"fields": fields})
