@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.chunking import Chunking, Windows, concatenated, max_per_id, mean_by_tokens, split_items, summed
-from prensa.gateway.dispatch import Dispatcher
+from prensa.gateway.dispatch import Dispatcher, ModelDispatch
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows
 from prensa.gateway.hybrid import scores as scores_of
@@ -59,7 +59,9 @@ WINDOW_TRUNCATION = Truncation(True, "right")
 
 @dataclass
 class Timings:
-    """What the response headers report; see docs/api.md's headers for each field."""
+    """One request's account: what its timing headers, its access line and the metrics report (see
+    docs/api.md's headers for each field). Built once per request (by the middleware, or a gRPC
+    call), it changes only through the events below, each the service's."""
 
     received: float  # perf_counter when the request arrived
     request_id: str = ""  # see `logs.request_id`; Triton gets it as the inference request's id
@@ -71,6 +73,32 @@ class Timings:
     tokens: int = 0
     characters: int = 0
     chunks: list[int] | None = None  # windows per input, when long inputs were chunked
+
+    def began(self, model: str, items: Sequence[Item], pairs: Sequence[str] | None) -> None:
+        """A Triton call of this request starts; the first one ends its parsing and validation."""
+        if not self.inputs:
+            past_stage("parse and validate", self.received)
+        self.model, self.inputs = model, self.inputs + len(items)
+        self.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+
+    def tokenized(self, seconds: float) -> None:
+        self.tokenization_s += seconds
+
+    def chunked(self, counts: list[int], seconds: float) -> None:
+        self.chunks = counts
+        self.tokenization_s += seconds
+
+    def dispatched(self, now: float) -> float | None:
+        """The request's queue time (parsing, validation, admission) when this is its first dispatch,
+        else None: a `TritonWindow` wait counts as inference."""
+        if self.queue_s is not None:
+            return None
+        self.queue_s = max(now - self.received - self.tokenization_s, 0.0)
+        return self.queue_s
+
+    def inferred(self, seconds: float, tokens: int) -> None:
+        self.inference_s += seconds
+        self.tokens += tokens
 
 
 @dataclass
@@ -102,6 +130,23 @@ async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     """`asyncio.gather`, but a lone call (one chunk, one group: most requests) runs in this task
     instead of a new one."""
     return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+
+
+def needs_token_ids(model: ServedModel, items: Sequence[Item], pairs: Sequence[str] | None, encoder_only: bool,
+                    prompt_tokens: Sequence[int]) -> bool:
+    """Whether only the token path answers: encoder outputs, token-id inputs, a reranker's lone
+    texts, or prompts the pooling leaves out, none of which the ensemble's text input can carry."""
+    return (encoder_only or not all(isinstance(item, str) for item in items)
+            or (pairs is None and model.needs_pairs) or any(prompt_tokens))
+
+
+def gateway_tokenizes(model: ServedModel, items: Sequence[Item], pairs: Sequence[str] | None,
+                      truncation: Truncation, needs_tokens: bool) -> bool:
+    """Whether the gateway tokenizes: for the token path, or because Triton's tokenize stage could
+    answer otherwise (it truncates right, refuses nothing, and refuses a pair whose first text leaves
+    no room for the second)."""
+    return needs_tokens or not truncation.enabled or truncation.direction == "left" or (
+        pairs is not None and first_fills_pair(model.require_tokenizer(), cast("list[str]", items), model.max_length))
 
 
 def check_batch(size: int, batch_limit: int, split: bool) -> None:
@@ -185,76 +230,90 @@ class Service:
     async def infer(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
                     outputs: tuple[str, ...], timings: Timings, encoder_only: bool = False) -> Inferred:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
-        texts_only = all(isinstance(item, str) for item in items)
-        if not timings.inputs:  # the first call of this request: it was read, parsed, validated and admitted
-            past_stage("parse and validate", timings.received)
-        timings.model, timings.inputs = model.name, timings.inputs + len(items)
-        timings.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        timings.began(model.name, items, pairs)
         # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts
         # (none for the models that pool their prompts, nearly all: no pass over the inputs then).
         prompt_tokens = [] if model.include_prompt else [
             model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0 for item in items]
-        if truncation.enabled and model.tokenizer is not None and has_long_texts(items, pairs, model.max_length):
-            # Cut before anything below (or Triton's tokenize stage) tokenizes a text per input or per pair.
-            started = time.perf_counter()
-            with stage("cut long texts", inputs=len(items)):
-                items, pairs = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
-                                                       truncation.direction)
-            timings.tokenization_s += time.perf_counter() - started
-        # Token ids the ensemble cannot take: encoder outputs, token-id inputs, a reranker's lone texts.
-        needs_tokens = encoder_only or not texts_only or (pairs is None and model.needs_pairs) or any(prompt_tokens)
-        rows = None
-        # Pairs come with texts only (`scores`).
-        if needs_tokens or not truncation.enabled or truncation.direction == "left" or (
-                pairs is not None and first_fills_pair(model.require_tokenizer(), cast("list[str]", items),
-                                                       model.max_length)):
-            tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
-            started = time.perf_counter()
-            with stage("tokenize", inputs=len(items)):
-                rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
-                                               model.token_id_limit)
-                if model.pair_template is not None:  # an LLM reranker's filled-in pairs, framed by its prompt
-                    rows = rows.framed(*model.template_edges)
-                if any(prompt_tokens):
-                    rows.prompt_tokens = prompt_tokens
-            elapsed = time.perf_counter() - started
-            timings.tokenization_s += elapsed
-            self.metrics.tokenization_duration.observe(elapsed)
-        token_path = rows is not None and (needs_tokens or rows.cut)
+        items, pairs = await self._bounded(model, items, pairs, truncation, timings)
+        needs_tokens = needs_token_ids(model, items, pairs, encoder_only, prompt_tokens)
+        rows = await self._tokenized(model, items, pairs, truncation, prompt_tokens, timings) \
+            if gateway_tokenizes(model, items, pairs, truncation, needs_tokens) else None
+        token_rows = rows if rows is not None and (needs_tokens or rows.cut) else None
         dispatch = self.dispatch(model)
         chunks = dispatch.chunks(len(items))
-        started = time.perf_counter()
-        if timings.queue_s is None:  # parsing, validation and admission (a TritonWindow wait counts as inference)
-            timings.queue_s = max(started - timings.received - timings.tokenization_s, 0.0)
-            self.metrics.queue_duration.observe(timings.queue_s)
-        if token_path:
-            assert rows is not None  # `token_path` says so
-            calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
-        else:
-            texts = cast("list[str]", items)  # no `needs_tokens` here: every input is a text
-            calls = [dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id) for c in chunks]
-        parts = await gather(calls)
-        elapsed = time.perf_counter() - started
-        timings.inference_s += elapsed
-        self.metrics.inference_duration.observe(elapsed)
-        merged = {name: concat_rows([p[name] for p in parts], contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0)
-                  for name in outputs}
+        merged, seconds = await self._calls(model, dispatch, items, pairs, token_rows, chunks, outputs, encoder_only,
+                                            timings)
         if encoder_only:
             assert rows is not None  # `encoder_only` needs tokens
             num_tokens = np.asarray(rows.lengths, dtype=np.int64)
         else:
             num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
-        for chunk in chunks:
-            self.metrics.call_size.observe(len(num_tokens[chunk]))
-            self.metrics.call_tokens.observe(int(num_tokens[chunk].sum()))
-        for count in num_tokens.tolist():
-            self.metrics.input_length.observe(count)
-        timings.tokens += int(num_tokens.sum())
+        self._observe_calls(chunks, num_tokens, seconds)
+        timings.inferred(seconds, int(num_tokens.sum()))
         if not encoder_only:
             return Inferred(merged, num_tokens)
         width = merged[outputs[0]].shape[1]
         mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
         return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
+
+    async def _bounded(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
+                       timings: Timings) -> tuple[list[Item], list[str] | None]:
+        """Texts longer than the model's window cut to what it reads, before anything (or Triton's
+        tokenize stage) tokenizes a text per input or per pair."""
+        if not truncation.enabled or model.tokenizer is None or not has_long_texts(items, pairs, model.max_length):
+            return items, pairs
+        started = time.perf_counter()
+        with stage("cut long texts", inputs=len(items)):
+            bounded = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
+                                              truncation.direction)
+        timings.tokenized(time.perf_counter() - started)
+        return bounded
+
+    async def _tokenized(self, model: ServedModel, items: list[Item], pairs: list[str] | None,
+                         truncation: Truncation, prompt_tokens: list[int], timings: Timings) -> TokenRows:
+        """The gateway's own tokens of `items` (and `pairs`), as the tokenize stage would make them."""
+        tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
+        started = time.perf_counter()
+        with stage("tokenize", inputs=len(items)):
+            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
+                                           model.token_id_limit)
+            if model.pair_template is not None:  # an LLM reranker's filled-in pairs, framed by its prompt
+                rows = rows.framed(*model.template_edges)
+            if any(prompt_tokens):
+                rows.prompt_tokens = prompt_tokens
+        elapsed = time.perf_counter() - started
+        timings.tokenized(elapsed)
+        self.metrics.tokenization_duration.observe(elapsed)
+        return rows
+
+    async def _calls(self, model: ServedModel, dispatch: ModelDispatch, items: list[Item], pairs: list[str] | None,
+                     rows: TokenRows | None, chunks: list[slice], outputs: tuple[str, ...], encoder_only: bool,
+                     timings: Timings) -> tuple[dict[str, npt.NDArray[Any]], float]:
+        """One Triton call per chunk, concurrently: token ids when `rows` are given, else texts to the
+        model's dispatch (merged with other requests'); their outputs concatenated in order, and the
+        seconds they took."""
+        started = time.perf_counter()
+        if (queued := timings.dispatched(started)) is not None:
+            self.metrics.queue_duration.observe(queued)
+        if rows is not None:
+            calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
+        else:
+            texts = cast("list[str]", items)  # no token ids: every input is a text
+            calls = [dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id) for c in chunks]
+        parts = await gather(calls)
+        elapsed = time.perf_counter() - started
+        pads = {name: contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0 for name in outputs}
+        return {name: concat_rows([part[name] for part in parts], pads[name]) for name in outputs}, elapsed
+
+    def _observe_calls(self, chunks: list[slice], num_tokens: npt.NDArray[Any], seconds: float) -> None:
+        """What one dispatch's calls took and carried: seconds, rows and tokens per call, tokens per input."""
+        self.metrics.inference_duration.observe(seconds)
+        for chunk in chunks:
+            self.metrics.call_size.observe(len(num_tokens[chunk]))
+            self.metrics.call_tokens.observe(int(num_tokens[chunk].sum()))
+        for count in num_tokens.tolist():
+            self.metrics.input_length.observe(count)
 
     async def chunk_windows(self, model: ServedModel, items: list[Item], chunking: Chunking | None,
                             timings: Timings) -> Windows | None:
@@ -265,9 +324,13 @@ class Service:
         started = time.perf_counter()
         with stage("chunk long texts", inputs=len(items)):
             windows = await asyncio.to_thread(split_items, model.tokenizer, items, model.max_length, chunking)
-        timings.tokenization_s += time.perf_counter() - started
-        timings.chunks = windows.counts
-        return windows if len(windows.items) > len(items) else None
+        timings.chunked(windows.counts, time.perf_counter() - started)
+        if len(windows.items) == len(items):
+            return None
+        if any(isinstance(item, PromptedText) for item in items):
+            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
+                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
+        return windows
 
     async def dense(self, model: ServedModel, items: list[Item], truncation: Truncation, normalize: bool,
                     dimensions: int | None, timings: Timings, chunking: Chunking | None = None) -> Embeddings:
@@ -282,9 +345,6 @@ class Service:
         if dimensions is not None and dimensions != dim:
             self.check_matryoshka(model, dimensions)
         windows = await self.chunk_windows(model, items, chunking, timings)
-        if windows and any(isinstance(item, PromptedText) for item in items):
-            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
-                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
             if not normalize and model.normalize and contract.SENTENCE_EMBEDDING in model.encode_outputs:
@@ -340,9 +400,6 @@ class Service:
         text's windows combine as `chunking` says."""
         self.check(items)
         windows = await self.chunk_windows(model, items, chunking, timings)
-        if windows and any(isinstance(item, PromptedText) for item in items):
-            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
-                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         outputs = (*(name for name in M3_OUTPUTS if name in wanted), contract.NUM_TOKENS)
         with self.permits.hold(len(run)):
