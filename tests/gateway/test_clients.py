@@ -124,3 +124,27 @@ def test_haystack_tei_integrations(gateway, direct):
     ranked = ranker.run(query=QUERY, documents=[Document(content=p) for p in PASSAGES])["documents"]
     scores = direct("msmarco", [QUERY] * 3, PASSAGES)["scores"][:, 0]
     assert [d.content for d in ranked] == [PASSAGES[i] for i in np.argsort(-scores, kind="stable")]
+
+
+def test_litellm_openai_embeddings_and_cohere_rerank(gateway, direct, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price table, not a download at import
+    import litellm
+
+    embedded = litellm.embedding(model="openai/minilm", input=TEXTS, api_base=f"{gateway}/v1", api_key="unused")
+    np.testing.assert_allclose([d["embedding"] for d in embedded.data], direct("minilm", TEXTS)["dense"], atol=1e-5)
+    assert embedded.usage.prompt_tokens == int(direct("minilm", TEXTS)["num_tokens"].sum())
+    ranked = litellm.rerank(model="cohere/reranker", query=QUERY, documents=PASSAGES, top_n=2, api_base=gateway,
+                            api_key="unused")
+    scores = direct("reranker", [QUERY] * 3, PASSAGES)["scores"][:, 0]
+    assert [r["index"] for r in ranked.results] == np.argsort(-scores, kind="stable").tolist()[:2]
+    np.testing.assert_allclose([r["relevance_score"] for r in ranked.results], np.sort(scores)[::-1][:2], atol=1e-5)
+
+
+def test_llama_index_tei_embeddings(gateway, direct):
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    embeddings = TextEmbeddingsInference(model_name="minilm", base_url=gateway, query_instruction="query: ")
+    np.testing.assert_allclose(embeddings.get_text_embedding_batch(TEXTS), direct("minilm", TEXTS)["dense"],
+                               atol=1e-5)
+    np.testing.assert_allclose(embeddings.get_query_embedding(QUERY), direct("minilm", ["query: " + QUERY])["dense"][0],
+                               atol=1e-5)
