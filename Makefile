@@ -43,6 +43,7 @@ serve: $(VENV)/.installed-serve
 SLOW_TIER = tests/reliability tests/packaging
 test: $(VENV)/.installed-test promtool
 	$(PY) -m ruff check tools tests
+	$(PY) -m ruff format --check tools/prensa
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests/fast
 	$(PY) -m pytest -q tests/unit

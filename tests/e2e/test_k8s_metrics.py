@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from prensa.deploy.k8s import ADAPTER_VALUES, QUEUE_SERIES, SUCCESS_SERIES, K8sOptions, read_repository, render
+from prensa.deploy.k8s import (
+    ADAPTER_VALUES,
+    QUEUE_SERIES,
+    SUCCESS_SERIES,
+    K8sOptions,
+    read_repository,
+    render,
+)
 from prensa.triton.metrics import parse_metrics
 from tests.conftest import counted_since
 

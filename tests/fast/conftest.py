@@ -30,7 +30,13 @@ from prensa.gateway.local_backend import InProcessBackend
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import GraphOutput, Manifest, Pooling, Task
 from prensa.stages import contract, load_stage
-from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository, pool_parameters
+from prensa.triton.repo import (
+    ModelSource,
+    Pipeline,
+    ServingOptions,
+    build_repository,
+    pool_parameters,
+)
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "a", "of", "and", "is", "in", "to", "city", "capital", "germany", "france", "berlin", "paris", "river", "dog", "fox", "quick", "brown", "lazy", "jumps", "over", "dense", "sparse", "vectors", "retrieval", "query", "passage", "score", "rerank", "model", "triton", "batch", "token", "text", "good", "bad", "fine", "weather", "today", "happy", "sad", ".", ",", "?", "!"]

@@ -21,7 +21,9 @@ import numpy as np
 import psutil
 import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from prensa.addresses import free_port
 from prensa.gateway.errors import ErrorKind

@@ -25,7 +25,13 @@ import pytest
 
 from prensa.addresses import free_port
 from prensa.triton.repo import ServingOptions
-from tests.reliability.conftest import build_repo, listens_on_loopback_only, status_of, stop_tree, wait_until
+from tests.reliability.conftest import (
+    build_repo,
+    listens_on_loopback_only,
+    status_of,
+    stop_tree,
+    wait_until,
+)
 
 pytestmark = pytest.mark.triton
 HANG_S = 2.0

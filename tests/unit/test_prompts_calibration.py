@@ -13,7 +13,14 @@ import pytest
 
 from prensa.export.calibration import CORPUS, CORPUS_TEXTS, FIGURE, calibration_texts
 from prensa.export.pipeline import ST_CONFIG, ExportOptions, export_model
-from prensa.manifest import CALIBRATION_FILE, MANIFEST_FILE, Manifest, Pooling, Task, read_dense_ranges
+from prensa.manifest import (
+    CALIBRATION_FILE,
+    MANIFEST_FILE,
+    Manifest,
+    Pooling,
+    Task,
+    read_dense_ranges,
+)
 from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 

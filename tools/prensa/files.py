@@ -41,7 +41,10 @@ def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 yield attribute.t
             yield from attribute.tensors
-            for subgraph in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+            for subgraph in (
+                *([attribute.g] if attribute.HasField("g") else []),
+                *attribute.graphs,
+            ):
                 yield from _graph_tensors(subgraph)
 
 
@@ -61,13 +64,19 @@ def graph_data_files(graph: Path) -> list[str]:
     for location, end in ends.items():
         relative = PurePosixPath(location.replace("\\", "/"))
         if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise GraphDataError(f"{graph}: its weights file {location!r} lies outside the graph's folder")
+            raise GraphDataError(
+                f"{graph}: its weights file {location!r} lies outside the graph's folder"
+            )
         path = graph.parent / relative
         if not path.is_file():
-            raise GraphDataError(f"{graph}: its weights file {location} is missing (expected at {path})")
+            raise GraphDataError(
+                f"{graph}: its weights file {location} is missing (expected at {path})"
+            )
         if path.stat().st_size < end:
-            raise GraphDataError(f"{graph}: its weights file {location} holds {path.stat().st_size} bytes, "
-                                 f"the graph reads up to byte {end}")
+            raise GraphDataError(
+                f"{graph}: its weights file {location} holds {path.stat().st_size} bytes, "
+                f"the graph reads up to byte {end}"
+            )
     return sorted(ends)
 
 

@@ -53,7 +53,9 @@ class EngineProfile:
 class TensorRTEngine:
     file: str  # serialized engine beside the ONNX graph, e.g. model.plan
     precision: str  # fp16 (LayerNorm and softmax in fp32) or fp32
-    tensorrt_version: str  # an engine loads only in this TensorRT version, on the GPU kind it was built on
+    tensorrt_version: (
+        str  # an engine loads only in this TensorRT version, on the GPU kind it was built on
+    )
     profile: EngineProfile
 
 
@@ -79,8 +81,11 @@ class Manifest:
     id2label: dict[int, str] = field(default_factory=dict)
     tensorrt: TensorRTEngine | None = None  # set by `prensa export --format tensorrt`
     fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels in the graph
-    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompt name -> text to prepend
-    default_prompt_name: str | None = None  # the prompt sentence-transformers applies when none is named
+    # sentence-transformers prompt name -> text to prepend
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = (
+        None  # the prompt sentence-transformers applies when none is named
+    )
     # sentence-transformers' Pooling `include_prompt`: false leaves a prompt's tokens out of the pooling,
     # which the graph and pool stage do for tokens marked `contract.PROMPT_TOKEN`.
     include_prompt: bool = True
@@ -88,7 +93,9 @@ class Manifest:
     # declares Matryoshka training without a list, None when it declares none (see `pipeline.read_matryoshka`).
     matryoshka_dimensions: list[int] | None = None
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
-    attention_heads: int | None = None  # the transformer's; with max_length, what one text's attention can hold
+    attention_heads: int | None = (
+        None  # the transformer's; with max_length, what one text's attention can hold
+    )
     # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s
     # fields (prefix, suffix, format, instruction).
     pair_template: dict[str, str] | None = None
@@ -106,17 +113,23 @@ class Manifest:
     def read(cls, directory: Path) -> Manifest:
         path = directory / MANIFEST_FILE
         if not path.exists():
-            raise FileNotFoundError(f"{directory} is not a prensa export (no {MANIFEST_FILE}); run `prensa export` first")
+            raise FileNotFoundError(
+                f"{directory} is not a prensa export (no {MANIFEST_FILE}); run `prensa export` first"
+            )
         data = json.loads(path.read_text())
         if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: format_version {data.get('format_version')} is not {FORMAT_VERSION}; re-export")
+            raise ValueError(
+                f"{path}: format_version {data.get('format_version')} is not {FORMAT_VERSION}; re-export"
+            )
         data["task"] = Task(data["task"])
         data["pooling"] = Pooling(data["pooling"]) if data.get("pooling") else None
         data["outputs"] = [GraphOutput(**o) for o in data["outputs"]]
         data["id2label"] = {int(k): v for k, v in data.get("id2label", {}).items()}
         if data.get("tensorrt"):
             engine = data["tensorrt"]
-            data["tensorrt"] = TensorRTEngine(**{**engine, "profile": EngineProfile(**engine["profile"])})
+            data["tensorrt"] = TensorRTEngine(
+                **{**engine, "profile": EngineProfile(**engine["profile"])}
+            )
         return cls(**data)
 
 

@@ -19,7 +19,9 @@ class Flag:
     help: str
     name: str | None = None  # default: --field-name
     gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
-    parse: Callable[[str], Any] | None = None  # the flag takes one text that this turns into the value
+    parse: Callable[[str], Any] | None = (
+        None  # the flag takes one text that this turns into the value
+    )
 
 
 class InvalidSetting(ValueError):
@@ -30,8 +32,14 @@ class InvalidSetting(ValueError):
         self.name = name
 
 
-def setting(default: Any, help: str, *, flag: str | None = None, gateway_only: bool = False,
-            parse: Callable[[str], Any] | None = None) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    gateway_only: bool = False,
+    parse: Callable[[str], Any] | None = None,
+) -> Any:
     """A field with its default and command-line flag."""
     return field(default=default, metadata={"flag": Flag(help, flag, gateway_only, parse)})
 
@@ -44,8 +52,10 @@ def internal(default: Any) -> Any:
 def flag_of(item: Field[Any]) -> Flag | None:
     """The field's flag, None for an `internal` one; a plain field is a mistake the CLI must not hide."""
     if "flag" not in item.metadata:
-        raise TypeError(f"{item.name} has no command-line flag: declare it with prensa.options.setting "
-                        "(or prensa.options.internal)")
+        raise TypeError(
+            f"{item.name} has no command-line flag: declare it with prensa.options.setting "
+            "(or prensa.options.internal)"
+        )
     return cast("Flag | None", item.metadata["flag"])
 
 

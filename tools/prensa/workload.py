@@ -26,7 +26,9 @@ class Workloads(str, Enum):
 
     MIXED = "mixed"
     QUERIES = "queries"
-    ZIPF = "zipf"  # short queries repeated as search traffic repeats them: where a response cache pays
+    ZIPF = (
+        "zipf"  # short queries repeated as search traffic repeats them: where a response cache pays
+    )
 
 
 # A Zipf stream (rank k asked with weight k^-s) over this many distinct queries, as search logs look.
@@ -82,17 +84,77 @@ def query_texts(count: int, seed: int = 0) -> list[str]:
 
 
 # Query vocabulary for the Zipf stream: every combination is a distinct, plausible search query.
-ASKING = ["how do", "why do", "when do", "where do", "what makes", "who repairs", "best way to clean",
-          "cheap ways to insure", "history of", "rules for", "safety of", "cost of", "how long do",
-          "can children visit", "photos of", "opening hours for", "tickets for", "reviews of", "map of",
-          "news about", "weather near", "events at", "jobs at", "parking near", "tours of"]
-SUBJECTS = ["old bridges", "river ferries", "city museums", "mountain huts", "night trains", "public libraries",
-            "harbour cranes", "tram lines", "castle ruins", "botanical gardens", "ice rinks", "wind farms",
-            "village bakeries", "lighthouses", "street markets", "football stadiums", "ski lifts",
-            "concert halls", "canal locks", "zoos"]
-PLACES = ["in lisbon", "in oslo", "in kyoto", "in quebec", "in porto", "in bergen", "in vienna", "in cusco",
-          "in hobart", "in tallinn", "in seville", "in dublin", "in krakow", "in lyon", "in ghent", "in turin",
-          "in galway", "in bilbao", "in utrecht", "in gdansk"]
+ASKING = [
+    "how do",
+    "why do",
+    "when do",
+    "where do",
+    "what makes",
+    "who repairs",
+    "best way to clean",
+    "cheap ways to insure",
+    "history of",
+    "rules for",
+    "safety of",
+    "cost of",
+    "how long do",
+    "can children visit",
+    "photos of",
+    "opening hours for",
+    "tickets for",
+    "reviews of",
+    "map of",
+    "news about",
+    "weather near",
+    "events at",
+    "jobs at",
+    "parking near",
+    "tours of",
+]
+SUBJECTS = [
+    "old bridges",
+    "river ferries",
+    "city museums",
+    "mountain huts",
+    "night trains",
+    "public libraries",
+    "harbour cranes",
+    "tram lines",
+    "castle ruins",
+    "botanical gardens",
+    "ice rinks",
+    "wind farms",
+    "village bakeries",
+    "lighthouses",
+    "street markets",
+    "football stadiums",
+    "ski lifts",
+    "concert halls",
+    "canal locks",
+    "zoos",
+]
+PLACES = [
+    "in lisbon",
+    "in oslo",
+    "in kyoto",
+    "in quebec",
+    "in porto",
+    "in bergen",
+    "in vienna",
+    "in cusco",
+    "in hobart",
+    "in tallinn",
+    "in seville",
+    "in dublin",
+    "in krakow",
+    "in lyon",
+    "in ghent",
+    "in turin",
+    "in galway",
+    "in bilbao",
+    "in utrecht",
+    "in gdansk",
+]
 
 
 def distinct_queries(count: int, rng: np.random.Generator) -> list[str]:
@@ -111,7 +173,9 @@ def zipf_ranks(count: int, distinct: int, s: float, rng: np.random.Generator) ->
     return ranks
 
 
-def zipf_queries(count: int, seed: int = 0, distinct: int = ZIPF_DISTINCT, s: float = ZIPF_S) -> list[str]:
+def zipf_queries(
+    count: int, seed: int = 0, distinct: int = ZIPF_DISTINCT, s: float = ZIPF_S
+) -> list[str]:
     """`count` queries drawn from `distinct` by a Zipf law of exponent `s`: a few asked again and again."""
     rng = np.random.default_rng(seed)
     texts = distinct_queries(distinct, rng)

@@ -38,6 +38,8 @@ from prensa.triton.repo import (
 from prensa.workload import zipf_queries
 
 MODEL = "bench"
+
+
 def text_input(text: str) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("text", [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
@@ -83,12 +85,18 @@ class Served:
 def counters(client: grpcclient.InferenceServerClient) -> tuple[int, int, int]:
     """(cache hits, cache misses, encoder executions) so far."""
     served = client.get_inference_statistics(MODEL).model_stats[0].inference_stats
-    encoder = client.get_inference_statistics(encoder_model(MODEL, Pipeline.ENSEMBLE)).model_stats[0]
+    encoder = client.get_inference_statistics(encoder_model(MODEL, Pipeline.ENSEMBLE)).model_stats[
+        0
+    ]
     return served.cache_hit.count, served.cache_miss.count, encoder.execution_count
 
 
-def send(client: grpcclient.InferenceServerClient, texts: list[str], latencies: list[float],
-         errors: list[BaseException]) -> None:
+def send(
+    client: grpcclient.InferenceServerClient,
+    texts: list[str],
+    latencies: list[float],
+    errors: list[BaseException],
+) -> None:
     try:
         for text in texts:
             started = time.perf_counter()
@@ -103,8 +111,10 @@ def send_round(served: Served, texts: list[str]) -> None:
     count = len(served.clients)
     shares: list[list[float]] = [[] for _ in range(count)]
     errors: list[BaseException] = []
-    threads = [threading.Thread(target=send, args=(client, texts[i::count], shares[i], errors))
-               for i, client in enumerate(served.clients)]
+    threads = [
+        threading.Thread(target=send, args=(client, texts[i::count], shares[i], errors))
+        for i, client in enumerate(served.clients)
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -118,10 +128,17 @@ def send_round(served: Served, texts: list[str]) -> None:
 
 def start(name: str, repo: Path, cache_bytes: int, concurrency: int, warmup: int) -> Served:
     ports = TritonPorts(free_port(), free_port(), free_port())
-    triton = TritonProcess(TritonOptions(repo, ports=ports, cache_bytes=cache_bytes), log_path=repo.parent / f"{name}.log")
+    triton = TritonProcess(
+        TritonOptions(repo, ports=ports, cache_bytes=cache_bytes),
+        log_path=repo.parent / f"{name}.log",
+    )
     triton.start()
     triton.wait_ready()
-    served = Served(name, triton, [grpcclient.InferenceServerClient(triton.grpc_url) for _ in range(concurrency)])
+    served = Served(
+        name,
+        triton,
+        [grpcclient.InferenceServerClient(triton.grpc_url) for _ in range(concurrency)],
+    )
     for i in range(warmup):  # texts outside the stream: warm, without filling the cache with it
         served.clients[0].infer(MODEL, [text_input(f"warm-up query number {i}")])
     served.before = counters(served.clients[0])
@@ -134,7 +151,7 @@ def compare(served: list[Served], stream: list[str], rounds: int) -> None:
     size = -(-len(stream) // rounds)
     for start_at in range(0, len(stream), size):
         for one in served:
-            send_round(one, stream[start_at:start_at + size])
+            send_round(one, stream[start_at : start_at + size])
     time.sleep(0.2)  # a model counts a request just after answering it
     for one in served:
         one.after = counters(one.clients[0])
@@ -142,17 +159,24 @@ def compare(served: list[Served], stream: list[str], rounds: int) -> None:
 
 def report(runs: list[Served], ideal_hit_ratio: float) -> str:
     """The runs side by side, one row per figure."""
-    rows: list[tuple[str, Callable[[Served], str]]] = [("requests", lambda r: f"{r.requests}"),
-            ("throughput (req/s)", lambda r: f"{r.throughput:.1f}"),
-            ("p50 latency (ms)", lambda r: f"{r.percentile(50):.2f}"),
-            ("p99 latency (ms)", lambda r: f"{r.percentile(99):.2f}"),
-            ("mean latency (ms)", lambda r: f"{statistics.fmean(r.latencies_ms):.2f}"),
-            ("cache hit ratio", lambda r: f"{r.hits / (r.hits + r.misses):.1%}" if r.hits + r.misses else "-"),
-            ("encoder executions", lambda r: f"{r.encoder_executions}")]
+    rows: list[tuple[str, Callable[[Served], str]]] = [
+        ("requests", lambda r: f"{r.requests}"),
+        ("throughput (req/s)", lambda r: f"{r.throughput:.1f}"),
+        ("p50 latency (ms)", lambda r: f"{r.percentile(50):.2f}"),
+        ("p99 latency (ms)", lambda r: f"{r.percentile(99):.2f}"),
+        ("mean latency (ms)", lambda r: f"{statistics.fmean(r.latencies_ms):.2f}"),
+        (
+            "cache hit ratio",
+            lambda r: f"{r.hits / (r.hits + r.misses):.1%}" if r.hits + r.misses else "-",
+        ),
+        ("encoder executions", lambda r: f"{r.encoder_executions}"),
+    ]
     width = max(len(label) for label, _ in rows) + 2
     lines = ["".ljust(width) + "".join(r.name.rjust(14) for r in runs)]
     lines += [label.ljust(width) + "".join(cell(r).rjust(14) for r in runs) for label, cell in rows]
-    lines.append(f"most a cold cache can hit on this stream (1 - distinct/requests): {ideal_hit_ratio:.1%}")
+    lines.append(
+        f"most a cold cache can hit on this stream (1 - distinct/requests): {ideal_hit_ratio:.1%}"
+    )
     return "\n".join(lines)
 
 
@@ -174,7 +198,9 @@ class CacheRun:
 def refusal(export: Path) -> str | None:
     """Why the export cannot be compared (a task whose answers prensa does not cache), or None."""
     if reason := cache_refusal(Manifest.read(export).task, ServingOptions().pipeline):
-        return f"{export}: {reason} (cached tasks: {', '.join(task.value for task in CACHED_TASKS)})"
+        return (
+            f"{export}: {reason} (cached tasks: {', '.join(task.value for task in CACHED_TASKS)})"
+        )
     return None
 
 
@@ -185,8 +211,10 @@ def run(options: CacheRun) -> tuple[list[Served], list[str]]:
     source = ModelSource(MODEL, options.export, Manifest.read(options.export))
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as scratch, ExitStack() as stack:
         served = []
-        for name, serving, cache_bytes in (("uncached", ServingOptions(), 0),
-                                           ("cached", ServingOptions(response_cache=True), options.cache_bytes)):
+        for name, serving, cache_bytes in (
+            ("uncached", ServingOptions(), 0),
+            ("cached", ServingOptions(response_cache=True), options.cache_bytes),
+        ):
             repo = Path(scratch) / name / "repo"
             build_repository([source], repo, serving)
             one = start(name, repo, cache_bytes, options.concurrency, options.warmup)

@@ -41,11 +41,21 @@ class Memoised(InProcessBackend):
 
     answers: ClassVar[dict[Any, dict[str, Any]]] = {}
 
-    async def infer(self, model: str, inputs: Mapping[str, Any], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, Any]:
-        key = (model, tuple((name, value.shape,
-                             tuple(value.reshape(-1).tolist()) if value.dtype == object else value.tobytes())
-                            for name, value in inputs.items()), tuple(outputs))
+    async def infer(
+        self, model: str, inputs: Mapping[str, Any], outputs: Sequence[str], request_id: str = ""
+    ) -> dict[str, Any]:
+        key = (
+            model,
+            tuple(
+                (
+                    name,
+                    value.shape,
+                    tuple(value.reshape(-1).tolist()) if value.dtype == object else value.tobytes(),
+                )
+                for name, value in inputs.items()
+            ),
+            tuple(outputs),
+        )
         if key not in self.answers:
             self.answers[key] = await super().infer(model, inputs, outputs, request_id)
         return self.answers[key]
@@ -73,14 +83,31 @@ async def request(app: Any, path: str, body: bytes) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body"):
             done.set()
 
-    headers = [(b"host", b"gateway"), (b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {}}
+    headers = [
+        (b"host", b"gateway"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "state": {},
+    }
     await app(scope, receive, send)
     if sent[0]["status"] != 200:
-        raise RequestFailed(f"{path} answered {sent[0]['status']}: {sent[1].get('body', b'')[:300]!r}")
+        raise RequestFailed(
+            f"{path} answered {sent[0]['status']}: {sent[1].get('body', b'')[:300]!r}"
+        )
 
 
 async def measure(repo: Path, model: str, requests: int) -> list[float]:
@@ -102,7 +129,9 @@ async def measure(repo: Path, model: str, requests: int) -> list[float]:
         if message["type"] == "lifespan.startup.complete":
             started.set()
 
-    lifespan = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send))
+    lifespan = asyncio.ensure_future(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+    )
     await started.wait()
     body = orjson.dumps({"inputs": TEXT})
     for _ in range(300):  # warm: the memo filled, the code paths run
@@ -126,8 +155,13 @@ def memoised(settings: GatewaySettings) -> Memoised:
 def serve(repo: Path, model: str, port: int, workers: int) -> None:
     """The gateway's real server, as `prensa gateway` runs it, on the memoised backend (the child of
     `measure_http`, run as `python -m prensa.bench.gateway_cost REPO MODEL PORT WORKERS`)."""
-    settings = GatewaySettings(repo=repo, default_model=model, max_concurrent_requests=1_000_000,
-                               coalesce_requests=False, workers=workers)
+    settings = GatewaySettings(
+        repo=repo,
+        default_model=model,
+        max_concurrent_requests=1_000_000,
+        coalesce_requests=False,
+        workers=workers,
+    )
     configure_logging(settings.log_level, settings.json_output)
     gateway_server(settings, LOOPBACK, port, backend=memoised).run()
 
@@ -146,22 +180,31 @@ class HttpCost:
         return 1000 / self.cpu_ms_per_request
 
 
-def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: Path, workers: int = 1) -> HttpCost:
+def measure_http(
+    repo: Path, model: str, requests: int, concurrency: int, log: Path, workers: int = 1
+) -> HttpCost:
     """The served gateway's cost at `concurrency` clients, each request answered from the memo."""
     port = free_port()
-    server = ServerProcess([sys.executable, "-m", __name__, str(repo), model, str(port), str(workers)],
-                           http_url(port, "/health"), log)
+    server = ServerProcess(
+        [sys.executable, "-m", __name__, str(repo), model, str(port), str(workers)],
+        http_url(port, "/health"),
+        log,
+    )
     server.start()
     client = HttpClient("gateway", server.base_url, model, "tei")
     items = [[text] for text in query_texts(200)]
-    work = Workload((items * (requests // len(items) + 1))[:requests], [1] * requests, [1] * requests)
+    work = Workload(
+        (items * (requests // len(items) + 1))[:requests], [1] * requests, [1] * requests
+    )
 
     async def run() -> LoadResult:
         await client.open()
         try:
             # the memo, filled in every worker: each pass spreads the texts over them anew
             memo = items * (4 * workers if workers > 1 else 1)
-            await closed_loop(client.embed, Workload(memo, [1] * len(memo), [1] * len(memo)), concurrency)
+            await closed_loop(
+                client.embed, Workload(memo, [1] * len(memo), [1] * len(memo)), concurrency
+            )
             return await closed_loop(client.embed, work, concurrency, [server.pid])
         finally:
             await client.close()
@@ -172,8 +215,12 @@ def measure_http(repo: Path, model: str, requests: int, concurrency: int, log: P
         server.stop()
     if result.errors or result.server_cpu_s is None:
         raise RequestFailed(f"{result.errors} requests failed; see {log}")
-    return HttpCost(result.server_cpu_s * 1000 / result.requests, result.requests / result.seconds,
-                    result.server_cpu_s / result.seconds, result.client_cpu_s / result.seconds)
+    return HttpCost(
+        result.server_cpu_s * 1000 / result.requests,
+        result.requests / result.seconds,
+        result.server_cpu_s / result.seconds,
+        result.client_cpu_s / result.seconds,
+    )
 
 
 if __name__ == "__main__":  # the served gateway of `measure_http`

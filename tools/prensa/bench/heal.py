@@ -28,8 +28,10 @@ import psutil
 from prensa.bench.soak import Kind, NotServing, requests_for, serving_prensa, warm_up
 from prensa.stages import stage_model_name
 
-RELOADED = re.compile(r"(?P<stage>\S+) is serving again, (?P<total>[\d.]+) s after its stub was found dead "
-                      r"\(unload (?P<unload>[\d.]+) s, load (?P<load>[\d.]+) s\)")
+RELOADED = re.compile(
+    r"(?P<stage>\S+) is serving again, (?P<total>[\d.]+) s after its stub was found dead "
+    r"\(unload (?P<unload>[\d.]+) s, load (?P<load>[\d.]+) s\)"
+)
 
 
 @dataclass
@@ -44,15 +46,24 @@ def stub_of(root: int, stage: str) -> psutil.Process:
     a stub that died: its zombie is passed over)."""
     for process in psutil.Process(root).children(recursive=True):
         try:
-            if f"/{stage}/1/model.py" in " ".join(process.cmdline()) and process.status() != psutil.STATUS_ZOMBIE:
+            if (
+                f"/{stage}/1/model.py" in " ".join(process.cmdline())
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
                 return process
         except psutil.Error:
             continue
     raise LookupError(f"no stub serves {stage}")
 
 
-async def drive(url: str, kinds: list[Kind], until: float, concurrency: int, outcomes: Outcomes,
-                honour_retry_after: bool) -> None:
+async def drive(
+    url: str,
+    kinds: list[Kind],
+    until: float,
+    concurrency: int,
+    outcomes: Outcomes,
+    honour_retry_after: bool,
+) -> None:
     """`concurrency` clients send the kinds in turn until `until`, each outcome recorded."""
     cycle = itertools.cycle(kinds)
 
@@ -76,16 +87,20 @@ async def drive(url: str, kinds: list[Kind], until: float, concurrency: int, out
     await asyncio.gather(*(client_loop(i) for i in range(concurrency)))
 
 
-def report(kill_at: float, until: float, killed_kind: str, outcomes: Outcomes,
-           line: re.Match[str] | None) -> list[str]:
+def report(
+    kill_at: float, until: float, killed_kind: str, outcomes: Outcomes, line: re.Match[str] | None
+) -> list[str]:
     """What one kill did, as lines: to the killed kind's requests, and to the other kinds'."""
     lines: list[str] = []
-    window = [row for row in outcomes.rows if kill_at <= row[1] and row[0] < until]  # answered after the kill
+    # answered after the kill
+    window = [row for row in outcomes.rows if kill_at <= row[1] and row[0] < until]
     own = [row for row in window if row[2] == killed_kind]
     failed = [sent for sent, _, _, status, _ in own if status != 200]
     slowest = max((done - sent for sent, done, _, _, _ in own if sent <= kill_at), default=0.0)
-    lines.append(f"  {killed_kind}: {len(own)} requests answered, the slowest of those in flight at the kill in "
-                 f"{slowest:.2f} s")
+    lines.append(
+        f"  {killed_kind}: {len(own)} requests answered, the slowest of those in flight at the kill in "
+        f"{slowest:.2f} s"
+    )
     if not failed:
         lines.append("  none failed")
     else:
@@ -93,14 +108,20 @@ def report(kill_at: float, until: float, killed_kind: str, outcomes: Outcomes,
         healed = f"{min(after) - kill_at:.2f} s" if after else "not healed"
         hints = Counter(retry for _, _, _, status, retry in own if status == 503)
         statuses = dict(Counter(status for _, _, _, status, _ in own if status != 200))
-        lines.append(f"  healed in {healed}; {len(failed)} requests failed meanwhile ({statuses}, "
-                     f"Retry-After {dict(hints)})")
+        lines.append(
+            f"  healed in {healed}; {len(failed)} requests failed meanwhile ({statuses}, "
+            f"Retry-After {dict(hints)})"
+        )
     if line:
         total, unload, load = float(line["total"]), float(line["unload"]), float(line["load"])
-        lines.append(f"  stage watch: {line['stage']} unloaded in {unload:.2f} s, loaded in {load:.2f} s "
-                     f"({total:.2f} s from finding the dead stub)")
+        lines.append(
+            f"  stage watch: {line['stage']} unloaded in {unload:.2f} s, loaded in {load:.2f} s "
+            f"({total:.2f} s from finding the dead stub)"
+        )
     for kind in sorted({row[2] for row in window} - {killed_kind}):
-        lines.append(f"  {kind}: {dict(Counter(status for _, _, k, status, _ in window if k == kind))}")
+        lines.append(
+            f"  {kind}: {dict(Counter(status for _, _, k, status, _ in window if k == kind))}"
+        )
     return lines
 
 
@@ -127,7 +148,9 @@ def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
         if not kinds:
             raise NotServing(f"the served models answer none of {', '.join(run.kinds)}")
         killed_kind, _, _ = kinds[0]
-        embedder = next(m["served_model_name"] for m in info["models"] if m["task"] in ("embed", "m3"))
+        embedder = next(
+            m["served_model_name"] for m in info["models"] if m["task"] in ("embed", "m3")
+        )
         asyncio.run(warm_up(url, kinds, run.concurrency))
         outcomes = Outcomes()
         start = time.monotonic()
@@ -138,20 +161,31 @@ def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
             for n in range(run.kills):
                 await asyncio.sleep(start + run.gap_s * (n + 0.5) - time.monotonic())
                 kills.append(time.monotonic())
-                stub_of(process.pid, stage_model_name(embedder, "encode")).send_signal(signal.SIGKILL)
+                stub_of(process.pid, stage_model_name(embedder, "encode")).send_signal(
+                    signal.SIGKILL
+                )
 
         async def load_and_kill() -> None:
-            await asyncio.gather(drive(url, kinds, until, run.concurrency, outcomes, run.honour_retry_after),
-                                 kill_later())
+            await asyncio.gather(
+                drive(url, kinds, until, run.concurrency, outcomes, run.honour_retry_after),
+                kill_later(),
+            )
 
-        say(f"{run.concurrency} clients over {', '.join(k for k, _, _ in kinds)}; killing "
+        say(
+            f"{run.concurrency} clients over {', '.join(k for k, _, _ in kinds)}; killing "
             f"{stage_model_name(embedder, 'encode')}'s stub "
-            f"{run.kills} times, {run.gap_s:g} s apart")
+            f"{run.kills} times, {run.gap_s:g} s apart"
+        )
         asyncio.run(load_and_kill())
     reloads = list(RELOADED.finditer(log.read_text(errors="replace")))
     lines = []
     for n, kill_at in enumerate(kills):  # requests sent just before the next kill fail for that one
         lines.append(f"kill {n + 1}:")
-        lines += report(kill_at, kill_at + run.gap_s * 0.75, killed_kind, outcomes,
-                        reloads[n] if n < len(reloads) else None)
+        lines += report(
+            kill_at,
+            kill_at + run.gap_s * 0.75,
+            killed_kind,
+            outcomes,
+            reloads[n] if n < len(reloads) else None,
+        )
     return lines

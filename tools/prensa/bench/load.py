@@ -44,8 +44,11 @@ class LoadResult:
             "p90_ms": float(np.percentile(lat, 90)),
             "p99_ms": float(np.percentile(lat, 99)),
             "errors": self.errors,
-            **({"server_cpu_ms_per_request": self.server_cpu_s * 1000 / self.requests}
-               if self.server_cpu_s is not None and self.requests else {}),
+            **(
+                {"server_cpu_ms_per_request": self.server_cpu_s * 1000 / self.requests}
+                if self.server_cpu_s is not None and self.requests
+                else {}
+            ),
             "client_cpu_cores": self.client_cpu_s / self.seconds if self.seconds else 0.0,
         }
 
@@ -77,8 +80,12 @@ class Workload(Generic[Item]):
     tokens: Sequence[int]
 
 
-async def closed_loop(send: Callable[[Item], Awaitable[None]], workload: Workload[Item], concurrency: int,
-                      servers: Sequence[int] = ()) -> LoadResult:
+async def closed_loop(
+    send: Callable[[Item], Awaitable[None]],
+    workload: Workload[Item],
+    concurrency: int,
+    servers: Sequence[int] = (),
+) -> LoadResult:
     """Every item of `workload` sent by `concurrency` clients; `servers` are the pids whose CPU counts."""
     next_index = 0
     result = LoadResult(concurrency, 0.0, 0, 0)

@@ -40,8 +40,11 @@ class TEIEmbedUser(HttpUser):
 
     @task
     def embed(self) -> None:
-        self.client.post("/embed" + _model_query("PRENSA_EMBED_MODEL"), json={"inputs": random.choice(TEXTS)},
-                         name="/embed")
+        self.client.post(
+            "/embed" + _model_query("PRENSA_EMBED_MODEL"),
+            json={"inputs": random.choice(TEXTS)},
+            name="/embed",
+        )
 
 
 class TEISparseUser(HttpUser):
@@ -49,8 +52,11 @@ class TEISparseUser(HttpUser):
 
     @task
     def embed_sparse(self) -> None:
-        self.client.post("/embed_sparse" + _model_query("PRENSA_SPARSE_MODEL"), json={"inputs": random.choice(TEXTS)},
-                         name="/embed_sparse")
+        self.client.post(
+            "/embed_sparse" + _model_query("PRENSA_SPARSE_MODEL"),
+            json={"inputs": random.choice(TEXTS)},
+            name="/embed_sparse",
+        )
 
 
 class TEIRerankUser(HttpUser):
@@ -59,8 +65,11 @@ class TEIRerankUser(HttpUser):
     @task
     def rerank(self) -> None:
         case = random.choice(CASES)
-        self.client.post("/rerank" + _model_query("PRENSA_RERANK_MODEL"),
-                         json={"query": case.query, "texts": case.passages}, name="/rerank")
+        self.client.post(
+            "/rerank" + _model_query("PRENSA_RERANK_MODEL"),
+            json={"query": case.query, "texts": case.passages},
+            name="/rerank",
+        )
 
 
 class StepLoad(LoadTestShape):

@@ -22,7 +22,9 @@ def create_app(model_dir: str, task: str) -> FastAPI:
 
         @app.post("/rerank")
         def rerank(body: dict[str, Any]) -> list[float]:
-            scores: list[float] = model.predict([(body["query"], text) for text in body["texts"]]).tolist()
+            scores: list[float] = model.predict(
+                [(body["query"], text) for text in body["texts"]]
+            ).tolist()
             return scores
     else:
         model = SentenceTransformer(model_dir, device="cpu")

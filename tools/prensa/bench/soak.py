@@ -34,9 +34,33 @@ import psutil
 from prensa.addresses import free_port, http_url
 
 PRENSA = Path(sys.executable).parent / "prensa"
-WORDS = ["river", "bridge", "city", "museum", "night", "train", "harbour", "market", "winter", "garden", "library",
-         "question", "answer", "embedding", "vector", "search", "ranking", "passage", "query", "model", "server",
-         "memory", "latency", "batch", "token"]
+WORDS = [
+    "river",
+    "bridge",
+    "city",
+    "museum",
+    "night",
+    "train",
+    "harbour",
+    "market",
+    "winter",
+    "garden",
+    "library",
+    "question",
+    "answer",
+    "embedding",
+    "vector",
+    "search",
+    "ranking",
+    "passage",
+    "query",
+    "model",
+    "server",
+    "memory",
+    "latency",
+    "batch",
+    "token",
+]
 
 
 def label(process: psutil.Process, root: int) -> str:
@@ -45,7 +69,10 @@ def label(process: psutil.Process, root: int) -> str:
         return "prensa (gateway)"
     if process.name() == "tritonserver":
         return "tritonserver"
-    model = next((Path(arg).parent.parent.name for arg in process.cmdline() if arg.endswith("model.py")), None)
+    model = next(
+        (Path(arg).parent.parent.name for arg in process.cmdline() if arg.endswith("model.py")),
+        None,
+    )
     return f"stub {model}" if model else f"{process.name()} {process.pid}"
 
 
@@ -55,7 +82,8 @@ class MemorySampler(threading.Thread):
     def __init__(self, root: int, every_s: float) -> None:
         super().__init__(daemon=True)
         self.root, self.every_s = root, every_s
-        self.rows: list[tuple[float, str, int, float]] = []  # seconds since start, label, pid, RSS MB
+        # seconds since start, label, pid, RSS MB
+        self.rows: list[tuple[float, str, int, float]] = []
         self.labels: dict[int, str] = {}
         self.stop = threading.Event()
 
@@ -70,7 +98,8 @@ class MemorySampler(threading.Thread):
             now = time.monotonic() - started
             for process in processes:
                 try:
-                    name = self.labels.setdefault(process.pid, label(process, self.root))  # a pid's label is fixed
+                    # a pid's label is fixed
+                    name = self.labels.setdefault(process.pid, label(process, self.root))
                     self.rows.append((now, name, process.pid, process.memory_info().rss / 2**20))
                 except psutil.NoSuchProcess:
                     continue
@@ -91,8 +120,12 @@ MAX_TEXTS, MAX_WORDS = 8, 120  # per request; warm-up sends this largest shape
 def texts(rng: random.Random, largest: bool, count: int = MAX_TEXTS) -> list[str]:
     """`count` texts (fewer, at random, unless `largest`) of up to MAX_WORDS words."""
     n = count if largest else rng.randint(1, count)
-    return [" ".join(rng.choice(WORDS) for _ in range(MAX_WORDS if largest else rng.randint(3, MAX_WORDS)))
-            for _ in range(n)]
+    return [
+        " ".join(
+            rng.choice(WORDS) for _ in range(MAX_WORDS if largest else rng.randint(3, MAX_WORDS))
+        )
+        for _ in range(n)
+    ]
 
 
 Body = Callable[[random.Random, bool], dict[str, Any]]
@@ -107,12 +140,29 @@ def requests_for(info: dict[str, Any]) -> list[Kind]:
     rerank = next((n for n, t in tasks.items() if t == "rerank"), None)
     kinds: list[Kind] = []
     if embed:
-        kinds.append(("embeddings", "/v1/embeddings", lambda rng, big: {"model": embed, "input": texts(rng, big)}))
+        kinds.append(
+            (
+                "embeddings",
+                "/v1/embeddings",
+                lambda rng, big: {"model": embed, "input": texts(rng, big)},
+            )
+        )
     if sparse:
-        kinds.append(("sparse", f"/embed_sparse?model={sparse}", lambda rng, big: {"inputs": texts(rng, big)}))
+        kinds.append(
+            (
+                "sparse",
+                f"/embed_sparse?model={sparse}",
+                lambda rng, big: {"inputs": texts(rng, big)},
+            )
+        )
     if rerank:
-        kinds.append(("rerank", f"/rerank?model={rerank}",
-                      lambda rng, big: {"query": texts(rng, big, 1)[0], "texts": texts(rng, big)}))
+        kinds.append(
+            (
+                "rerank",
+                f"/rerank?model={rerank}",
+                lambda rng, big: {"query": texts(rng, big, 1)[0], "texts": texts(rng, big)},
+            )
+        )
     return kinds
 
 
@@ -170,29 +220,37 @@ RISE_MB = 0.1
 
 def trend(points: list[tuple[float, float]]) -> Trend:
     """The trend of the second half of (seconds, RSS MB) samples."""
-    half = points[len(points) // 2:]
+    half = points[len(points) // 2 :]
     if len(half) < 3:
         return Trend(float("nan"), 0.0)
     seconds, rss = np.array(half).T
-    return Trend(float(np.polyfit(seconds / 60.0, rss, 1)[0]), float(np.mean(np.diff(rss) > RISE_MB)))
+    return Trend(
+        float(np.polyfit(seconds / 60.0, rss, 1)[0]), float(np.mean(np.diff(rss) > RISE_MB))
+    )
 
 
-def memory_report(rows: list[tuple[float, str, int, float]], max_slope: float) -> tuple[list[str], bool]:
+def memory_report(
+    rows: list[tuple[float, str, int, float]], max_slope: float
+) -> tuple[list[str], bool]:
     """One line per process (start, end, peak, trend, verdict), and whether none grew steadily."""
     by_process: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for now, name, pid, rss in rows:
         by_process[(name, pid)].append((now, rss))
-    lines = [f"memory (RSS MB; second half: least-squares slope, share of {RISE_MB:g} MB rises; "
-             f"threshold {max_slope:g} MB/min)",
-             f"{'process':<36} {'pid':>7} {'start':>8} {'end':>8} {'peak':>8} {'MB/min':>8} {'rising':>7}  verdict"]
+    lines = [
+        f"memory (RSS MB; second half: least-squares slope, share of {RISE_MB:g} MB rises; "
+        f"threshold {max_slope:g} MB/min)",
+        f"{'process':<36} {'pid':>7} {'start':>8} {'end':>8} {'peak':>8} {'MB/min':>8} {'rising':>7}  verdict",
+    ]
     memory_ok = True
     for (name, pid), points in sorted(by_process.items()):
         found = trend(points)
         verdict = found.verdict(max_slope)
         memory_ok &= verdict != "GROWING"
         sizes = [size for _, size in points]
-        lines.append(f"{name:<36} {pid:>7} {sizes[0]:>8.1f} {sizes[-1]:>8.1f} {max(sizes):>8.1f} {found.slope:>8.2f} "
-                     f"{found.rising:>7.0%}  {verdict}")
+        lines.append(
+            f"{name:<36} {pid:>7} {sizes[0]:>8.1f} {sizes[-1]:>8.1f} {max(sizes):>8.1f} {found.slope:>8.2f} "
+            f"{found.rising:>7.0%}  {verdict}"
+        )
     return lines, memory_ok
 
 
@@ -202,20 +260,28 @@ def load_report(load: Load, minutes: float) -> tuple[list[str], int]:
     for kind, statuses in sorted(load.statuses.items()):
         latencies = np.array(load.latencies[kind]) * 1000
         total = sum(statuses.values())
-        errors += sum(n for status, n in statuses.items() if not isinstance(status, int) or status >= 500)
+        errors += sum(
+            n for status, n in statuses.items() if not isinstance(status, int) or status >= 500
+        )
         counts = ", ".join(f"{status}: {n}" for status, n in sorted(statuses.items(), key=str))
-        lines.append(f"{kind:<11} {total:>7} requests ({total / (minutes * 60):.1f}/s)  {counts}  "
-                     f"p50 {np.percentile(latencies, 50):.0f}  p99 {np.percentile(latencies, 99):.0f}")
+        lines.append(
+            f"{kind:<11} {total:>7} requests ({total / (minutes * 60):.1f}/s)  {counts}  "
+            f"p50 {np.percentile(latencies, 50):.0f}  p99 {np.percentile(latencies, 99):.0f}"
+        )
     return lines, errors
 
 
-def report(sampler: MemorySampler, load: Load, minutes: float, max_slope: float) -> tuple[list[str], bool]:
+def report(
+    sampler: MemorySampler, load: Load, minutes: float, max_slope: float
+) -> tuple[list[str], bool]:
     """The memory and request tables and the verdict, as lines, and whether it passed."""
     memory, memory_ok = memory_report(sampler.rows, max_slope)
     requests, errors = load_report(load, minutes)
     passed = memory_ok and errors == 0
-    verdict = (f"verdict: {'PASS' if passed else 'FAIL'} (memory {'without' if memory_ok else 'with'} steady "
-               f"growth, {errors} server errors or failed connections)")
+    verdict = (
+        f"verdict: {'PASS' if passed else 'FAIL'} (memory {'without' if memory_ok else 'with'} steady "
+        f"growth, {errors} server errors or failed connections)"
+    )
     return [*memory, "", *requests, "", verdict], passed
 
 
@@ -233,7 +299,9 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM prensa (it drains Triton), SIGKILL by PID whatever is left of its tree."""
-    children = psutil.Process(process.pid).children(recursive=True) if process.poll() is None else []
+    children = (
+        psutil.Process(process.pid).children(recursive=True) if process.poll() is None else []
+    )
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=60)
@@ -245,19 +313,36 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             child.kill()
 
 
-def start_prensa(work: Path, models: list[str] | None, log: Path,
-                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
+def start_prensa(
+    work: Path, models: list[str] | None, log: Path, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
     """`prensa up` on free loopback ports, its exports and repository kept in `work`, its output in
     `log`: the process and the gateway's URL."""
     work.mkdir(parents=True, exist_ok=True)
     ports = [str(free_port()) for _ in range(4)]
-    command = [str(PRENSA), "up", "--models-dir", str(work / "models"), "--repo", str(work / "model_repo"),
-               "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
-               "--gateway-port", ports[3], *extra]
+    command = [
+        str(PRENSA),
+        "up",
+        "--models-dir",
+        str(work / "models"),
+        "--repo",
+        str(work / "model_repo"),
+        "--http-port",
+        ports[0],
+        "--grpc-port",
+        ports[1],
+        "--metrics-port",
+        ports[2],
+        "--gateway-port",
+        ports[3],
+        *extra,
+    ]
     for model in models or ():
         command += ["--model", model]
     with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), http_url(int(ports[3]))
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), http_url(
+            int(ports[3])
+        )
 
 
 def write_samples(sampler: MemorySampler, path: Path) -> None:
@@ -265,7 +350,9 @@ def write_samples(sampler: MemorySampler, path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["seconds", "process", "pid", "rss_mb"])
-        writer.writerows((f"{now:.1f}", name, pid, f"{rss:.2f}") for now, name, pid, rss in sampler.rows)
+        writer.writerows(
+            (f"{now:.1f}", name, pid, f"{rss:.2f}") for now, name, pid, rss in sampler.rows
+        )
 
 
 @dataclass(frozen=True)
@@ -285,8 +372,13 @@ class NotServing(RuntimeError):
 
 
 @contextlib.contextmanager
-def serving_prensa(work: Path, models: tuple[str, ...], log: Path, say: Callable[[str], None],
-                   up_flags: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def serving_prensa(
+    work: Path,
+    models: tuple[str, ...],
+    log: Path,
+    say: Callable[[str], None],
+    up_flags: tuple[str, ...] = (),
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`prensa up` healthy (`start_prensa`): its process and the gateway's URL, stopped afterwards."""
     process, url = start_prensa(work, list(models), log, up_flags)
     try:
@@ -304,8 +396,10 @@ def run_soak(run: SoakRun, say: Callable[[str], None]) -> tuple[list[str], bool]
     with serving_prensa(run.work, run.models, run.work / "prensa.log", say) as (process, url):
         kinds = requests_for(httpx.get(f"{url}/info").json())
         asyncio.run(warm_up(url, kinds, run.concurrency))
-        say(f"soaking {url} for {run.minutes:g} min with {run.concurrency} clients: "
-            f"{', '.join(kind for kind, _, _ in kinds)}")
+        say(
+            f"soaking {url} for {run.minutes:g} min with {run.concurrency} clients: "
+            f"{', '.join(kind for kind, _, _ in kinds)}"
+        )
         sampler = MemorySampler(process.pid, run.sample_every_s)
         sampler.start()
         load = Load()

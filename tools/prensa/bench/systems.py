@@ -60,20 +60,29 @@ class ServerProcess:
     """A benchmark peer started as a subprocess on loopback and stopped by PID; it dies with the
     thread that started it, as Triton does (`die_with_parent`)."""
 
-    def __init__(self, command: list[str], health_url: str, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, command: list[str], health_url: str, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.command, self.health_url, self.log, self.env = command, health_url, log, env
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 300.0) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                            env=self.env or dict(os.environ), start_new_session=True,
-                                            preexec_fn=functools.partial(die_with_parent, os.getpid()))  # noqa: PLW1509 - prctl only
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env or dict(os.environ),
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - prctl only
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.command[0]} exited with {self.process.returncode}; see {self.log}")
+                raise RuntimeError(
+                    f"{self.command[0]} exited with {self.process.returncode}; see {self.log}"
+                )
             try:
                 with urllib.request.urlopen(self.health_url, timeout=2) as response:  # noqa: S310 - loopback
                     if response.status == 200:
@@ -82,7 +91,9 @@ class ServerProcess:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"{self.command[0]} was not healthy after {timeout_s:.0f} s; see {self.log}")
+        raise RuntimeError(
+            f"{self.command[0]} was not healthy after {timeout_s:.0f} s; see {self.log}"
+        )
 
     @property
     def pid(self) -> int:
@@ -119,13 +130,15 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
 
 def text_encoder(export_dir: Path, manifest: Manifest) -> Any:
     """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
-    return load_stage("tokenize").TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
-                                              "only_second")
+    return load_stage("tokenize").TextEncoder(
+        export_dir / manifest.tokenizer_file, manifest.max_length, "right", "only_second"
+    )
 
 
 def count_tokens(encoder: Any, inputs: list[Any]) -> int:
     return sum(  # the tokenize stage is loaded at run time: untyped
-       len(e.ids) for e in encoder.encode_requests([list(inputs)])[0])
+        len(e.ids) for e in encoder.encode_requests([list(inputs)])[0]
+    )
 
 
 class OnnxLimit:
@@ -140,8 +153,9 @@ class OnnxLimit:
         self.manifest = Manifest.read(export_dir)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(export_dir / self.manifest.onnx_file), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(export_dir / self.manifest.onnx_file), options, providers=["CPUExecutionProvider"]
+        )
         self.encoder = text_encoder(export_dir, self.manifest)
         self.tokenize = load_stage("tokenize")
 
@@ -155,7 +169,9 @@ class OnnxLimit:
         encodings = sorted(self.encoder.encode_requests([inputs])[0], key=lambda e: len(e.ids))
         for start in range(0, len(encodings), LIMIT_BATCH):
             self._run(encodings[start : start + LIMIT_BATCH])
-        return InProcessResult(time.perf_counter() - started, len(encodings), sum(len(e.ids) for e in encodings))
+        return InProcessResult(
+            time.perf_counter() - started, len(encodings), sum(len(e.ids) for e in encodings)
+        )
 
     def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
         return median_ms(lambda: self._run(self.encoder.encode_requests([[text]])[0]), repeats)
@@ -172,23 +188,38 @@ class EncodeStageAlone:
     def __init__(self, export_dir: Path, serving: ServingOptions) -> None:
         self.manifest = Manifest.read(export_dir)
         stage = load_stage("encode")
-        session = stage.create_session(export_dir / self.manifest.onnx_file, serving.cpu_threads, "cpu", True)
-        self.stage = stage.TokenBudgetEncoder(session, self.manifest.pad_id, encoder_token_budget(self.manifest, serving),
-                                              serving.length_ratio, serving.max_batch_size, set())
+        session = stage.create_session(
+            export_dir / self.manifest.onnx_file, serving.cpu_threads, "cpu", True
+        )
+        self.stage = stage.TokenBudgetEncoder(
+            session,
+            self.manifest.pad_id,
+            encoder_token_budget(self.manifest, serving),
+            serving.length_ratio,
+            serving.max_batch_size,
+            set(),
+        )
         self.encoder = text_encoder(export_dir, self.manifest)
         self.tokenize = load_stage("tokenize")
 
     def _run(self, inputs: list[Any]) -> int:
         """Encode one batch of one-sequence requests; its token count."""
         encodings = self.encoder.encode_requests([inputs])[0]
-        self.stage.encode([self.tokenize.pad_encodings([e], self.manifest.pad_id) for e in encodings])
+        self.stage.encode(
+            [self.tokenize.pad_encodings([e], self.manifest.pad_id) for e in encodings]
+        )
         return sum(len(e.ids) for e in encodings)
 
     def run(self, items: list[str] | list[RerankCase]) -> InProcessResult:
-        inputs: list[Any] = _pairs(items) if items and isinstance(items[0], RerankCase) else list(items)
+        inputs: list[Any] = (
+            _pairs(items) if items and isinstance(items[0], RerankCase) else list(items)
+        )
         shuffled = random.Random(ARRIVAL_SEED).sample(inputs, len(inputs))
         started = time.perf_counter()
-        tokens = sum(self._run(shuffled[start : start + LIMIT_BATCH]) for start in range(0, len(shuffled), LIMIT_BATCH))
+        tokens = sum(
+            self._run(shuffled[start : start + LIMIT_BATCH])
+            for start in range(0, len(shuffled), LIMIT_BATCH)
+        )
         return InProcessResult(time.perf_counter() - started, len(shuffled), tokens)
 
     def single_latency_ms(self, text: str | tuple[str, str], repeats: int) -> float:
@@ -204,8 +235,11 @@ class SentenceTransformersInProcess:
         from sentence_transformers import CrossEncoder, SentenceTransformer
 
         self.task = task
-        self.model = CrossEncoder(str(model_dir), device="cpu") if task is Task.RERANK else \
-            SentenceTransformer(str(model_dir), device="cpu")
+        self.model = (
+            CrossEncoder(str(model_dir), device="cpu")
+            if task is Task.RERANK
+            else SentenceTransformer(str(model_dir), device="cpu")
+        )
 
     def _call(self, inputs: list[Any]) -> None:
         if self.task is Task.RERANK:
@@ -217,7 +251,9 @@ class SentenceTransformersInProcess:
         inputs = _pairs(items) if self.task is Task.RERANK else items
         started = time.perf_counter()
         self._call(inputs)
-        return InProcessResult(time.perf_counter() - started, len(inputs), count_tokens(encoder, inputs))
+        return InProcessResult(
+            time.perf_counter() - started, len(inputs), count_tokens(encoder, inputs)
+        )
 
     def single_latency_ms(self, text: Any, repeats: int) -> float:
         return median_ms(lambda: self._call([text]), repeats)
@@ -246,8 +282,14 @@ class TritonClient:
     @staticmethod
     def _inputs(module: Any, item: list[str] | RerankCase) -> list[Any]:
         """The text tensors of an embed item (its texts) or a rerank case (query x passages)."""
-        columns = {contract.TEXT: item} if not isinstance(item, RerankCase) else \
-            {contract.TEXT: [item.query] * len(item.passages), contract.TEXT_PAIR: item.passages}
+        columns = (
+            {contract.TEXT: item}
+            if not isinstance(item, RerankCase)
+            else {
+                contract.TEXT: [item.query] * len(item.passages),
+                contract.TEXT_PAIR: item.passages,
+            }
+        )
         tensors = []
         for name, texts in columns.items():
             tensor = module.InferInput(name, [len(texts), 1], "BYTES")
@@ -266,7 +308,9 @@ class TritonClient:
 
         client = grpcclient.InferenceServerClient(self.url)
         try:
-            return median_ms(lambda: client.infer(self.model, self._inputs(grpcclient, item)), repeats)
+            return median_ms(
+                lambda: client.infer(self.model, self._inputs(grpcclient, item)), repeats
+            )
         finally:
             client.close()
 
@@ -281,21 +325,27 @@ class HttpClient:
     async def open(self) -> None:
         import aiohttp
 
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=300))
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300)
+        )
 
     async def close(self) -> None:
         assert self.session is not None, "close() before open()"
         await self.session.close()
 
     def _tei_path(self, route: str) -> str:
-        return f"{route}?model={self.model}" if self.model else route  # prensa serves several models
+        # prensa serves several models
+        return f"{route}?model={self.model}" if self.model else route
 
     def _request(self, item: list[str] | RerankCase) -> tuple[str, dict[str, Any]]:
         """Path and JSON body for an embed item (its texts) or a rerank case."""
         if isinstance(item, RerankCase):
             if self.style == "openai":
-                return "/rerank", {"model": self.model, "query": item.query, "documents": item.passages}
+                return "/rerank", {
+                    "model": self.model,
+                    "query": item.query,
+                    "documents": item.passages,
+                }
             return self._tei_path("/rerank"), {"query": item.query, "texts": item.passages}
         if self.style == "openai":
             return "/embeddings", {"model": self.model, "input": item}
@@ -335,21 +385,60 @@ class HttpClient:
             connection.close()
 
 
-def gateway_server(triton_grpc_url: str, repo: Path, port: int, log: Path, coalesce: bool = True) -> ServerProcess:
+def gateway_server(
+    triton_grpc_url: str, repo: Path, port: int, log: Path, coalesce: bool = True
+) -> ServerProcess:
     """`prensa gateway` on `repo`'s Triton, with no admission limit: a benchmark measures speed, not 429s."""
-    return ServerProcess([str(Path(sys.executable).parent / "prensa"), "gateway", "--triton-url", triton_grpc_url,
-                          "--repo", str(repo), "--port", str(port), "--max-concurrent-requests", "100000",
-                          "--coalesce-requests" if coalesce else "--no-coalesce-requests"],
-                         http_url(port, "/health"), log)
+    return ServerProcess(
+        [
+            str(Path(sys.executable).parent / "prensa"),
+            "gateway",
+            "--triton-url",
+            triton_grpc_url,
+            "--repo",
+            str(repo),
+            "--port",
+            str(port),
+            "--max-concurrent-requests",
+            "100000",
+            "--coalesce-requests" if coalesce else "--no-coalesce-requests",
+        ],
+        http_url(port, "/health"),
+        log,
+    )
 
 
 def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:
-    command = [sys.executable, "-m", "prensa.bench.plain_server", str(model_dir), task.value, str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "prensa.bench.plain_server",
+        str(model_dir),
+        task.value,
+        str(port),
+    ]
     return ServerProcess(command, http_url(port, "/health"), log)
 
 
 def infinity_server(binary: str, model_dir: Path, port: int, log: Path) -> ServerProcess:
-    command = [binary, "v2", "--model-id", str(model_dir), "--port", str(port), "--host", LOOPBACK,
-               "--device", "cpu", "--engine", "torch", "--no-bettertransformer"]
-    return ServerProcess(command, http_url(port, "/health"), log,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
+    command = [
+        binary,
+        "v2",
+        "--model-id",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--host",
+        LOOPBACK,
+        "--device",
+        "cpu",
+        "--engine",
+        "torch",
+        "--no-bettertransformer",
+    ]
+    return ServerProcess(
+        command,
+        http_url(port, "/health"),
+        log,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"},
+    )

@@ -85,20 +85,42 @@ def measure(repo: Path, model: str, requests: int) -> dict[str, list[float]]:
     with span_sinks() as (grpc_sink, http_sink):
         tracing = TritonTracing(http_sink, "prensa-triton", NEVER)
         endpoint = ["--otlp-endpoint", grpc_sink]
-        variants = {"off": [], "every request": endpoint, "no request sampled": [*endpoint, "--otlp-sample-rate", "0"]}
+        variants = {
+            "off": [],
+            "every request": endpoint,
+            "no request sampled": [*endpoint, "--otlp-sample-rate", "0"],
+        }
         ports = TritonPorts(free_port(), free_port(), free_port())
         with TritonProcess(TritonOptions(repo, ports=ports, tracing=tracing)) as triton:
             gateways, urls = [], {}
             for name, flags in variants.items():
                 port = free_port()
-                gateways.append(subprocess.Popen(
-                    [prensa, "gateway", "--triton-url", triton.grpc_url, "--repo", str(repo), "--port", str(port),
-                     "--no-access-log", "--default-model", model, *flags], stderr=subprocess.DEVNULL))
+                gateways.append(
+                    subprocess.Popen(
+                        [
+                            prensa,
+                            "gateway",
+                            "--triton-url",
+                            triton.grpc_url,
+                            "--repo",
+                            str(repo),
+                            "--port",
+                            str(port),
+                            "--no-access-log",
+                            "--default-model",
+                            model,
+                            *flags,
+                        ],
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
                 urls[name] = http_url(port)
             try:
                 for url in urls.values():
                     wait_healthy(url)
-                clients = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
+                clients = {
+                    name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()
+                }
                 seconds: dict[str, list[float]] = {name: [] for name in urls}
                 for turn in range(WARMUP + requests):
                     for name, client in clients.items():

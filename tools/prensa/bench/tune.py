@@ -52,9 +52,14 @@ class TunePoint:
         return Pipeline(self.pipeline)
 
     def serving(self, base: ServingOptions) -> ServingOptions:
-        return replace(base, encode_instances=self.instances, cpu_threads=self.threads,
-                       queue_delay_us=self.queue_delay_us, max_batch_tokens=self.max_batch_tokens,
-                       pipeline=self.layout)
+        return replace(
+            base,
+            encode_instances=self.instances,
+            cpu_threads=self.threads,
+            queue_delay_us=self.queue_delay_us,
+            max_batch_tokens=self.max_batch_tokens,
+            pipeline=self.layout,
+        )
 
     @classmethod
     def of(cls, result: dict[str, Any]) -> TunePoint:
@@ -65,27 +70,47 @@ class TunePoint:
 def default_grid(cpus: int, max_length: int, quick: bool) -> list[TunePoint]:
     """Both pipelines at every instances x threads layout (one instance on every core, or the cores
     split between instances), a few queue delays and token budgets. Quick: one point of each pipeline."""
-    layouts = [(DEFAULT_ENCODER_INSTANCES, 0)] + [(n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus]
+    layouts = [(DEFAULT_ENCODER_INSTANCES, 0)] + [
+        (n, max(cpus // n, 1)) for n in (2, 4) if n <= cpus
+    ]
     delays = [0, 2000] if quick else [0, 1000, 5000]
     budgets = sorted({max(max_length, b) for b in ((8192,) if quick else (4096, 16384))})
-    points = {pipeline: [TunePoint(i, t, d, b, pipeline.value) for (i, t), d, b in
-                         itertools.product(layouts, delays, budgets)] for pipeline in Pipeline}
+    points = {
+        pipeline: [
+            TunePoint(i, t, d, b, pipeline.value)
+            for (i, t), d, b in itertools.product(layouts, delays, budgets)
+        ]
+        for pipeline in Pipeline
+    }
     if quick:
         return [each[0] for each in points.values()]
     return [point for each in points.values() for point in each]
 
 
-def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concurrency: int, base: ServingOptions,
-            log_dir: Path, via_gateway: bool = True) -> dict[str, Any]:
+def measure(
+    point: TunePoint,
+    model: ModelSource,
+    workload: Workload[Any],
+    concurrency: int,
+    base: ServingOptions,
+    log_dir: Path,
+    via_gateway: bool = True,
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="prensa-tune-"))
     try:
         build_repository([model], work, point.serving(base))
         ports = TritonPorts(free_port(), free_port(), free_port())
-        with TritonProcess(TritonOptions(repo=work, ports=ports), log_path=log_dir / "tune-tritonserver.log") as triton, \
-                contextlib.ExitStack() as gateway:
+        with (
+            TritonProcess(
+                TritonOptions(repo=work, ports=ports), log_path=log_dir / "tune-tritonserver.log"
+            ) as triton,
+            contextlib.ExitStack() as gateway,
+        ):
             client: HttpClient | TritonClient
             if via_gateway:
-                server = gateway_server(triton.grpc_url, work, free_port(), log_dir / "tune-gateway.log")
+                server = gateway_server(
+                    triton.grpc_url, work, free_port(), log_dir / "tune-gateway.log"
+                )
                 server.start()
                 gateway.callback(server.stop)
                 client = HttpClient("tune", server.base_url, model.name, "tei")
@@ -96,8 +121,16 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concu
             async def go() -> LoadResult:
                 await client.open()
                 try:
-                    await closed_loop(send, Workload(workload.items[:concurrency], workload.sequences[:concurrency],
-                                                     workload.tokens[:concurrency]), concurrency)  # warm-up
+                    # warm-up
+                    await closed_loop(
+                        send,
+                        Workload(
+                            workload.items[:concurrency],
+                            workload.sequences[:concurrency],
+                            workload.tokens[:concurrency],
+                        ),
+                        concurrency,
+                    )
                     return await closed_loop(send, workload, concurrency)
                 finally:
                     await client.close()
@@ -105,10 +138,16 @@ def measure(point: TunePoint, model: ModelSource, workload: Workload[Any], concu
             before = scrape(triton.metrics_url)
             result = asyncio.run(go())
             encoder = difference(scrape(triton.metrics_url), before).get(
-                encoder_model(model.name, point.layout))
+                encoder_model(model.name, point.layout)
+            )
         figures = result.figures()
-        return {**asdict(point), "seq_per_s": figures["seq_per_s"], "p99_ms": figures["p99_ms"],
-                "errors": figures["errors"], "average_batch": encoder.average_batch if encoder else None}
+        return {
+            **asdict(point),
+            "seq_per_s": figures["seq_per_s"],
+            "p99_ms": figures["p99_ms"],
+            "errors": figures["errors"],
+            "average_batch": encoder.average_batch if encoder else None,
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -121,13 +160,27 @@ def best_point(results: list[dict[str, Any]]) -> TunePoint:
     return TunePoint.of(min(near, key=lambda r: r["p99_ms"]))
 
 
-def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bool, log_dir: Path,
-         on_result: Callable[[dict[str, Any]], object] = lambda result: None, *, via_gateway: bool = True,
-         workload_kind: Workloads = Workloads.MIXED) -> tuple[TunePoint, list[dict[str, Any]]]:
+def tune(
+    export_dir: Path,
+    name: str,
+    requests: int,
+    concurrency: int,
+    quick: bool,
+    log_dir: Path,
+    on_result: Callable[[dict[str, Any]], object] = lambda result: None,
+    *,
+    via_gateway: bool = True,
+    workload_kind: Workloads = Workloads.MIXED,
+) -> tuple[TunePoint, list[dict[str, Any]]]:
     manifest = Manifest.read(export_dir)
     model = ModelSource(name, export_dir, manifest)
-    options = BenchOptions(export_dir=export_dir, out_dir=log_dir, texts=requests, rerank_queries=max(requests // 10, 4),
-                           workload=workload_kind)
+    options = BenchOptions(
+        export_dir=export_dir,
+        out_dir=log_dir,
+        texts=requests,
+        rerank_queries=max(requests // 10, 4),
+        workload=workload_kind,
+    )
     workload = build_workload(manifest, export_dir, options)
     base = ServingOptions()
     results = []
@@ -139,5 +192,8 @@ def tune(export_dir: Path, name: str, requests: int, concurrency: int, quick: bo
 
 def write_best(export_dir: Path, name: str, repo: Path, point: TunePoint) -> list[str]:
     """Re-render the model in `repo` with the winning settings (other models there are kept)."""
-    return build_repository([ModelSource(name, export_dir, Manifest.read(export_dir))], repo,
-                            point.serving(ServingOptions()))
+    return build_repository(
+        [ModelSource(name, export_dir, Manifest.read(export_dir))],
+        repo,
+        point.serving(ServingOptions()),
+    )

@@ -16,8 +16,11 @@ from prensa.cli.serve import serve, up
 from prensa.cli.stats import stats
 from prensa.cli.tune import tune
 
-app = typer.Typer(help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.", no_args_is_help=True,
-                  context_settings={"auto_envvar_prefix": "PRENSA"})
+app = typer.Typer(
+    help="Serve embedders, rerankers and SPLADE models through NVIDIA Triton.",
+    no_args_is_help=True,
+    context_settings={"auto_envvar_prefix": "PRENSA"},
+)
 app.command()(export)
 app.command()(calibrate)
 app.add_typer(repo.app, name="repo")

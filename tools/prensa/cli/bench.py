@@ -28,11 +28,16 @@ from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repo
 from prensa.workload import Workloads
 
 DEFAULT_COMMAND = "compare"
-BENCH_MODEL = "bench"  # the model name of the repository `gateway` and `tracing` build from an export
+BENCH_MODEL = (
+    "bench"  # the model name of the repository `gateway` and `tracing` build from an export
+)
 
 
-app = typer.Typer(cls=default_command_group(DEFAULT_COMMAND), no_args_is_help=True,
-                  help="Measure prensa: `prensa bench EXPORT` is `prensa bench compare EXPORT`.")
+app = typer.Typer(
+    cls=default_command_group(DEFAULT_COMMAND),
+    no_args_is_help=True,
+    help="Measure prensa: `prensa bench EXPORT` is `prensa bench compare EXPORT`.",
+)
 
 
 def layout_option(text: str) -> tuple[int, int]:
@@ -44,24 +49,79 @@ def layout_option(text: str) -> tuple[int, int]:
 
 # Its variables keep the names they had as `prensa bench`'s (PRENSA_BENCH_<FLAG>).
 @app.command(context_settings={"auto_envvar_prefix": "PRENSA_BENCH"})
-@with_options(ServingOptions, "serving", only=("encode_instances", "cpu_threads", "queue_delay_us", "max_batch_tokens"))
+@with_options(
+    ServingOptions,
+    "serving",
+    only=("encode_instances", "cpu_threads", "queue_delay_us", "max_batch_tokens"),
+)
 def compare(
-    export_dir: Annotated[Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")],
-    out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")] = Path("bench-results"),
-    torch_model: Annotated[Path | None, typer.Option(help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights.")] = None,
-    concurrency: Annotated[list[int] | None, typer.Option(help="Concurrent clients per run; repeatable.")] = None,
-    texts: Annotated[int, typer.Option(help="Embedding requests (one text each) in the workload.")] = 512,
+    export_dir: Annotated[
+        Path, typer.Argument(help="An export from `prensa export` (embedder or reranker).")
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Folder for bench.json, bench.png and server logs.")
+    ] = Path("bench-results"),
+    torch_model: Annotated[
+        Path | None,
+        typer.Option(
+            help="sentence-transformers model dir for the peers; default: the export's source when it is a local directory with weights."
+        ),
+    ] = None,
+    concurrency: Annotated[
+        list[int] | None, typer.Option(help="Concurrent clients per run; repeatable.")
+    ] = None,
+    texts: Annotated[
+        int, typer.Option(help="Embedding requests (one text each) in the workload.")
+    ] = 512,
     queries: Annotated[int, typer.Option(help="Rerank requests in the workload.")] = 32,
     passages: Annotated[int, typer.Option(help="Passages per rerank request.")] = 10,
-    infinity: Annotated[str | None, typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH.")] = None,
-    gateway: Annotated[bool, typer.Option(help="Also measure prensa through its HTTP gateway.")] = True,
-    quick: Annotated[bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")] = False,
-    pipeline: Annotated[list[Pipeline] | None, typer.Option(help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused.")] = None,
-    workload: Annotated[Workloads, typer.Option(help="Embedders: mixed (30% short queries, 70% passages), queries (short queries only, the online path) or zipf (short queries repeated by a Zipf law, s=1.1 over 10,000).")] = Workloads.MIXED,
-    peers: Annotated[bool, typer.Option(help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed).")] = True,
-    compare_cache: Annotated[bool, typer.Option(help="Measure prensa without and with Triton's response cache (embedders and SPLADE, ensemble pipeline); with --workload zipf, repeated queries as search traffic repeats them.")] = False,
-    compare_coalescing: Annotated[bool, typer.Option(help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not.")] = False,
-    compare_layout: Annotated[list[str] | None, typer.Option(metavar="INSTANCESxTHREADS", help="Also measure prensa with this encoder layout (e.g. 2x1: two instances of one onnxruntime thread each; threads 0 = every core) beside --instances/--cpu-threads; repeatable.")] = None,
+    infinity: Annotated[
+        str | None,
+        typer.Option(help="Path of an `infinity_emb` binary (its own venv); default: on PATH."),
+    ] = None,
+    gateway: Annotated[
+        bool, typer.Option(help="Also measure prensa through its HTTP gateway.")
+    ] = True,
+    quick: Annotated[
+        bool, typer.Option(help="Tiny run for CI: 24 requests, clients 1 and 4, 5 repeats.")
+    ] = False,
+    pipeline: Annotated[
+        list[Pipeline] | None,
+        typer.Option(
+            help="prensa repository layout(s) to measure; repeatable. Default: ensemble and fused."
+        ),
+    ] = None,
+    workload: Annotated[
+        Workloads,
+        typer.Option(
+            help="Embedders: mixed (30% short queries, 70% passages), queries (short queries only, the online path) or zipf (short queries repeated by a Zipf law, s=1.1 over 10,000)."
+        ),
+    ] = Workloads.MIXED,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            help="Also measure the torch peers (sentence-transformers in-process, a plain FastAPI server, Infinity when installed)."
+        ),
+    ] = True,
+    compare_cache: Annotated[
+        bool,
+        typer.Option(
+            help="Measure prensa without and with Triton's response cache (embedders and SPLADE, ensemble pipeline); with --workload zipf, repeated queries as search traffic repeats them."
+        ),
+    ] = False,
+    compare_coalescing: Annotated[
+        bool,
+        typer.Option(
+            help="Measure the gateway twice: merging concurrent requests into one Triton call (the default) and not."
+        ),
+    ] = False,
+    compare_layout: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="INSTANCESxTHREADS",
+            help="Also measure prensa with this encoder layout (e.g. 2x1: two instances of one onnxruntime thread each; threads 0 = every core) beside --instances/--cpu-threads; repeatable.",
+        ),
+    ] = None,
     *,
     serving: ServingOptions,
 ) -> None:
@@ -73,15 +133,24 @@ def compare(
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
     source = Path(manifest.source)
-    torch_dir = torch_model or (source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None)
+    torch_dir = torch_model or (
+        source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None
+    )
     torch_dir = torch_dir if peers else None
     options = BenchOptions(
-        export_dir=export_dir, out_dir=out, concurrencies=concurrency or ([1, 4] if quick else [1, 8, 32]),
-        texts=24 if quick else texts, rerank_queries=4 if quick else queries,
-        passages_per_query=4 if quick else passages, single_repeats=5 if quick else 100, torch_model_dir=torch_dir,
-        infinity=infinity, gateway=gateway,
+        export_dir=export_dir,
+        out_dir=out,
+        concurrencies=concurrency or ([1, 4] if quick else [1, 8, 32]),
+        texts=24 if quick else texts,
+        rerank_queries=4 if quick else queries,
+        passages_per_query=4 if quick else passages,
+        single_repeats=5 if quick else 100,
+        torch_model_dir=torch_dir,
+        infinity=infinity,
+        gateway=gateway,
         serving=serving,
-        pipelines=pipeline or list(Pipeline), workload=workload,
+        pipelines=pipeline or list(Pipeline),
+        workload=workload,
         coalescing=(True, False) if compare_coalescing else (True,),
         response_cache=(False, True) if compare_cache else (False,),
         layouts=tuple(layout_option(text) for text in compare_layout or ()),
@@ -103,8 +172,10 @@ def embedder_repository(export_dir: Path) -> Iterator[Path]:
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
     if manifest.task is not Task.EMBED:
-        raise typer.BadParameter(f"measures /embed: needs an embedding export, {export_dir} is {manifest.task.value}",
-                                 param_hint="EXPORT_DIR")
+        raise typer.BadParameter(
+            f"measures /embed: needs an embedding export, {export_dir} is {manifest.task.value}",
+            param_hint="EXPORT_DIR",
+        )
     with tempfile.TemporaryDirectory(prefix="prensa-bench-") as scratch:
         repo = Path(scratch) / "repo"
         build_repository([ModelSource(BENCH_MODEL, export_dir, manifest)], repo, ServingOptions())
@@ -117,12 +188,21 @@ ExportDir = Annotated[Path, typer.Argument(help="An embedding export from `prens
 @app.command()
 def gateway(
     export_dir: ExportDir,
-    requests: Annotated[int, typer.Option(min=1, help="Requests per round (5 rounds); with --http, one run.")] = 2000,
-    http: Annotated[bool, typer.Option(help="Through the gateway's real HTTP server in a child process, over "
-                                            "loopback, instead of its app in this process.")] = False,
+    requests: Annotated[
+        int, typer.Option(min=1, help="Requests per round (5 rounds); with --http, one run.")
+    ] = 2000,
+    http: Annotated[
+        bool,
+        typer.Option(
+            help="Through the gateway's real HTTP server in a child process, over "
+            "loopback, instead of its app in this process."
+        ),
+    ] = False,
     concurrency: Annotated[int, typer.Option(min=1, help="With --http: concurrent clients.")] = 64,
     workers: Annotated[int, typer.Option(min=1, help="With --http: gateway worker processes.")] = 1,
-    log: Annotated[Path, typer.Option(help="With --http: the server's log.")] = Path("gateway-cost.log"),
+    log: Annotated[Path, typer.Option(help="With --http: the server's log.")] = Path(
+        "gateway-cost.log"
+    ),
 ) -> None:
     """The gateway's own CPU per /embed request.
 
@@ -136,20 +216,26 @@ def gateway(
     with embedder_repository(export_dir) as repo:
         if http:
             cost = gateway_cost.measure_http(repo, BENCH_MODEL, requests, concurrency, log, workers)
-            typer.echo(f"gateway over HTTP at {concurrency} clients, {workers} worker(s): "
-                       f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per /embed request, {cost.requests_per_s:.0f} "
-                       f"requests/s ({cost.requests_per_cpu_s:.0f} per second of CPU); cores busy: gateway "
-                       f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}")
+            typer.echo(
+                f"gateway over HTTP at {concurrency} clients, {workers} worker(s): "
+                f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per /embed request, {cost.requests_per_s:.0f} "
+                f"requests/s ({cost.requests_per_cpu_s:.0f} per second of CPU); cores busy: gateway "
+                f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}"
+            )
         else:
             rounds = asyncio.run(gateway_cost.measure(repo, BENCH_MODEL, requests))
-            typer.echo(f"gateway CPU per /embed request: best {min(rounds):.0f} us, "
-                       f"median {statistics.median(rounds):.0f} us")
+            typer.echo(
+                f"gateway CPU per /embed request: best {min(rounds):.0f} us, "
+                f"median {statistics.median(rounds):.0f} us"
+            )
 
 
 @app.command()
 def tracing(
     export_dir: ExportDir,
-    requests: Annotated[int, typer.Option(min=1, help="Requests per gateway, after 50 to warm up.")] = 500,
+    requests: Annotated[
+        int, typer.Option(min=1, help="Requests per gateway, after 50 to warm up.")
+    ] = 500,
 ) -> None:
     """What tracing costs a lone query.
 
@@ -163,21 +249,38 @@ def tracing(
     base = statistics.median(seconds["off"])
     table = Table("tracing", "p50 ms", "mean ms", "p50 vs off")
     for name, values in seconds.items():
-        table.add_row(name, f"{statistics.median(values) * 1000:.2f}", f"{statistics.mean(values) * 1000:.2f}",
-                      f"{statistics.median(values) / base:.3f}")
+        table.add_row(
+            name,
+            f"{statistics.median(values) * 1000:.2f}",
+            f"{statistics.mean(values) * 1000:.2f}",
+            f"{statistics.median(values) / base:.3f}",
+        )
     Console().print(table)
 
 
 @app.command()
 def cache(
-    export_dir: Annotated[Path, typer.Argument(help="An embedding or SPLADE export from `prensa export`.")],
-    requests: Annotated[int, typer.Option(min=1, help="Queries in the stream, sent to each Triton.")] = 20_000,
+    export_dir: Annotated[
+        Path, typer.Argument(help="An embedding or SPLADE export from `prensa export`.")
+    ],
+    requests: Annotated[
+        int, typer.Option(min=1, help="Queries in the stream, sent to each Triton.")
+    ] = 20_000,
     concurrency: Annotated[int, typer.Option(min=1, help="gRPC clients sending at once.")] = 4,
-    distinct: Annotated[int, typer.Option(min=1, help="Distinct queries the stream draws from.")] = 10_000,
-    zipf_s: Annotated[float, typer.Option(help="Zipf exponent: rank k is drawn with weight k^-s.")] = 1.1,
-    cache_size: Annotated[int, typer.Option(min=1, help="Bytes of Triton's response cache.")] = 256 << 20,
-    warmup: Annotated[int, typer.Option(min=0, help="Requests before measuring, outside the stream.")] = 50,
-    rounds: Annotated[int, typer.Option(min=1, help="Slices of the stream, each sent to both Tritons in turn.")] = 20,
+    distinct: Annotated[
+        int, typer.Option(min=1, help="Distinct queries the stream draws from.")
+    ] = 10_000,
+    zipf_s: Annotated[
+        float, typer.Option(help="Zipf exponent: rank k is drawn with weight k^-s.")
+    ] = 1.1,
+    cache_size: Annotated[int, typer.Option(min=1, help="Bytes of Triton's response cache.")] = 256
+    << 20,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Requests before measuring, outside the stream.")
+    ] = 50,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Slices of the stream, each sent to both Tritons in turn.")
+    ] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the stream.")] = 0,
 ) -> None:
     """What Triton's response cache buys on repeated queries.
@@ -188,12 +291,15 @@ def cache(
 
     if reason := cache_gain.refusal(export_dir):
         raise typer.BadParameter(reason, param_hint="EXPORT_DIR")
-    options = cache_gain.CacheRun(export_dir, requests, concurrency, distinct, zipf_s, cache_size, warmup, rounds, seed)
+    options = cache_gain.CacheRun(
+        export_dir, requests, concurrency, distinct, zipf_s, cache_size, warmup, rounds, seed
+    )
     try:
         served, stream = cache_gain.run(options)
     except ValueError as exc:  # more distinct queries than the vocabulary makes
         raise typer.BadParameter(str(exc), param_hint="'--distinct'") from exc
-    typer.echo(f"{export_dir.name}: {requests} queries, Zipf s={zipf_s} over {distinct} distinct "
-               f"({len(set(stream))} drawn), {concurrency} concurrent gRPC clients")
+    typer.echo(
+        f"{export_dir.name}: {requests} queries, Zipf s={zipf_s} over {distinct} distinct "
+        f"({len(set(stream))} drawn), {concurrency} concurrent gRPC clients"
+    )
     typer.echo(cache_gain.report(served, 1 - len(set(stream)) / len(stream)))
-

@@ -16,7 +16,14 @@ from rich.markup import escape
 
 # What `pip install 'prensa[EXTRA]'` brings that prensa imports, by extra.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "export": ("torch", "transformers", "onnxscript", "huggingface_hub", "safetensors", "sentence_transformers"),
+    "export": (
+        "torch",
+        "transformers",
+        "onnxscript",
+        "huggingface_hub",
+        "safetensors",
+        "sentence_transformers",
+    ),
     "corpus": ("pyarrow",),
     "bench": ("matplotlib", "aiohttp", "locust"),
 }
@@ -32,5 +39,7 @@ def require(extra: str, command: str) -> None:
     missing = missing_modules(extra)
     if missing:
         install = escape(f"pip install 'prensa[{extra}]'")  # not a markup tag
-        Console(stderr=True).print(f"[red]error:[/] prensa {command} needs {', '.join(missing)}: {install}")
+        Console(stderr=True).print(
+            f"[red]error:[/] prensa {command} needs {', '.join(missing)}: {install}"
+        )
         raise typer.Exit(2)

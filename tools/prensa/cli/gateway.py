@@ -47,7 +47,9 @@ class GatewayAddress:
     `--host/--port` on `prensa gateway`, `--gateway-host/--gateway-port` beside Triton's own; the
     environment variables are PRENSA_GATEWAY_HOST/PORT for all three commands."""
 
-    host: str = setting(LOOPBACK, "Address the gateway binds; anything but loopback exposes the API.")
+    host: str = setting(
+        LOOPBACK, "Address the gateway binds; anything but loopback exposes the API."
+    )
     port: int = setting(GATEWAY_PORT, "Gateway HTTP port.")
 
 
@@ -56,7 +58,11 @@ ADDRESS_TYPES = typing.get_type_hints(GatewayAddress)
 
 def gateway_fields(standalone: bool) -> list[Field[Any]]:
     """The settings a command offers: serve and up set the gateway-only ones from their own Triton."""
-    return [item for item in fields(GatewaySettings) if standalone or not command_flag(item).gateway_only]
+    return [
+        item
+        for item in fields(GatewaySettings)
+        if standalone or not command_flag(item).gateway_only
+    ]
 
 
 def address_name(item: Field[Any], standalone: bool) -> str:
@@ -66,15 +72,27 @@ def address_name(item: Field[Any], standalone: bool) -> str:
 
 def _address_parameter(item: Field[Any], standalone: bool, panel: str | None) -> inspect.Parameter:
     name = address_name(item, standalone)
-    return option_parameter(name, ADDRESS_TYPES[item.name], item.default, "--" + name.replace("_", "-"),
-                            command_flag(item).help, env=envvar(f"--gateway-{item.name}"), panel=panel)
+    return option_parameter(
+        name,
+        ADDRESS_TYPES[item.name],
+        item.default,
+        "--" + name.replace("_", "-"),
+        command_flag(item).help,
+        env=envvar(f"--gateway-{item.name}"),
+        panel=panel,
+    )
 
 
 def gateway_parameters(standalone: bool) -> list[inspect.Parameter]:
     """Typer parameters for GatewayAddress and GatewaySettings, defaults taken from both."""
     panel = None if standalone else PANEL
-    return [*(_address_parameter(item, standalone, panel) for item in fields(GatewayAddress)),
-            *(field_parameter(item, TYPES[item.name], own_env=True, panel=panel) for item in gateway_fields(standalone))]
+    return [
+        *(_address_parameter(item, standalone, panel) for item in fields(GatewayAddress)),
+        *(
+            field_parameter(item, TYPES[item.name], own_env=True, panel=panel)
+            for item in gateway_fields(standalone)
+        ),
+    ]
 
 
 def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
@@ -84,24 +102,37 @@ def _settings(values: dict[str, Any], standalone: bool) -> GatewaySettings:
     for item in offered:
         value = values.pop(parameter_name(item))
         given[item.name] = field_value(item, TYPES[item.name], value)
-        if item.name in EMPTY_MEANS_EMPTY and value is None and os.environ.get(envvar(flag_name(item))) == "":
+        if (
+            item.name in EMPTY_MEANS_EMPTY
+            and value is None
+            and os.environ.get(envvar(flag_name(item))) == ""
+        ):
             given[item.name] = ""
     if all(given[name] is not None for name in EXCLUSIVE):
-        raise typer.BadParameter("they exclude each other (flags or PRENSA_* variables): give a prompt text or a "
-                                 "prompt name, not both",
-                                 param_hint=" / ".join(f"'{flag_name(i)}'" for i in offered if i.name in EXCLUSIVE))
-    return construct(GatewaySettings, given, own_env=True)  # an empty PRENSA_API_KEY= as much as an empty --api-key
+        raise typer.BadParameter(
+            "they exclude each other (flags or PRENSA_* variables): give a prompt text or a "
+            "prompt name, not both",
+            param_hint=" / ".join(f"'{flag_name(i)}'" for i in offered if i.name in EXCLUSIVE),
+        )
+    # an empty PRENSA_API_KEY= as much as an empty --api-key
+    return construct(GatewaySettings, given, own_env=True)
 
 
-def with_gateway_options(*, standalone: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
+def with_gateway_options(
+    *, standalone: bool = False
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Add the gateway options to a command whose signature takes `settings: GatewaySettings` and
     `address: GatewayAddress`, and hand it those two values instead.
     `standalone`: `prensa gateway` itself, which also takes --triton-url and --repo."""
 
     def build(values: dict[str, Any]) -> dict[str, Any]:
         settings = _settings(values, standalone)
-        address = GatewayAddress(**{item.name: values.pop(address_name(item, standalone))
-                                    for item in fields(GatewayAddress)})
+        address = GatewayAddress(
+            **{
+                item.name: values.pop(address_name(item, standalone))
+                for item in fields(GatewayAddress)
+            }
+        )
         return {"settings": settings, "address": address}
 
     return adding_parameters(gateway_parameters(standalone), ("settings", "address"), build)
@@ -115,8 +146,11 @@ def gateway(*, settings: GatewaySettings, address: GatewayAddress) -> None:
 
     configure_logging(settings.log_level, settings.json_output)
     descriptors = raise_descriptor_limit()
-    typer.echo(f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}), "
-               f"{worker_count(settings)} worker process(es); docs at /docs", err=True)
+    typer.echo(
+        f"prensa gateway on http://{address.host}:{address.port} (Triton {settings.triton_url}), "
+        f"{worker_count(settings)} worker process(es); docs at /docs",
+        err=True,
+    )
     typer.echo(descriptors.describe(), err=True)
     if not run_server(gateway_server(settings, address.host, address.port)):
         raise typer.Exit(1)  # uvicorn logged why (an unserved --default-model, a taken port, ...)

@@ -14,8 +14,11 @@ def default_command_group(default: str) -> type[TyperGroup]:
 
     class DefaultCommandGroup(TyperGroup):
         def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
-            unnamed = args[0] not in self.commands and args[0] not in ctx.help_option_names if args else \
-                not self.no_args_is_help
+            unnamed = (
+                args[0] not in self.commands and args[0] not in ctx.help_option_names
+                if args
+                else not self.no_args_is_help
+            )
             if unnamed:
                 args = [default, *args]
             return super().parse_args(ctx, args)

@@ -13,7 +13,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 @contextmanager
 def step_progress(console: Console) -> Iterator[Any]:
     """Yields `step(description)`, a context manager that shows one step while it runs."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    ) as progress:
 
         @contextmanager
         def step(description: str) -> Iterator[None]:
@@ -22,4 +24,3 @@ def step_progress(console: Console) -> Iterator[Any]:
             progress.update(handle, completed=1, description=f"[green]✓[/] {description}")
 
         yield step
-

@@ -30,18 +30,69 @@ console = Console(stderr=True)
 log = logging.getLogger("prensa.triton")
 
 # Each option also reads PRENSA_<FLAG>, as the gateway options do (`prensa.cli.gateway.envvar`).
-Host = Annotated[str, typer.Option(envvar="PRENSA_HOST", help="Address Triton binds; anything but loopback exposes it to the network.")]
-HttpPort = Annotated[int, typer.Option(envvar="PRENSA_HTTP_PORT", help="Triton HTTP/REST (KServe v2) port.")]
+Host = Annotated[
+    str,
+    typer.Option(
+        envvar="PRENSA_HOST",
+        help="Address Triton binds; anything but loopback exposes it to the network.",
+    ),
+]
+HttpPort = Annotated[
+    int, typer.Option(envvar="PRENSA_HTTP_PORT", help="Triton HTTP/REST (KServe v2) port.")
+]
 GrpcPort = Annotated[int, typer.Option(envvar="PRENSA_GRPC_PORT", help="Triton gRPC port.")]
-MetricsPort = Annotated[int, typer.Option(envvar="PRENSA_METRICS_PORT", help="Triton Prometheus metrics port.")]
-LogVerbose = Annotated[int, typer.Option(envvar="PRENSA_LOG_VERBOSE", help="Triton --log-verbose level.")]
-ControlMode = Annotated[str, typer.Option(envvar="PRENSA_MODEL_CONTROL_MODE", help="Triton --model-control-mode. explicit: every model loaded at start, and a stage whose Python stub dies is reloaded alone; none or poll: such a stage restarts Triton.")]
-WithGateway = Annotated[bool, typer.Option("--gateway/--no-gateway", envvar="PRENSA_GATEWAY", rich_help_panel=PANEL,
-                                           help="Start the OpenAI/TEI HTTP gateway beside Triton.")]
-RestartLimit = Annotated[int, typer.Option(min=0, envvar="PRENSA_RESTART_LIMIT", help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.")]
-RestartBackoff = Annotated[float, typer.Option(min=0.0, envvar="PRENSA_RESTART_BACKOFF", help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).")]
-TritonOtlpEndpoint = Annotated[str | None, typer.Option(envvar="PRENSA_TRITON_OTLP_ENDPOINT", help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.")]
-CacheSize = Annotated[int, typer.Option(envvar="PRENSA_CACHE_SIZE", help="Bytes of memory for Triton's response cache, shared by the models built with `prensa repo build --response-cache` (at least 1 MiB, e.g. 268435456 for 256 MiB); 0: no cache, those models answer every request themselves.")]
+MetricsPort = Annotated[
+    int, typer.Option(envvar="PRENSA_METRICS_PORT", help="Triton Prometheus metrics port.")
+]
+LogVerbose = Annotated[
+    int, typer.Option(envvar="PRENSA_LOG_VERBOSE", help="Triton --log-verbose level.")
+]
+ControlMode = Annotated[
+    str,
+    typer.Option(
+        envvar="PRENSA_MODEL_CONTROL_MODE",
+        help="Triton --model-control-mode. explicit: every model loaded at start, and a stage whose Python stub dies is reloaded alone; none or poll: such a stage restarts Triton.",
+    ),
+]
+WithGateway = Annotated[
+    bool,
+    typer.Option(
+        "--gateway/--no-gateway",
+        envvar="PRENSA_GATEWAY",
+        rich_help_panel=PANEL,
+        help="Start the OpenAI/TEI HTTP gateway beside Triton.",
+    ),
+]
+RestartLimit = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        envvar="PRENSA_RESTART_LIMIT",
+        help="Quick Triton failures in a row before giving up (exit 1); 0: never restart.",
+    ),
+]
+RestartBackoff = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        envvar="PRENSA_RESTART_BACKOFF",
+        help="Seconds before restarting a dead Triton, doubled per quick failure (max 30).",
+    ),
+]
+TritonOtlpEndpoint = Annotated[
+    str | None,
+    typer.Option(
+        envvar="PRENSA_TRITON_OTLP_ENDPOINT",
+        help="OTLP/HTTP address for Triton's own spans (Triton exports over HTTP only). Default: --otlp-endpoint itself with --otlp-protocol http/protobuf, else the same host on port 4318 when --otlp-endpoint is a gRPC endpoint on 4317.",
+    ),
+]
+CacheSize = Annotated[
+    int,
+    typer.Option(
+        envvar="PRENSA_CACHE_SIZE",
+        help="Bytes of memory for Triton's response cache, shared by the models built with `prensa repo build --response-cache` (at least 1 MiB, e.g. 268435456 for 256 MiB); 0: no cache, those models answer every request themselves.",
+    ),
+]
 # The gateway reads tokenizers from Triton's repository, so both default to the same directory.
 
 
@@ -74,22 +125,33 @@ def cache_mismatch(repo: Path, cache_bytes: int) -> str | None:
     itself says nothing: models with `response_cache` on load without a cache and answer uncached."""
     cached = cached_models(repo)
     if cached and not cache_bytes:
-        return (f"{', '.join(cached)} turn Triton's response cache on, but --cache-size is 0: Triton answers "
-                "every request with the model. Give --cache-size BYTES (PRENSA_CACHE_SIZE) to cache repeats")
+        return (
+            f"{', '.join(cached)} turn Triton's response cache on, but --cache-size is 0: Triton answers "
+            "every request with the model. Give --cache-size BYTES (PRENSA_CACHE_SIZE) to cache repeats"
+        )
     if cache_bytes and not cached:
-        return (f"--cache-size {cache_bytes} reserves a response cache no model of {repo} uses: "
-                "build the repository with `prensa repo build --response-cache`")
+        return (
+            f"--cache-size {cache_bytes} reserves a response cache no model of {repo} uses: "
+            "build the repository with `prensa repo build --response-cache`"
+        )
     return None
 
 
-def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: GatewayAddress,
-                supervising: threading.Thread, supervisor: SupervisorMetrics) -> bool:
+def run_gateway(
+    triton: TritonProcess,
+    settings: GatewaySettings,
+    address: GatewayAddress,
+    supervising: threading.Thread,
+    supervisor: SupervisorMetrics,
+) -> bool:
     """Serve the gateway in this thread, on `settings` pointed at this Triton, until a signal (uvicorn
     re-raises it after draining, which then reaches the handler that stops the supervisor) or until the
     supervisor gives up; False if it never started. It outlives Triton restarts: meanwhile it answers
     503, then carries on."""
     host = triton.options.host if triton.options.host not in ANY_ADDRESS else LOOPBACK
-    settings = replace(settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo)
+    settings = replace(
+        settings, triton_url=f"{host}:{triton.options.ports.grpc}", repo=triton.options.repo
+    )
     server = gateway_server(settings, address.host, address.port, [supervisor.registry])
 
     def stop_with_supervisor() -> None:
@@ -100,8 +162,12 @@ def run_gateway(triton: TritonProcess, settings: GatewaySettings, address: Gatew
     return run_server(server)
 
 
-def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
-               policy: RestartPolicy = RestartPolicy(), settings: GatewaySettings = GatewaySettings()) -> None:
+def run_triton(
+    options: TritonOptions,
+    gateway: GatewayAddress | None = None,
+    policy: RestartPolicy = RestartPolicy(),
+    settings: GatewaySettings = GatewaySettings(),
+) -> None:
     """Start Triton, wait until every model is ready, print endpoints, keep it running (restarts
     per `policy`), stop cleanly on a signal. A model that fails to load at start exits at once.
     With `gateway`, the gateway (on `settings`, its Triton address and repository replaced) runs beside.
@@ -113,11 +179,20 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
     log.info(raise_descriptor_limit().describe())  # before Triton starts: it inherits the limit
     if mismatch := cache_mismatch(options.repo, options.cache_bytes):
         log.warning(mismatch)
-    triton = TritonProcess(replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s))))
+    triton = TritonProcess(
+        replace(options, exit_timeout_s=max(1, math.ceil(settings.graceful_timeout_s)))
+    )
     tracing = f"; traces to {options.tracing.url}" if options.tracing else ""
-    log.info("starting tritonserver on %s (its log: %s%s)", options.repo, triton.log_path, tracing,
-             extra={"fields": {"repo": str(options.repo), "triton_log": str(triton.log_path)}})
-    if gateway and worker_count(settings) > 1:  # the supervisor's counters reach every worker's /metrics
+    log.info(
+        "starting tritonserver on %s (its log: %s%s)",
+        options.repo,
+        triton.log_path,
+        tracing,
+        extra={"fields": {"repo": str(options.repo), "triton_log": str(triton.log_path)}},
+    )
+    if (
+        gateway and worker_count(settings) > 1
+    ):  # the supervisor's counters reach every worker's /metrics
         share_metrics()
     metrics = SupervisorMetrics()
     supervisor = Supervisor(triton, policy, say, metrics)
@@ -133,11 +208,16 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
         else:
             console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
-    endpoints = {"HTTP (KServe v2)": f"http://{triton.http_url}", "gRPC": triton.grpc_url,
-                 "metrics": triton.metrics_url}
+    endpoints = {
+        "HTTP (KServe v2)": f"http://{triton.http_url}",
+        "gRPC": triton.grpc_url,
+        "metrics": triton.metrics_url,
+    }
     if gateway:
-        endpoints["gateway (OpenAI + TEI)"] = (f"http://{gateway.host}:{gateway.port}  (docs: /docs; "
-                                               f"{worker_count(settings)} worker process(es))")
+        endpoints["gateway (OpenAI + TEI)"] = (
+            f"http://{gateway.host}:{gateway.port}  (docs: /docs; "
+            f"{worker_count(settings)} worker process(es))"
+        )
     if settings.json_output:  # one JSON line, not a table in the middle of them
         log.info("Triton is ready", extra={"fields": {"endpoints": endpoints}})
     else:
@@ -163,7 +243,12 @@ def run_triton(options: TritonOptions, gateway: GatewayAddress | None = None,
 
 @with_gateway_options()
 def serve(
-    repo: Annotated[Path, typer.Option(envvar="PRENSA_REPO", help="Triton model repository (from `prensa repo build`).")] = DEFAULT_REPO,
+    repo: Annotated[
+        Path,
+        typer.Option(
+            envvar="PRENSA_REPO", help="Triton model repository (from `prensa repo build`)."
+        ),
+    ] = DEFAULT_REPO,
     host: Host = TritonOptions.host,
     http_port: HttpPort = TritonPorts.http,
     grpc_port: GrpcPort = TritonPorts.grpc,
@@ -183,23 +268,49 @@ def serve(
     exits non-zero if a model fails to load, or after --restart-limit quick failures in a row."""
     if not repo.is_dir():
         raise typer.BadParameter(f"{repo} is not a directory; run `prensa repo build` first")
-    options = triton_options(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                             log_verbose=log_verbose, model_control_mode=model_control_mode,
-                             tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
-    run_triton(options, address if gateway else None, RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
-               settings)
+    options = triton_options(
+        repo=repo,
+        host=host,
+        ports=TritonPorts(http_port, grpc_port, metrics_port),
+        log_verbose=log_verbose,
+        model_control_mode=model_control_mode,
+        tracing=triton_tracing(settings, triton_otlp_endpoint),
+        cache_bytes=cache_size,
+    )
+    run_triton(
+        options,
+        address if gateway else None,
+        RestartPolicy(limit=restart_limit, backoff_s=restart_backoff),
+        settings,
+    )
 
 
 @with_gateway_options()
 def up(
-    model: Annotated[list[str] | None, typer.Option(envvar="PRENSA_MODEL", help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).")] = None,
-    models_dir: Annotated[Path, typer.Option(envvar="PRENSA_MODELS_DIR", help="Where exports are written and reused.")] = Path("models"),
-    repo: Annotated[Path, typer.Option(envvar="PRENSA_REPO", help="Model repository to build.")] = DEFAULT_REPO,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="PRENSA_MODEL",
+            help="Model to serve: Hub id or local directory, as SOURCE or NAME=SOURCE; repeatable. Default: the offline set (see README).",
+        ),
+    ] = None,
+    models_dir: Annotated[
+        Path, typer.Option(envvar="PRENSA_MODELS_DIR", help="Where exports are written and reused.")
+    ] = Path("models"),
+    repo: Annotated[
+        Path, typer.Option(envvar="PRENSA_REPO", help="Model repository to build.")
+    ] = DEFAULT_REPO,
     host: Host = TritonOptions.host,
     http_port: HttpPort = TritonPorts.http,
     grpc_port: GrpcPort = TritonPorts.grpc,
     metrics_port: MetricsPort = TritonPorts.metrics,
-    pipeline: Annotated[Pipeline, typer.Option(envvar="PRENSA_PIPELINE", help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).")] = Pipeline.ENSEMBLE,
+    pipeline: Annotated[
+        Pipeline,
+        typer.Option(
+            envvar="PRENSA_PIPELINE",
+            help="ensemble: tokenize -> encode -> pool models; fused: one model each, two process hops fewer per request (CPU; `prensa bench` compares both).",
+        ),
+    ] = Pipeline.ENSEMBLE,
     triton_otlp_endpoint: TritonOtlpEndpoint = None,
     cache_size: CacheSize = TritonOptions.cache_bytes,
     gateway: WithGateway = True,
@@ -214,9 +325,18 @@ def up(
     from prensa.manifest import MANIFEST_FILE, Manifest
     from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 
-    options = triton_options(repo=repo, host=host, ports=TritonPorts(http_port, grpc_port, metrics_port),
-                             tracing=triton_tracing(settings, triton_otlp_endpoint), cache_bytes=cache_size)
-    chosen = [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model] if model else default_models()
+    options = triton_options(
+        repo=repo,
+        host=host,
+        ports=TritonPorts(http_port, grpc_port, metrics_port),
+        tracing=triton_tracing(settings, triton_otlp_endpoint),
+        cache_bytes=cache_size,
+    )
+    chosen = (
+        [DefaultModel(*(m.split("=", 1) if "=" in m else (Path(m).name, m))) for m in model]
+        if model
+        else default_models()
+    )
     if not chosen:
         console.print("[red]error:[/] no model given and none of the offline defaults is installed")
         raise typer.Exit(2)
@@ -228,6 +348,8 @@ def up(
             console.print(f"exporting {item.source} -> {out}")
             export_model(ExportOptions(source=item.source, out=out, task=item.task))
         sources.append(ModelSource(item.name, out, Manifest.read(out)))
-    written = build_repository(sources, repo, ServingOptions(pipeline=pipeline, response_cache=cache_size > 0))
+    written = build_repository(
+        sources, repo, ServingOptions(pipeline=pipeline, response_cache=cache_size > 0)
+    )
     console.print(f"repository {repo}: {', '.join(written)}")
     run_triton(options, address if gateway else None, settings=settings)

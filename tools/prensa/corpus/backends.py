@@ -30,7 +30,9 @@ from prensa.triton.repo import (
     served_pipeline,
 )
 
-KINDS = contract.OUTPUT_KINDS  # output kinds a corpus run can ask for, and the ensemble outputs each needs
+KINDS = (
+    contract.OUTPUT_KINDS
+)  # output kinds a corpus run can ask for, and the ensemble outputs each needs
 EMBEDDING_TASKS = (Task.EMBED.value, Task.M3.value, Task.SPLADE.value)
 
 
@@ -58,7 +60,9 @@ class ModelInfo:
         wanted = [k.strip() for k in requested.split(",") if k.strip()]
         unknown = [k for k in wanted if k not in self.kinds]
         if unknown or not wanted:
-            raise BackendError(f"{self.name} offers outputs {', '.join(self.kinds)}; asked for {requested!r}")
+            raise BackendError(
+                f"{self.name} offers outputs {', '.join(self.kinds)}; asked for {requested!r}"
+            )
         return tuple(k for k in self.kinds if k in wanted)
 
 
@@ -104,26 +108,41 @@ class TritonBackend:
             raise BackendError(f"cannot read {model!r} from Triton at {url}: {exc}") from exc
         params = config_parameters(config)
         if served_pipeline(config) is None or params.get("task") not in EMBEDDING_TASKS:
-            raise BackendError(f"{model!r} is not a prensa embedding model (task {params.get('task')!r}); "
-                               f"embed-corpus takes {', '.join(EMBEDDING_TASKS)} models")
-        self.info = ModelInfo(model, params.get("source", ""), params.get("revision", ""), params.get("dtype", ""),
-                              int(params.get("max_length", "0")), kinds_of({output.name for output in config.output}),
-                              _rows(batch_size, config.max_batch_size or 1, model))
+            raise BackendError(
+                f"{model!r} is not a prensa embedding model (task {params.get('task')!r}); "
+                f"embed-corpus takes {', '.join(EMBEDDING_TASKS)} models"
+            )
+        self.info = ModelInfo(
+            model,
+            params.get("source", ""),
+            params.get("revision", ""),
+            params.get("dtype", ""),
+            int(params.get("max_length", "0")),
+            kinds_of({output.name for output in config.output}),
+            _rows(batch_size, config.max_batch_size or 1, model),
+        )
         self.pool = ThreadPoolExecutor(max(concurrency, 1))
 
     def _infer(self, texts: list[str], names: list[str]) -> dict[str, npt.NDArray[Any]]:
         tensor = grpcclient.InferInput(contract.TEXT, [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(texts_tensor(texts))
         try:
-            result = self.client.infer(self.info.name, [tensor],
-                                       outputs=[grpcclient.InferRequestedOutput(name) for name in names])
+            result = self.client.infer(
+                self.info.name,
+                [tensor],
+                outputs=[grpcclient.InferRequestedOutput(name) for name in names],
+            )
         except InferenceServerException as exc:
             raise BackendError(f"Triton failed a request of {len(texts)} texts: {exc}") from exc
         return {name: result.as_numpy(name) for name in names}
 
     def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
         names = requested_outputs(kinds)
-        return list(self.pool.map(lambda chunk: self._infer(chunk, names), _chunks(texts, self.info.max_rows)))
+        return list(
+            self.pool.map(
+                lambda chunk: self._infer(chunk, names), _chunks(texts, self.info.max_rows)
+            )
+        )
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -132,11 +151,19 @@ class TritonBackend:
 
 def export_info(export_dir: Path, manifest: Manifest, batch_size: int) -> ModelInfo:
     if manifest.task.value not in EMBEDDING_TASKS:
-        raise BackendError(f"{export_dir} is a {manifest.task.value} model; embed-corpus takes "
-                           f"{', '.join(EMBEDDING_TASKS)} models")
-    return ModelInfo(export_dir.resolve().name, manifest.source, manifest.revision, manifest.dtype,
-                     manifest.max_length, kinds_of({t.name for t in client_outputs(manifest)}),
-                     _rows(batch_size, ServingOptions().max_batch_size, "the default repository"))
+        raise BackendError(
+            f"{export_dir} is a {manifest.task.value} model; embed-corpus takes "
+            f"{', '.join(EMBEDDING_TASKS)} models"
+        )
+    return ModelInfo(
+        export_dir.resolve().name,
+        manifest.source,
+        manifest.revision,
+        manifest.dtype,
+        manifest.max_length,
+        kinds_of({t.name for t in client_outputs(manifest)}),
+        _rows(batch_size, ServingOptions().max_batch_size, "the default repository"),
+    )
 
 
 class OnnxBackend:
@@ -150,14 +177,21 @@ class OnnxBackend:
         options = ServingOptions()
         tokenize, encode, pool = (load_stage(stage) for stage in PIPELINE_STAGES)
         # The tokenize stage's config: right truncation; pairs `only_second` (unused for single texts).
-        self.tokenizer = tokenize.TextEncoder(export_dir / manifest.tokenizer_file, manifest.max_length, "right",
-                                              "only_second")
+        self.tokenizer = tokenize.TextEncoder(
+            export_dir / manifest.tokenizer_file, manifest.max_length, "right", "only_second"
+        )
         self.pad, self.pad_id = tokenize.pad_encodings, manifest.pad_id
-        session = encode.create_session(export_dir / manifest.onnx_file, threads, options.execution_provider)
+        session = encode.create_session(
+            export_dir / manifest.onnx_file, threads, options.execution_provider
+        )
         self.encoder = encode.TokenBudgetEncoder(
-            session, manifest.pad_id, encoder_token_budget(manifest, options), options.length_ratio,
+            session,
+            manifest.pad_id,
+            encoder_token_budget(manifest, options),
+            options.length_ratio,
             encoder_rows(manifest, options),
-            {output.name for output in manifest.outputs if output.per_token})
+            {output.name for output in manifest.outputs if output.per_token},
+        )
         self.pool = pool.Pooler.from_parameters(pool_parameters(manifest, options))
 
     def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
@@ -169,8 +203,11 @@ class OnnxBackend:
         names = requested_outputs(kinds)
         responses = []
         for request, outputs in zip(tokens, self.encoder.encode(tokens)):
-            stage_inputs = {contract.INPUT_IDS: request[contract.INPUT_IDS],
-                            contract.ATTENTION_MASK: request[contract.ATTENTION_MASK], **outputs}
+            stage_inputs = {
+                contract.INPUT_IDS: request[contract.INPUT_IDS],
+                contract.ATTENTION_MASK: request[contract.ATTENTION_MASK],
+                **outputs,
+            }
             pooled = self.pool(stage_inputs)
             responses.append({name: pooled[name] for name in names})
         return responses
@@ -193,8 +230,10 @@ class BackendSpec:
 
     def __post_init__(self) -> None:
         if (self.export_dir is None) == (self.triton_url is None):
-            raise BackendError("embed with exactly one of a Triton endpoint (--triton-url, --model) "
-                               "or an export (--export)")
+            raise BackendError(
+                "embed with exactly one of a Triton endpoint (--triton-url, --model) "
+                "or an export (--export)"
+            )
         if self.triton_url is not None and not self.model:
             raise BackendError("--triton-url needs --model, the ensemble or fused model to call")
 

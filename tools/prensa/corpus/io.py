@@ -67,9 +67,11 @@ class CorpusInput:
         }
         found = {name: files for name, files in by_format.items() if files}
         if len(found) != 1:
-            raise CorpusError(f"{path}: expected JSONL ({', '.join(JSON_SUFFIXES)}) or Parquet "
-                              f"({', '.join(PARQUET_SUFFIXES)}) files of one format")
-        (name, files), = found.items()
+            raise CorpusError(
+                f"{path}: expected JSONL ({', '.join(JSON_SUFFIXES)}) or Parquet "
+                f"({', '.join(PARQUET_SUFFIXES)}) files of one format"
+            )
+        ((name, files),) = found.items()
         return cls(tuple(files), name)
 
     def dataset(self) -> pds.Dataset:
@@ -81,8 +83,10 @@ def read_ids(corpus: CorpusInput, columns: Columns) -> pa.Array:
     dataset = corpus.dataset()
     missing = [c for c in (columns.id, columns.text) if c not in dataset.schema.names]
     if missing:
-        raise CorpusError(f"the input has no column {', '.join(map(repr, missing))} "
-                          f"(columns: {', '.join(dataset.schema.names)}); see --id-column / --text-column")
+        raise CorpusError(
+            f"the input has no column {', '.join(map(repr, missing))} "
+            f"(columns: {', '.join(dataset.schema.names)}); see --id-column / --text-column"
+        )
     ids = dataset.to_table(columns=[columns.id]).column(columns.id).combine_chunks()
     if ids.null_count:
         raise CorpusError(f"{ids.null_count} rows have no {columns.id!r}")
@@ -90,8 +94,10 @@ def read_ids(corpus: CorpusInput, columns: Columns) -> pa.Array:
     repeated = counts.filter(pc.greater(counts.field("counts"), 1))
     if len(repeated):
         shown = ", ".join(f"{row['values']!r} x{row['counts']}" for row in repeated.to_pylist()[:5])
-        raise CorpusError(f"{len(repeated)} ids occur more than once in the input, e.g. {shown}; ids must be unique "
-                          "so that a resumed run can tell what is done")
+        raise CorpusError(
+            f"{len(repeated)} ids occur more than once in the input, e.g. {shown}; ids must be unique "
+            "so that a resumed run can tell what is done"
+        )
     return ids
 
 
@@ -102,12 +108,16 @@ def require_texts(rows: pa.Table | pa.RecordBatch, columns: Columns) -> None:
         raise CorpusError(f"row {first.as_py()!r} has no {columns.text!r}")
 
 
-def drop_done(batch: pa.RecordBatch | pa.Table, done: pa.Array, column: str) -> pa.RecordBatch | pa.Table:
+def drop_done(
+    batch: pa.RecordBatch | pa.Table, done: pa.Array, column: str
+) -> pa.RecordBatch | pa.Table:
     """`batch` (a record batch or table) without the rows whose `column` value is in `done`."""
     return batch.filter(pc.invert(pc.is_in(batch.column(column), value_set=done)))
 
 
-def iter_chunks(corpus: CorpusInput, columns: Columns, done: pa.Array, rows: int) -> Iterator[pa.Table]:
+def iter_chunks(
+    corpus: CorpusInput, columns: Columns, done: pa.Array, rows: int
+) -> Iterator[pa.Table]:
     """Tables of `rows` rows (the last may be shorter) of id and text, in input order, without `done` ids."""
     pending: list[pa.RecordBatch] = []
     held = 0
@@ -141,8 +151,9 @@ def dense_column(dense: npt.NDArray[Any]) -> pa.Array:
 def sparse_column(ids: npt.NDArray[Any], weights: npt.NDArray[Any]) -> pa.Array:
     """Padded `sparse_ids` / `sparse_weights` (id -1 = padding) -> one list of {index, value} per row."""
     keep = ids >= 0
-    terms = pa.StructArray.from_arrays([pa.array(ids[keep].astype(np.int32)), _floats(weights[keep])],
-                                       names=["index", "value"])
+    terms = pa.StructArray.from_arrays(
+        [pa.array(ids[keep].astype(np.int32)), _floats(weights[keep])], names=["index", "value"]
+    )
     return pa.ListArray.from_arrays(_offsets(keep.sum(axis=1)), terms)
 
 
@@ -154,26 +165,37 @@ def colbert_column(vectors: npt.NDArray[Any], num_tokens: npt.NDArray[Any]) -> p
     return pa.ListArray.from_arrays(_offsets(counts), inner)
 
 
-def response_columns(response: dict[str, npt.NDArray[Any]], kinds: tuple[str, ...]) -> dict[str, pa.Array]:
+def response_columns(
+    response: dict[str, npt.NDArray[Any]], kinds: tuple[str, ...]
+) -> dict[str, pa.Array]:
     """One ensemble response (its output tensors by name) as output columns."""
     out: dict[str, pa.Array] = {}
     if "dense" in kinds:
         out["dense"] = dense_column(response[contract.DENSE])
     if "sparse" in kinds:
-        out["sparse"] = sparse_column(response[contract.SPARSE_IDS], response[contract.SPARSE_WEIGHTS])
+        out["sparse"] = sparse_column(
+            response[contract.SPARSE_IDS], response[contract.SPARSE_WEIGHTS]
+        )
     if "colbert" in kinds:
         out["colbert"] = colbert_column(response[contract.COLBERT], response[contract.NUM_TOKENS])
     out[contract.NUM_TOKENS] = pa.array(response[contract.NUM_TOKENS].reshape(-1).astype(np.int32))
     return out
 
 
-def to_table(ids: pa.Array, id_column: str, responses: list[dict[str, npt.NDArray[Any]]], kinds: tuple[str, ...]) -> pa.Table:
+def to_table(
+    ids: pa.Array,
+    id_column: str,
+    responses: list[dict[str, npt.NDArray[Any]]],
+    kinds: tuple[str, ...],
+) -> pa.Table:
     """Output rows for `ids`; `responses` cover consecutive slices of them, in order."""
     parts = [response_columns(response, kinds) for response in responses]
     columns = {name: pa.concat_arrays([part[name] for part in parts]) for name in parts[0]}
     table = pa.table({id_column: ids, **columns})
     if table.num_rows != len(ids) or any(len(c) != len(ids) for c in columns.values()):
-        raise CorpusError(f"{len(ids)} ids but {min(len(c) for c in columns.values())} embedded rows")
+        raise CorpusError(
+            f"{len(ids)} ids but {min(len(c) for c in columns.values())} embedded rows"
+        )
     return table
 
 
@@ -190,11 +212,15 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
     record_path = out / RECORD_FILE
     if record_path.exists():
         previous = json.loads(record_path.read_text())
-        keys = (record.keys() | previous.keys()) - {"model"}  # the name may differ, the vectors may not
+        keys = (record.keys() | previous.keys()) - {
+            "model"
+        }  # the name may differ, the vectors may not
         changed = sorted(k for k in keys if previous.get(k) != record.get(k))
         if changed:
-            raise CorpusError(f"{out} holds parts of another run (different {', '.join(changed)}: "
-                              f"{ {k: previous.get(k) for k in changed} }); write to a new directory")
+            raise CorpusError(
+                f"{out} holds parts of another run (different {', '.join(changed)}: "
+                f"{ {k: previous.get(k) for k in changed} }); write to a new directory"
+            )
     elif any(out.glob("*.parquet")):
         raise CorpusError(f"{out} already holds Parquet files not written by `prensa embed-corpus`")
     record_path.write_text(json.dumps(record, indent=2) + "\n")
@@ -211,9 +237,13 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
             continue
         match = PART_PATTERN.match(path.name)
         highest = max(highest, int(match.group(1))) if match else highest
-    done = pa.chunked_array(ids, type=id_type).combine_chunks() if ids else pa.array([], type=id_type)
+    done = (
+        pa.chunked_array(ids, type=id_type).combine_chunks() if ids else pa.array([], type=id_type)
+    )
     if len(pc.unique(done)) != len(done):
-        raise CorpusError(f"{out}: some ids appear in more than one part; two runs wrote the directory at once")
+        raise CorpusError(
+            f"{out}: some ids appear in more than one part; two runs wrote the directory at once"
+        )
     return Resume(done, highest + 1, removed)
 
 

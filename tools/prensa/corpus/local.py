@@ -12,10 +12,26 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from prensa.corpus.backends import BackendSpec, ModelInfo
-from prensa.corpus.io import Columns, CorpusInput, Resume, iter_chunks, open_output, read_ids, to_table, write_part
+from prensa.corpus.io import (
+    Columns,
+    CorpusInput,
+    Resume,
+    iter_chunks,
+    open_output,
+    read_ids,
+    to_table,
+    write_part,
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +53,14 @@ class Plan:
 
     def summary(self, started: float) -> Summary:
         """What a run of this plan did, `started` being its `time.monotonic()` start."""
-        return Summary(self.total, self.total - self.pending, self.pending, time.monotonic() - started, self.kinds,
-                       self.resume.removed)
+        return Summary(
+            self.total,
+            self.total - self.pending,
+            self.pending,
+            time.monotonic() - started,
+            self.kinds,
+            self.resume.removed,
+        )
 
 
 @dataclass(frozen=True)
@@ -62,9 +84,16 @@ def plan(job: Job, info: ModelInfo) -> Plan:
     corpus = CorpusInput.find(job.input)
     ids = read_ids(corpus, job.columns)
     kinds = info.choose(job.outputs)
-    record = {"model": info.name, "source": info.source, "revision": info.revision, "dtype": info.dtype,
-              "max_length": info.max_length, "outputs": list(kinds), "id_column": job.columns.id,
-              "text_column": job.columns.text}
+    record = {
+        "model": info.name,
+        "source": info.source,
+        "revision": info.revision,
+        "dtype": info.dtype,
+        "max_length": info.max_length,
+        "outputs": list(kinds),
+        "id_column": job.columns.id,
+        "text_column": job.columns.text,
+    }
     resume = open_output(job.output, record, ids.type)
     done = (pc.sum(pc.is_in(ids, value_set=resume.done)).as_py() or 0) if len(resume.done) else 0
     return Plan(corpus, len(ids), len(ids) - done, kinds, resume)
@@ -75,15 +104,26 @@ def run_local(job: Job, spec: BackendSpec, console: Console) -> Summary:
     try:
         work = plan(job, backend.info)
         started = time.monotonic()
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("rows"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=console) as progress:
-            task = progress.add_task(f"{backend.info.name} -> {job.output}", total=work.total,
-                                     completed=work.total - work.pending)
+            task = progress.add_task(
+                f"{backend.info.name} -> {job.output}",
+                total=work.total,
+                completed=work.total - work.pending,
+            )
             index = work.resume.next_part
             for chunk in iter_chunks(work.corpus, job.columns, work.resume.done, job.rows_per_part):
                 responses = backend.embed(chunk.column(job.columns.text).to_pylist(), work.kinds)
-                table = to_table(chunk.column(job.columns.id), job.columns.id, responses, work.kinds)
+                table = to_table(
+                    chunk.column(job.columns.id), job.columns.id, responses, work.kinds
+                )
                 write_part(job.output, index, table)
                 index += 1
                 progress.advance(task, chunk.num_rows)

@@ -33,11 +33,19 @@ class EmbedBatches:
     def __call__(self, batch: pa.Table) -> pa.Table:
         require_texts(batch, self.columns)
         responses = self.backend.embed(batch.column(self.columns.text).to_pylist(), self.kinds)
-        return to_table(batch.column(self.columns.id).combine_chunks(), self.columns.id, responses, self.kinds)
+        return to_table(
+            batch.column(self.columns.id).combine_chunks(), self.columns.id, responses, self.kinds
+        )
 
 
-def run_on_ray(job: Job, spec: BackendSpec, address: str, workers: int, cpus_per_worker: float,
-               console: Console) -> Summary:
+def run_on_ray(
+    job: Job,
+    spec: BackendSpec,
+    address: str,
+    workers: int,
+    cpus_per_worker: float,
+    console: Console,
+) -> Summary:
     """`address` "local" starts a Ray on this machine unless this process already joined one."""
     import ray
 
@@ -50,18 +58,28 @@ def run_on_ray(job: Job, spec: BackendSpec, address: str, workers: int, cpus_per
     # reserve one, workers x CPUs equal to the cluster's would leave the first read waiting forever
     # for a core the idle actors hold. Ray Data's backpressure still bounds how many run at once.
     if work.corpus.format == "parquet":
-        dataset = ray.data.read_parquet(files, columns=[job.columns.id, job.columns.text], num_cpus=0)
+        dataset = ray.data.read_parquet(
+            files, columns=[job.columns.id, job.columns.text], num_cpus=0
+        )
     else:  # JSON has no column projection; the actors read the two columns they need
         dataset = ray.data.read_json(files, num_cpus=0)
     if len(work.resume.done):
         # Ray's UDF type takes the batch alone; `fn_kwargs` supplies the rest (a wrapper would change the call).
-        dataset = dataset.map_batches(drop_done, fn_kwargs={"done": work.resume.done, "column": job.columns.id},  # type: ignore[arg-type]
-                                      batch_format="pyarrow", num_cpus=0)
+        dataset = dataset.map_batches(
+            drop_done,  # type: ignore[arg-type]
+            fn_kwargs={"done": work.resume.done, "column": job.columns.id},
+            batch_format="pyarrow",
+            num_cpus=0,
+        )
     # onnxruntime in an actor uses the cores Ray reserved for it, not every core of the node.
     worker_spec = replace(spec, threads=spec.threads or max(int(cpus_per_worker), 1))
     console.print(f"embedding {work.pending} of {work.total} rows on Ray with {workers} workers")
     dataset.map_batches(
-        EmbedBatches, fn_constructor_kwargs={"spec": worker_spec, "kinds": work.kinds, "columns": job.columns},
-        batch_size=job.rows_per_part, batch_format="pyarrow", concurrency=workers, num_cpus=cpus_per_worker,
+        EmbedBatches,
+        fn_constructor_kwargs={"spec": worker_spec, "kinds": work.kinds, "columns": job.columns},
+        batch_size=job.rows_per_part,
+        batch_format="pyarrow",
+        concurrency=workers,
+        num_cpus=cpus_per_worker,
     ).write_parquet(str(job.output.resolve()), ray_remote_args={"num_cpus": 0})
     return work.summary(started)

@@ -41,13 +41,24 @@ TRITON_PORTS = TritonPorts()
 TRITON_IMAGE = f"prensa-tritonserver:{SERVING_TRITON}-py3"
 GATEWAY_IMAGE = f"prensa-gateway:{version('prensa')}"
 MODELS_PATH = "/models"
-TRITON_COMMAND = ["tritonserver", f"--model-repository={MODELS_PATH}", "--strict-readiness=true",
-                  "--exit-on-error=true", "--log-verbose=0"]
+TRITON_COMMAND = [
+    "tritonserver",
+    f"--model-repository={MODELS_PATH}",
+    "--strict-readiness=true",
+    "--exit-on-error=true",
+    "--log-verbose=0",
+]
 # In a pod, beside compose.yaml's command (where the gateway reaches Triton from another container).
 # Triton binds metrics where it binds HTTP unless told otherwise.
-TRITON_LOOPBACK = [f"--http-address={LOOPBACK}", f"--grpc-address={LOOPBACK}", "--metrics-address=0.0.0.0"]
+TRITON_LOOPBACK = [
+    f"--http-address={LOOPBACK}",
+    f"--grpc-address={LOOPBACK}",
+    "--metrics-address=0.0.0.0",
+]
 # Probes run inside the container (kubelet's httpGet cannot reach loopback), as compose.yaml's healthcheck.
-PROBE_SCRIPT = "import urllib.request; urllib.request.urlopen('http://{host}:{port}{path}', timeout=4)"
+PROBE_SCRIPT = (
+    "import urllib.request; urllib.request.urlopen('http://{host}:{port}{path}', timeout=4)"
+)
 SHM_GB = 4  # Python-backend stages exchange tensors through /dev/shm
 # The Triton container's memory when `--memory` is not given, from the repository (`triton_memory`):
 # /dev/shm, tritonserver itself, each Python stub, and each encoder instance's graph plus what its
@@ -68,7 +79,13 @@ RATE_WINDOW = "1m"
 SCRAPE_INTERVAL = "15s"
 
 GPU_RESOURCE = "nvidia.com/gpu"
-KUSTOMIZE_RESOURCES = ("namespace.yaml", "deployment.yaml", "service.yaml", "hpa.yaml", "servicemonitor.yaml")
+KUSTOMIZE_RESOURCES = (
+    "namespace.yaml",
+    "deployment.yaml",
+    "service.yaml",
+    "hpa.yaml",
+    "servicemonitor.yaml",
+)
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 
 
@@ -81,8 +98,10 @@ class Stage:
     instances: int
     python: bool  # Python backend: one process per instance
     threads: int  # onnxruntime intra-op threads of a Python encoder; 0 when not pinned
-    graph_bytes: int = field(default=0, compare=False)  # the model files its instances load (graph, weights, engine)
-    attention_bytes: int = field(default=0, compare=False)  # an encoder's largest pass's attention; 0: unknown
+    # the model files its instances load (graph, weights, engine)
+    graph_bytes: int = field(default=0, compare=False)
+    # an encoder's largest pass's attention; 0: unknown
+    attention_bytes: int = field(default=0, compare=False)
 
     @property
     def memory_bytes(self) -> float:
@@ -103,14 +122,19 @@ class ServedModel:
     task: str
     encoder: Stage
     stages: tuple[Stage, ...]  # every ensemble step, the encoder included
-    accelerator_cache: str | None  # onnxruntime's TensorRT engine cache directory, when the encoder has one
+    # onnxruntime's TensorRT engine cache directory, when the encoder has one
+    accelerator_cache: str | None
 
 
 GRAPH_SUFFIXES = (".onnx", ".data", ".onnx_data", ".plan")  # what an encoder's version folder loads
 
 
 def _graph_bytes(version_dir: Path) -> int:
-    return sum(p.stat().st_size for p in version_dir.glob("*") if p.is_file() and p.name.endswith(GRAPH_SUFFIXES))
+    return sum(
+        p.stat().st_size
+        for p in version_dir.glob("*")
+        if p.is_file() and p.name.endswith(GRAPH_SUFFIXES)
+    )
 
 
 def _attention_bytes(parameters: dict[str, str], served: dict[str, str]) -> int:
@@ -126,9 +150,13 @@ def _attention_bytes(parameters: dict[str, str], served: dict[str, str]) -> int:
     return int(copies * rows * int(parameters["attention_heads"]) * length * length * 4)
 
 
-def _stage(name: str, config: model_config_pb2.ModelConfig, version_dir: Path, served: dict[str, str]) -> Stage:
+def _stage(
+    name: str, config: model_config_pb2.ModelConfig, version_dir: Path, served: dict[str, str]
+) -> Stage:
     parameters = config_parameters(config)
-    kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group]
+    kinds = [
+        model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group
+    ]
     return Stage(
         model=name,
         gpu="KIND_GPU" in kinds or parameters.get("execution_provider") == "cuda",
@@ -149,25 +177,46 @@ def _accelerator_cache(config: model_config_pb2.ModelConfig) -> str | None:
 
 def read_repository(repo: Path) -> list[ServedModel]:
     """The prensa ensembles of a repository rendered by `prensa repo build`, with their stages."""
-    configs = {path.parent.name: parse_pbtxt(path.read_text()) for path in sorted(repo.glob("*/config.pbtxt"))}
+    configs = {
+        path.parent.name: parse_pbtxt(path.read_text())
+        for path in sorted(repo.glob("*/config.pbtxt"))
+    }
     models = []
     for name, config in configs.items():
         pipeline = served_pipeline(config)
         if pipeline is None:
             continue
         # A fused model is its own single step, and its own encoder.
-        steps = [name] if pipeline is Pipeline.FUSED else [step.model_name for step in config.ensemble_scheduling.step]
+        steps = (
+            [name]
+            if pipeline is Pipeline.FUSED
+            else [step.model_name for step in config.ensemble_scheduling.step]
+        )
         missing = [step for step in steps if step not in configs]
         if missing:
-            raise ValueError(f"{repo}: ensemble {name} runs {', '.join(missing)}, which the repository lacks")
-        stages = tuple(_stage(step, configs[step], repo / step / "1", config_parameters(config)) for step in steps)
+            raise ValueError(
+                f"{repo}: ensemble {name} runs {', '.join(missing)}, which the repository lacks"
+            )
+        stages = tuple(
+            _stage(step, configs[step], repo / step / "1", config_parameters(config))
+            for step in steps
+        )
         encoder_name = encoder_model(name, pipeline)
         encoder = next((stage for stage in stages if stage.model == encoder_name), None)
         if encoder is None:
-            raise ValueError(f"{repo}: ensemble {name} has no {encoder_name} step; "
-                             "re-render it with `prensa repo build`")
-        models.append(ServedModel(name, config_parameters(config)["task"], encoder, stages,
-                                  _accelerator_cache(configs[encoder_name])))
+            raise ValueError(
+                f"{repo}: ensemble {name} has no {encoder_name} step; "
+                "re-render it with `prensa repo build`"
+            )
+        models.append(
+            ServedModel(
+                name,
+                config_parameters(config)["task"],
+                encoder,
+                stages,
+                _accelerator_cache(configs[encoder_name]),
+            )
+        )
     if not models:
         raise ValueError(f"{repo} holds no prensa ensembles; render one with `prensa repo build`")
     return models
@@ -181,7 +230,9 @@ class K8sOptions:
     name: str = "prensa"
     registry: str | None = None  # prefix of the Triton and gateway images, e.g. ghcr.io/acme
     gpus: int | None = None  # per pod; None: 1 when a stage runs on the GPU, else 0
-    memory: str | None = None  # per Triton container, request and limit; None: `triton_memory` of the repository
+    memory: str | None = (
+        None  # per Triton container, request and limit; None: `triton_memory` of the repository
+    )
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue_ms: float = 50.0  # average encoder queue time per request the autoscaler aims at
@@ -192,9 +243,13 @@ class K8sOptions:
 
     def __post_init__(self) -> None:
         if (self.repo_image is None) == (self.repo_claim is None):
-            raise ValueError("give the model repository as exactly one of an image or a PersistentVolumeClaim")
+            raise ValueError(
+                "give the model repository as exactly one of an image or a PersistentVolumeClaim"
+            )
         if not 1 <= self.min_replicas <= self.max_replicas:
-            raise ValueError(f"replicas need 1 <= min <= max, got {self.min_replicas} and {self.max_replicas}")
+            raise ValueError(
+                f"replicas need 1 <= min <= max, got {self.min_replicas} and {self.max_replicas}"
+            )
         if self.target_queue_ms <= 0:
             raise ValueError("the target queue time must be positive")
 
@@ -218,19 +273,29 @@ def pod_gpus(models: list[ServedModel], options: K8sOptions) -> int:
 
 
 def _http_probe(path: str, port: str, period_s: int, failures: int) -> Manifest:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period_s, "failureThreshold": failures,
-            "timeoutSeconds": 5}
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
 
 
 def _triton_probe(path: str, period_s: int, failures: int) -> Manifest:
     script = PROBE_SCRIPT.format(host=LOOPBACK, port=TRITON_PORTS.http, path=path)
-    return {"exec": {"command": ["python3", "-c", script]}, "periodSeconds": period_s,
-            "failureThreshold": failures, "timeoutSeconds": 5}
+    return {
+        "exec": {"command": ["python3", "-c", script]},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
 
 
 def triton_ports(options: K8sOptions) -> list[tuple[str, int]]:
     """Triton's ports reachable from outside the pod, by name."""
-    exposed = [("http", TRITON_PORTS.http), ("grpc", TRITON_PORTS.grpc)] if options.expose_triton else []
+    exposed = (
+        [("http", TRITON_PORTS.http), ("grpc", TRITON_PORTS.grpc)] if options.expose_triton else []
+    )
     return [*exposed, ("metrics", TRITON_PORTS.metrics)]
 
 
@@ -250,8 +315,10 @@ def _triton_container(models: list[ServedModel], options: K8sOptions) -> Manifes
     requests: dict[str, Any] = {"cpu": str(cores), "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = gpus
-    mounts = [{"name": "model-repo", "mountPath": MODELS_PATH, "readOnly": True},
-              {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts = [
+        {"name": "model-repo", "mountPath": MODELS_PATH, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
     caches = sorted({posixpath.dirname(m.accelerator_cache) for m in models if m.accelerator_cache})
     mounts += [{"name": f"trt-cache-{i}", "mountPath": path} for i, path in enumerate(caches)]
     return {
@@ -273,8 +340,18 @@ def _gateway_container(options: K8sOptions) -> Manifest:
     return {
         "name": "gateway",
         "image": options.image(GATEWAY_IMAGE),
-        "command": ["prensa", "gateway", "--triton-url", f"{LOOPBACK}:{TRITON_PORTS.grpc}", "--repo", MODELS_PATH,
-                    "--host", "0.0.0.0", "--port", str(GATEWAY_PORT)],
+        "command": [
+            "prensa",
+            "gateway",
+            "--triton-url",
+            f"{LOOPBACK}:{TRITON_PORTS.grpc}",
+            "--repo",
+            MODELS_PATH,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(GATEWAY_PORT),
+        ],
         "ports": [{"name": "gateway", "containerPort": GATEWAY_PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         # /health is 503 until Triton and every model are ready: right for readiness, wrong for
@@ -289,18 +366,31 @@ def _gateway_container(options: K8sOptions) -> Manifest:
 def _repo_volume(options: K8sOptions) -> tuple[Manifest, list[Manifest]]:
     """The repository volume and, for an image, the init container that fills it."""
     if options.repo_claim:
-        return {"name": "model-repo", "persistentVolumeClaim": {"claimName": options.repo_claim, "readOnly": True}}, []
-    copy = {"name": "model-repo", "image": options.repo_image, "command": ["sh", "-c", f"cp -R {MODELS_PATH}/. /repo/"],
-            "volumeMounts": [{"name": "model-repo", "mountPath": "/repo"}]}
+        return {
+            "name": "model-repo",
+            "persistentVolumeClaim": {"claimName": options.repo_claim, "readOnly": True},
+        }, []
+    copy = {
+        "name": "model-repo",
+        "image": options.repo_image,
+        "command": ["sh", "-c", f"cp -R {MODELS_PATH}/. /repo/"],
+        "volumeMounts": [{"name": "model-repo", "mountPath": "/repo"}],
+    }
     return {"name": "model-repo", "emptyDir": {}}, [copy]
 
 
 def deployment(models: list[ServedModel], options: K8sOptions) -> Manifest:
     triton = _triton_container(models, options)
     repo_volume, init = _repo_volume(options)
-    volumes = [repo_volume, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GB}Gi"}}]
-    volumes += [{"name": mount["name"], "emptyDir": {}}
-                for mount in triton["volumeMounts"] if mount["name"].startswith("trt-cache")]
+    volumes = [
+        repo_volume,
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GB}Gi"}},
+    ]
+    volumes += [
+        {"name": mount["name"], "emptyDir": {}}
+        for mount in triton["volumeMounts"]
+        if mount["name"].startswith("trt-cache")
+    ]
     pod: Manifest = {"terminationGracePeriodSeconds": 60}
     if init:
         pod["initContainers"] = init
@@ -315,10 +405,15 @@ def deployment(models: list[ServedModel], options: K8sOptions) -> Manifest:
         # No `replicas`: the HorizontalPodAutoscaler owns it, and re-applying must not reset it.
         "spec": {
             "selector": {"matchLabels": options.labels},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
             "progressDeadlineSeconds": STARTUP_BUDGET_S + 300,
-            "template": {"metadata": {"labels": options.labels, "annotations": {"prensa/models": served}},
-                         "spec": pod},
+            "template": {
+                "metadata": {"labels": options.labels, "annotations": {"prensa/models": served}},
+                "spec": pod,
+            },
         },
     }
 
@@ -331,8 +426,10 @@ def service(options: K8sOptions) -> Manifest:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": options.metadata(),
-        "spec": {"selector": options.labels,
-                 "ports": [{"name": name, "port": port, "targetPort": name} for name, port in ports]},
+        "spec": {
+            "selector": options.labels,
+            "ports": [{"name": name, "port": port, "targetPort": name} for name, port in ports],
+        },
     }
 
 
@@ -344,9 +441,13 @@ def service_monitor(options: K8sOptions) -> Manifest:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": metadata,
-        "spec": {"selector": {"matchLabels": options.labels},
-                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL},
-                               {"port": "gateway", "path": "/metrics", "interval": SCRAPE_INTERVAL}]},
+        "spec": {
+            "selector": {"matchLabels": options.labels},
+            "endpoints": [
+                {"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL},
+                {"port": "gateway", "path": "/metrics", "interval": SCRAPE_INTERVAL},
+            ],
+        },
     }
 
 
@@ -369,12 +470,16 @@ def adapter_values(models: list[ServedModel], options: K8sOptions) -> Manifest:
     """Values for the prometheus-community/prometheus-adapter chart: one custom metrics rule."""
     rule = {
         "seriesQuery": f'{QUEUE_SERIES}{{namespace!="",pod!=""}}',
-        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "resources": {
+            "overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        },
         "name": {"matches": f"^{QUEUE_SERIES}$", "as": QUEUE_METRIC},
         "metricsQuery": queue_query(models),
     }
-    return {"prometheus": {"url": options.prometheus_url, "port": options.prometheus_port},
-            "rules": {"default": False, "custom": [rule]}}
+    return {
+        "prometheus": {"url": options.prometheus_url, "port": options.prometheus_port},
+        "rules": {"default": False, "custom": [rule]},
+    }
 
 
 def autoscaler(options: K8sOptions) -> Manifest:
@@ -388,15 +493,27 @@ def autoscaler(options: K8sOptions) -> Manifest:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": options.name},
             "minReplicas": options.min_replicas,
             "maxReplicas": options.max_replicas,
-            "metrics": [{"type": "Pods", "pods": {
-                "metric": {"name": QUEUE_METRIC},
-                "target": {"type": "AverageValue", "averageValue": str(round(options.target_queue_ms * 1000))},
-            }}],
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": QUEUE_METRIC},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(round(options.target_queue_ms * 1000)),
+                        },
+                    },
+                }
+            ],
             "behavior": {
-                "scaleUp": {"stabilizationWindowSeconds": 60,
-                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
-                "scaleDown": {"stabilizationWindowSeconds": 600,
-                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 60,
+                    "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 600,
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}],
+                },
             },
         },
     }
@@ -415,8 +532,11 @@ def render(models: list[ServedModel], options: K8sOptions) -> dict[str, Manifest
         "hpa.yaml": autoscaler(options),
         "servicemonitor.yaml": service_monitor(options),
         ADAPTER_VALUES: adapter_values(models, options),
-        "kustomization.yaml": {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                               "resources": list(KUSTOMIZE_RESOURCES)},
+        "kustomization.yaml": {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": list(KUSTOMIZE_RESOURCES),
+        },
     }
 
 
@@ -425,15 +545,19 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+    return dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    )
 
 
 _Dumper.add_representer(str, _represent_str)
 
 
 def write_manifests(out: Path, files: dict[str, Manifest], models: list[ServedModel]) -> list[Path]:
-    header = ("# Rendered by `prensa deploy k8s` for a model repository serving "
-              f"{', '.join(m.name for m in models)}.\n# Re-render instead of editing (docs/kubernetes.md).\n")
+    header = (
+        "# Rendered by `prensa deploy k8s` for a model repository serving "
+        f"{', '.join(m.name for m in models)}.\n# Re-render instead of editing (docs/kubernetes.md).\n"
+    )
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, manifest in files.items():

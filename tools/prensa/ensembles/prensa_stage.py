@@ -38,7 +38,9 @@ LAST_HIDDEN_STATE = "last_hidden_state"  # [tokens, hidden]
 TOKEN_WEIGHTS = "token_weights"  # bge-m3: relu(sparse_linear(h)), [tokens]
 COLBERT_VECS = "colbert_vecs"  # bge-m3: colbert_linear(h), [tokens, hidden], CLS row included
 LOGITS = "logits"  # sequence classification / rerank, [labels]
-SPLADE_WEIGHTS = "splade_weights"  # SPLADE: max (or sum) over tokens of log(1 + relu(mlm logits)), [vocab]
+SPLADE_WEIGHTS = (
+    "splade_weights"  # SPLADE: max (or sum) over tokens of log(1 + relu(mlm logits)), [vocab]
+)
 # sentence-transformers' own Pooling and Dense modules run inside the graph (models with Dense
 # layers or poolings the pool stage does not compute): [dim], before Normalize.
 SENTENCE_EMBEDDING = "sentence_embedding"
@@ -56,7 +58,11 @@ SCORES = "scores"  # fp32 [labels], sigmoid (one label) or softmax (several) of 
 SPARSE_PAD_ID = -1
 
 # What clients ask for by name (bge-m3's `outputs`, a corpus run's kinds), and the ensemble outputs each is.
-OUTPUT_KINDS: dict[str, tuple[str, ...]] = {"dense": (DENSE,), "sparse": (SPARSE_IDS, SPARSE_WEIGHTS), "colbert": (COLBERT,)}
+OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
+    "dense": (DENSE,),
+    "sparse": (SPARSE_IDS, SPARSE_WEIGHTS),
+    "colbert": (COLBERT,),
+}
 
 # The encode stage starts a new sub-batch when a row is this many times longer than the shortest:
 # the repository generator's default, and the stage's own where a config names none.
@@ -90,10 +96,18 @@ FP32 = TensorType("TYPE_FP32", np.float32)
 
 # The type of each named tensor above that crosses a stage boundary or reaches clients.
 TENSOR_TYPES: dict[str, TensorType] = {
-    TEXT: STRING, TEXT_PAIR: STRING,
-    INPUT_IDS: INT64, ATTENTION_MASK: INT64, TOKEN_TYPE_IDS: INT64,
-    DENSE: FP32, SPARSE_IDS: INT64, SPARSE_WEIGHTS: FP32, COLBERT: FP32, NUM_TOKENS: INT32,
-    LOGITS: FP32, SCORES: FP32,
+    TEXT: STRING,
+    TEXT_PAIR: STRING,
+    INPUT_IDS: INT64,
+    ATTENTION_MASK: INT64,
+    TOKEN_TYPE_IDS: INT64,
+    DENSE: FP32,
+    SPARSE_IDS: INT64,
+    SPARSE_WEIGHTS: FP32,
+    COLBERT: FP32,
+    NUM_TOKENS: INT32,
+    LOGITS: FP32,
+    SCORES: FP32,
 }
 # Every output of the exported graph (the names its manifest lists), as configs declare them.
 ENCODER_OUTPUT_TYPE = FP32
@@ -111,14 +125,22 @@ def pad_values(pad_id: int) -> dict[str, int]:
 
 def token_arrays(rows: int, width: int, pad_id: int) -> dict[str, npt.NDArray[Any]]:
     """The three token tensors for `rows` rows of `width` tokens, all padding: callers fill each row's start."""
-    return {name: np.full((rows, width), value, dtype=TENSOR_TYPES[name].numpy)
-            for name, value in pad_values(pad_id).items()}
+    return {
+        name: np.full((rows, width), value, dtype=TENSOR_TYPES[name].numpy)
+        for name, value in pad_values(pad_id).items()
+    }
 
 
-def pad_token_rows(ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]], pad_id: int,
-                   width: int | None = None) -> dict[str, npt.NDArray[Any]]:
+def pad_token_rows(
+    ids: Sequence[Sequence[int]],
+    type_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    width: int | None = None,
+) -> dict[str, npt.NDArray[Any]]:
     """Token rows right-padded to `width` (default: the longest row), as the tokenize stage sends them."""
-    arrays = token_arrays(len(ids), max((len(row) for row in ids), default=0) if width is None else width, pad_id)
+    arrays = token_arrays(
+        len(ids), max((len(row) for row in ids), default=0) if width is None else width, pad_id
+    )
     for row, (tokens, types) in enumerate(zip(ids, type_ids)):
         arrays[INPUT_IDS][row, : len(tokens)] = tokens
         arrays[ATTENTION_MASK][row, : len(tokens)] = 1
@@ -185,8 +207,12 @@ class CancelCheck:
     and an ensemble marks only the steps it creates after the cancellation, never a step already
     queued. So stages ask at the start of `execute` and between sub-batches."""
 
-    def __init__(self, requests: Sequence[Any], interval_s: float = CANCEL_CHECK_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        requests: Sequence[Any],
+        interval_s: float = CANCEL_CHECK_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.requests = requests
         self.interval_s = interval_s
         self.clock = clock
@@ -216,4 +242,6 @@ class CancelCheck:
 
 def cancelled_response() -> Any:
     """The answer to a cancelled request: Triton's CANCELLED status, as its own batcher gives."""
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(CANCELLED_MESSAGE, pb_utils.TritonError.CANCELLED))
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(CANCELLED_MESSAGE, pb_utils.TritonError.CANCELLED)
+    )

@@ -20,7 +20,9 @@ REFERENCE_MAX_DIFF = 1e-4  # largest |served - reference| on any component
 REFERENCE_MIN_COSINE = 0.99999  # least cosine between a served vector and the reference's
 
 
-def output_vectors(value: npt.NDArray[Any], mask: npt.NDArray[Any], per_token: bool) -> npt.NDArray[Any]:
+def output_vectors(
+    value: npt.NDArray[Any], mask: npt.NDArray[Any], per_token: bool
+) -> npt.NDArray[Any]:
     """[vectors, features] in float64: what one cosine each is computed over."""
     if per_token:
         value = value[mask.astype(bool)]
@@ -37,8 +39,12 @@ def min_cosine(actual: npt.NDArray[Any], expected: npt.NDArray[Any], eps: float 
     return float(cosine.min()) if cosine.size else 1.0
 
 
-def agreement(actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArray[Any]], mask: npt.NDArray[Any],
-              per_token: set[str]) -> dict[str, tuple[float, float]]:
+def agreement(
+    actual: dict[str, npt.NDArray[Any]],
+    expected: dict[str, npt.NDArray[Any]],
+    mask: npt.NDArray[Any],
+    per_token: set[str],
+) -> dict[str, tuple[float, float]]:
     """Per output: (min cosine, max |difference|) of `actual` against the fp32 `expected`."""
     figures = {}
     for name, want in expected.items():
@@ -48,7 +54,9 @@ def agreement(actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArr
     return figures
 
 
-def reference_agreement(served: npt.NDArray[Any], expected: npt.NDArray[Any]) -> tuple[float, float]:
+def reference_agreement(
+    served: npt.NDArray[Any], expected: npt.NDArray[Any]
+) -> tuple[float, float]:
     """(max |served - expected|, least row cosine) over every row; one score a row is one vector
     (a row's cosine could only say +1 or -1). Different shapes (a dimension lost) agree nowhere."""
     if served.shape != expected.shape:
@@ -58,5 +66,7 @@ def reference_agreement(served: npt.NDArray[Any], expected: npt.NDArray[Any]) ->
         served, expected = served.reshape(1, -1), expected.reshape(1, -1)
     left, right = np.linalg.norm(served, axis=1), np.linalg.norm(expected, axis=1)
     both_zero = (left == 0) & (right == 0)
-    cosine = np.where(both_zero, 1.0, (served * expected).sum(axis=1) / np.maximum(left * right, 1e-12))
+    cosine = np.where(
+        both_zero, 1.0, (served * expected).sum(axis=1) / np.maximum(left * right, 1e-12)
+    )
     return diff, float(cosine.min()) if cosine.size else 1.0

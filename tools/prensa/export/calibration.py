@@ -37,7 +37,9 @@ FIGURE = "calibration"  # the export report's line; not "int8 ...", which names 
 # so larger models are calibrated when asked: `--calibrate`, or `prensa calibrate` on the export later.
 AUTO_MAX_PARAMETERS = 150_000_000
 
-Run = Callable[[Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]]  # tokenizer output -> graph outputs by name
+Run = Callable[
+    [Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]
+]  # tokenizer output -> graph outputs by name
 
 
 class CalibrationUnavailable(RuntimeError):
@@ -66,18 +68,29 @@ def skip_reason(requested: bool | None, parameters: int) -> str | None:
     if requested is False:
         return "skipped (--no-calibrate)"
     if requested is None and parameters > AUTO_MAX_PARAMETERS:
-        return (f"skipped: {parameters / 1e6:.0f}M parameters cost minutes on a CPU; int8/uint8 embeddings need "
-                "it: run `prensa calibrate` on this export (or export with --calibrate)")
+        return (
+            f"skipped: {parameters / 1e6:.0f}M parameters cost minutes on a CPU; int8/uint8 embeddings need "
+            "it: run `prensa calibrate` on this export (or export with --calibrate)"
+        )
     return None
 
 
-def served_dense(outputs: Mapping[str, npt.NDArray[Any]], tokens: Mapping[str, npt.NDArray[Any]],
-                 pooling: Pooling | None, normalize: bool) -> npt.NDArray[Any]:
+def served_dense(
+    outputs: Mapping[str, npt.NDArray[Any]],
+    tokens: Mapping[str, npt.NDArray[Any]],
+    pooling: Pooling | None,
+    normalize: bool,
+) -> npt.NDArray[Any]:
     """The dense vectors clients receive from an encoder's outputs on right-padded `tokens`, through
     the pool stage itself (`pooling` None: the graph pools)."""
     ids = {name: np.asarray(value, dtype=np.int64) for name, value in tokens.items()}
-    pooled = load_stage("pool").pool_request({**ids, **outputs}, pooling.value if pooling else "none", normalize,
-                                             np.zeros(0, dtype=np.int64), "sigmoid")
+    pooled = load_stage("pool").pool_request(
+        {**ids, **outputs},
+        pooling.value if pooling else "none",
+        normalize,
+        np.zeros(0, dtype=np.int64),
+        "sigmoid",
+    )
     return cast(npt.NDArray[Any], pooled[contract.DENSE])
 
 
@@ -85,21 +98,38 @@ def calibration_texts() -> list[str]:
     return embedding_texts(CORPUS_TEXTS, seed=CORPUS_SEED)
 
 
-def embed_texts(run: Run, tokenizer: PreTrainedTokenizerBase, texts: list[str], pooling: Pooling | None, normalize: bool,
-                max_tokens: int, rows: int) -> npt.NDArray[Any]:
+def embed_texts(
+    run: Run,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    pooling: Pooling | None,
+    normalize: bool,
+    max_tokens: int,
+    rows: int,
+) -> npt.NDArray[Any]:
     """Served dense vectors of `texts`, in their order, through the pool stage (`pooling` None: the
     graph pools); run `rows` at a time, shortest first, padded on the right as the stages pad."""
-    lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_tokens)[contract.INPUT_IDS]]
+    lengths = [
+        len(ids)
+        for ids in tokenizer(texts, truncation=True, max_length=max_tokens)[contract.INPUT_IDS]
+    ]
     order = np.argsort(lengths, kind="stable")
     vectors: list[npt.NDArray[Any] | None] = [None] * len(texts)
     for start in range(0, len(texts), rows):
         chosen = order[start : start + rows]
-        encoded = tokenizer([texts[i] for i in chosen], padding=True, truncation=True, max_length=max_tokens,
-                            return_tensors="np", padding_side="right")
+        encoded = tokenizer(
+            [texts[i] for i in chosen],
+            padding=True,
+            truncation=True,
+            max_length=max_tokens,
+            return_tensors="np",
+            padding_side="right",
+        )
         dense = served_dense(run(encoded), encoded, pooling, normalize)
         for i, vector in zip(chosen, dense.astype(np.float32)):
             vectors[i] = vector
-    return np.stack(cast(list[npt.NDArray[Any]], vectors))  # every slot is filled: `order` covers every text
+    # every slot is filled: `order` covers every text
+    return np.stack(cast(list[npt.NDArray[Any]], vectors))
 
 
 def dense_ranges(vectors: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -107,7 +137,9 @@ def dense_ranges(vectors: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.vstack((vectors.min(axis=0), vectors.max(axis=0)))
 
 
-def calibrate(export_dir: Path, manifest: Manifest, tokenizer: PreTrainedTokenizerBase) -> Calibration:
+def calibrate(
+    export_dir: Path, manifest: Manifest, tokenizer: PreTrainedTokenizerBase
+) -> Calibration:
     """Ranges of the export's own graph (the one served: fp32, fp16 or int8) on onnxruntime's CPU
     provider, with rows per pass as the encoder runs them (int8 graphs one row at a time)."""
     from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
@@ -122,10 +154,19 @@ def calibrate(export_dir: Path, manifest: Manifest, tokenizer: PreTrainedTokeniz
     max_tokens = min(manifest.max_length, MAX_TOKENS)
     try:
         run = GraphRunner(export_dir / manifest.onnx_file, manifest.inputs)
-        vectors = embed_texts(run, tokenizer, calibration_texts(), manifest.pooling, manifest.normalize, max_tokens,
-                              rows)
+        vectors = embed_texts(
+            run,
+            tokenizer,
+            calibration_texts(),
+            manifest.pooling,
+            manifest.normalize,
+            max_tokens,
+            rows,
+        )
     except (EPFail, Fail, NoKernel) as exc:  # e.g. an fp16 op without a CPU kernel
-        raise CalibrationUnavailable(f"CPUExecutionProvider cannot run this graph: {str(exc).splitlines()[0]}") from exc
+        raise CalibrationUnavailable(
+            f"CPUExecutionProvider cannot run this graph: {str(exc).splitlines()[0]}"
+        ) from exc
     if not np.isfinite(vectors).all():
         raise CalibrationUnavailable("the graph's dense vectors are not all finite")
     return Calibration(dense_ranges(vectors), CORPUS_TEXTS, max_tokens, rows)
@@ -138,18 +179,26 @@ def _float32(values: npt.NDArray[Any]) -> list[float]:
 
 def write_calibration(export_dir: Path, calibration: Calibration, manifest: Manifest) -> str:
     """`calibration.json`; `dense_ranges` is what the gateway reads, the rest says what it describes."""
-    data = {"dense_ranges": [_float32(row) for row in calibration.ranges], "texts": calibration.texts,
-            "corpus": CORPUS, "max_tokens": calibration.max_tokens, "rows_per_pass": calibration.rows,
-            "pooling": manifest.pooling.value if manifest.pooling else None, "normalize": manifest.normalize,
-            "dtype": manifest.dtype}
+    data = {
+        "dense_ranges": [_float32(row) for row in calibration.ranges],
+        "texts": calibration.texts,
+        "corpus": CORPUS,
+        "max_tokens": calibration.max_tokens,
+        "rows_per_pass": calibration.rows,
+        "pooling": manifest.pooling.value if manifest.pooling else None,
+        "normalize": manifest.normalize,
+        "dtype": manifest.dtype,
+    }
     (export_dir / CALIBRATION_FILE).write_text(json.dumps(data) + "\n")
     return CALIBRATION_FILE
 
 
 def describe(calibration: Calibration) -> str:
     dim = calibration.ranges.shape[1]
-    return (f"int8 embedding ranges: {calibration.texts} texts (<= {calibration.max_tokens} tokens, "
-            f"{calibration.rows} per pass), {dim} dims -> {CALIBRATION_FILE}")
+    return (
+        f"int8 embedding ranges: {calibration.texts} texts (<= {calibration.max_tokens} tokens, "
+        f"{calibration.rows} per pass), {dim} dims -> {CALIBRATION_FILE}"
+    )
 
 
 def calibrate_export(export_dir: Path) -> Calibration:

@@ -18,8 +18,9 @@ from pathlib import Path
 import onnx
 
 
-def fuse_transformer_ops(model: onnx.ModelProto, target: Path, external: bool = False,
-                         weights_dir: Path | None = None) -> dict[str, int]:
+def fuse_transformer_ops(
+    model: onnx.ModelProto, target: Path, external: bool = False, weights_dir: Path | None = None
+) -> dict[str, int]:
     """Write `model` with BERT-family fusions (BERT, RoBERTa and XLM-R share the patterns) to
     `target`, its weights in `<name>.data` when asked or when they do not fit a protobuf; returns
     the fused ops and their counts, empty (and nothing written) when none matched.
@@ -36,11 +37,17 @@ def fuse_transformer_ops(model: onnx.ModelProto, target: Path, external: bool = 
     # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
     with contextlib.chdir(weights_dir or Path.cwd()):
         fusing = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
-    fused = {op: count for op, count in fusing.get_fused_operator_statistics().items()
-             if count and op != "LayerNormalization"}  # plain LayerNorm is what torch exports already
+    fused = {
+        op: count
+        for op, count in fusing.get_fused_operator_statistics().items()
+        if count and op != "LayerNormalization"
+    }  # plain LayerNorm is what torch exports already
     if fused:
         if weights_dir is not None:
-            load_external_data_for_model(fusing.model, str(weights_dir))  # written out again below, one by one
+            # written out again below, one by one
+            load_external_data_for_model(fusing.model, str(weights_dir))
         data_file(target).unlink(missing_ok=True)
-        fusing.save_model_to_file(str(target), use_external_data_format=external or needs_external_data(fusing.model))
+        fusing.save_model_to_file(
+            str(target), use_external_data_format=external or needs_external_data(fusing.model)
+        )
     return fused

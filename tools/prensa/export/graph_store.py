@@ -30,8 +30,10 @@ def data_file(graph: Path) -> Path:
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the initializers' data as loaded: what decides whether the graph fits a protobuf."""
-    return sum(len(t.raw_data) + 4 * len(t.float_data) + 8 * len(t.int64_data) + 4 * len(t.int32_data)
-               for t in model.graph.initializer)
+    return sum(
+        len(t.raw_data) + 4 * len(t.float_data) + 8 * len(t.int64_data) + 4 * len(t.int32_data)
+        for t in model.graph.initializer
+    )
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
@@ -46,8 +48,14 @@ def save_graph(model: onnx.ModelProto, path: Path, external: bool = False) -> No
 
     data_file(path).unlink(missing_ok=True)
     external = external or needs_external_data(model)
-    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-                    location=data_file(path).name, size_threshold=EXTERNAL_THRESHOLD)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=data_file(path).name,
+        size_threshold=EXTERNAL_THRESHOLD,
+    )
     _readable_as_the_graph(path)
 
 
@@ -77,7 +85,9 @@ def move_graph(source: Path, target: Path) -> None:
     """Move a graph written by `save_graph` (and its data file, if any) over `target`'s; both have
     the same file name, since the graph names its data file."""
     if source.name != target.name:
-        raise ValueError(f"a graph names its data file after itself: {source.name} cannot become {target.name}")
+        raise ValueError(
+            f"a graph names its data file after itself: {source.name} cannot become {target.name}"
+        )
     data = graph_data_files(source)
     if target.exists():
         remove_graph(target)
@@ -88,7 +98,12 @@ def move_graph(source: Path, target: Path) -> None:
     _readable_as_the_graph(target)
 
 
-STAGING = ("trace", "fused", "fp32", "int8")  # the steps that write a graph in a folder of their own first
+STAGING = (
+    "trace",
+    "fused",
+    "fp32",
+    "int8",
+)  # the steps that write a graph in a folder of their own first
 
 
 def staging(parent: Path, step: str) -> tempfile.TemporaryDirectory[str]:

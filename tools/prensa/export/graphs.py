@@ -22,8 +22,13 @@ from prensa.stages import contract
 DECODER_TYPES = ("qwen3", "qwen2", "mistral", "llama", "gemma3_text")
 
 
-def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype, causal: bool, window: int | None = None,
-                  symmetric: bool = False) -> torch.Tensor:
+def additive_mask(
+    attention_mask: torch.Tensor,
+    dtype: torch.dtype,
+    causal: bool,
+    window: int | None = None,
+    symmetric: bool = False,
+) -> torch.Tensor:
     """[rows, 1, tokens, tokens]: 0 where a query token may attend, the dtype's minimum elsewhere;
     built from the mask's own shape, so rows and tokens stay dynamic in the trace."""
     positions = torch.cumsum(torch.ones_like(attention_mask[0]), 0) - 1
@@ -31,21 +36,35 @@ def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype, causal: bool
     allowed = attention_mask[:, None, None, :].bool()
     if causal:
         allowed = allowed & (key <= query)
-    if window is not None:  # transformers: query - key < window; bidirectional Gemma3: |query - key| < window
+    if (
+        window is not None
+    ):  # transformers: query - key < window; bidirectional Gemma3: |query - key| < window
         allowed = allowed & (((query - key).abs() if symmetric else query - key) < window)
-    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype))
+    return torch.where(
+        allowed, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype)
+    )
 
 
-def decoder_masks(config: Any, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+def decoder_masks(
+    config: Any, attention_mask: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor | dict[str, torch.Tensor]:
     """What a decoder takes instead of the 2D mask: causal unless the config says bidirectional
     (EmbeddingGemma), with the model's sliding window where its layers use one."""
     causal = not getattr(config, "use_bidirectional_attention", False)
-    window = getattr(config, "sliding_window", None)  # bidirectional Gemma3's config has already halved it
-    if config.model_type in ("llama", "mistral"):  # one mask; Mistral's window applies to every layer
-        return additive_mask(attention_mask, dtype, causal, window if config.model_type == "mistral" else None)
+    # bidirectional Gemma3's config has already halved it
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in (
+        "llama",
+        "mistral",
+    ):  # one mask; Mistral's window applies to every layer
+        return additive_mask(
+            attention_mask, dtype, causal, window if config.model_type == "mistral" else None
+        )
     masks = {"full_attention": additive_mask(attention_mask, dtype, causal)}
     if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-        masks["sliding_attention"] = additive_mask(attention_mask, dtype, causal, window, symmetric=not causal)
+        masks["sliding_attention"] = additive_mask(
+            attention_mask, dtype, causal, window, symmetric=not causal
+        )
     return masks
 
 
@@ -53,15 +72,23 @@ def is_decoder(model: nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) in DECODER_TYPES
 
 
-def _call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-          token_type_ids: torch.Tensor | None, own_masks: bool = True) -> Any:
+def _call(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    own_masks: bool = True,
+) -> Any:
     """The transformer on one batch; a decoder gets the masks built here (`own_masks`) or, for the
     reference the trace is checked against, transformers' own from the 2D mask."""
     if is_decoder(model):
-        positions = torch.cumsum(torch.ones_like(input_ids), 1) - 1  # transformers' default, per row
+        # transformers' default, per row
+        positions = torch.cumsum(torch.ones_like(input_ids), 1) - 1
         dtype = cast(torch.dtype, model.dtype)
         masks = decoder_masks(model.config, attention_mask, dtype) if own_masks else attention_mask
-        return model(input_ids=input_ids, attention_mask=masks, position_ids=positions, use_cache=False)
+        return model(
+            input_ids=input_ids, attention_mask=masks, position_ids=positions, use_cache=False
+        )
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if token_type_ids is not None:
         kwargs["token_type_ids"] = token_type_ids
@@ -86,14 +113,21 @@ class TracedGraph(nn.Module):
     own_masks = True
     marks_prompts = False
 
-    def call(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             token_type_ids: torch.Tensor | None) -> Any:
+    def call(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+    ) -> Any:
         if self.marks_prompts:
             attention_mask = (attention_mask > 0).to(attention_mask.dtype)
         return _call(model, input_ids, attention_mask, token_type_ids, self.own_masks)
 
     def pooling_mask(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        return (attention_mask == 1).to(attention_mask.dtype) if self.marks_prompts else attention_mask
+        return (
+            (attention_mask == 1).to(attention_mask.dtype) if self.marks_prompts else attention_mask
+        )
 
 
 @contextmanager
@@ -114,22 +148,41 @@ class HiddenStateGraph(TracedGraph):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return cast(torch.Tensor, self.call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return cast(
+            torch.Tensor,
+            self.call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state,
+        )
 
 
 class M3Graph(TracedGraph):
     """bge-m3: hidden states plus both heads in one pass; normalisation and masking happen in pool."""
 
-    def __init__(self, model: nn.Module, sparse_linear: nn.Linear, colbert_linear: nn.Linear) -> None:
+    def __init__(
+        self, model: nn.Module, sparse_linear: nn.Linear, colbert_linear: nn.Linear
+    ) -> None:
         super().__init__()
         self.model, self.sparse_linear, self.colbert_linear = model, sparse_linear, colbert_linear
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden: torch.Tensor = self.call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
-        return hidden, torch.relu(self.sparse_linear(hidden)).squeeze(-1), self.colbert_linear(hidden)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden: torch.Tensor = self.call(
+            self.model, input_ids, attention_mask, token_type_ids
+        ).last_hidden_state
+        return (
+            hidden,
+            torch.relu(self.sparse_linear(hidden)).squeeze(-1),
+            self.colbert_linear(hidden),
+        )
 
 
 class LogitsGraph(TracedGraph):
@@ -137,9 +190,15 @@ class LogitsGraph(TracedGraph):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return cast(torch.Tensor, self.call(self.model, input_ids, attention_mask, token_type_ids).logits)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return cast(
+            torch.Tensor, self.call(self.model, input_ids, attention_mask, token_type_ids).logits
+        )
 
 
 class SpladeGraph(TracedGraph):
@@ -150,9 +209,15 @@ class SpladeGraph(TracedGraph):
         super().__init__()
         self.model, self.strategy, self.activation = model, strategy, activation
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        logits: torch.Tensor = self.call(self.model, input_ids, attention_mask, token_type_ids).logits
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        logits: torch.Tensor = self.call(
+            self.model, input_ids, attention_mask, token_type_ids
+        ).logits
         weights = torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)
         if self.activation == "log1p_relu":
             weights = torch.log1p(weights)
@@ -168,9 +233,15 @@ class SentenceEmbeddingGraph(TracedGraph):
         super().__init__()
         self.model, self.modules_after = model, nn.ModuleList(modules)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden: torch.Tensor = self.call(self.model, input_ids, attention_mask, token_type_ids).last_hidden_state
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden: torch.Tensor = self.call(
+            self.model, input_ids, attention_mask, token_type_ids
+        ).last_hidden_state
         features = {"token_embeddings": hidden, "attention_mask": self.pooling_mask(attention_mask)}
         for module in self.modules_after:
             features = module(features)
@@ -191,12 +262,21 @@ class YesNoGraph(TracedGraph):
             if self.head.bias is not None:
                 self.head.bias.copy_(head.bias[[no_id, yes_id]])
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        hidden: torch.Tensor = self.call(self.model, input_ids, attention_mask, None).last_hidden_state
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.call(
+            self.model, input_ids, attention_mask, None
+        ).last_hidden_state
         positions = torch.cumsum(torch.ones_like(input_ids), 1) - 1
-        last = (positions * attention_mask).max(dim=1).values  # the last real token, either padding side
-        picked = torch.gather(hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1])).squeeze(1)
+        # the last real token, either padding side
+        last = (positions * attention_mask).max(dim=1).values
+        picked = torch.gather(
+            hidden, 1, last[:, None, None].expand(-1, 1, hidden.shape[-1])
+        ).squeeze(1)
         no_yes: torch.Tensor = self.head(picked)
         return (no_yes[:, 1] - no_yes[:, 0]).unsqueeze(-1)
 
@@ -209,7 +289,9 @@ def load_head(path: Path, hidden: int, out_features: int) -> nn.Linear:
     return head.eval()
 
 
-def build_graph(task: Task, model_dir: Path, attn: str = "eager") -> tuple[nn.Module, list[GraphOutput]]:
+def build_graph(
+    task: Task, model_dir: Path, attn: str = "eager"
+) -> tuple[nn.Module, list[GraphOutput]]:
     """Load the Hugging Face model for `task` and wrap it; also say what the graph outputs."""
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
@@ -217,10 +299,14 @@ def build_graph(task: Task, model_dir: Path, attn: str = "eager") -> tuple[nn.Mo
     with refusing_pickled_code(f"the model weights in {model_dir.name}"):
         if task in (Task.RERANK, Task.CLASSIFY):
             model = AutoModelForSequenceClassification.from_pretrained(model_dir, **options).eval()
-            return LogitsGraph(model), [GraphOutput(contract.LOGITS, [model.config.num_labels], False)]
+            return LogitsGraph(model), [
+                GraphOutput(contract.LOGITS, [model.config.num_labels], False)
+            ]
         if task is Task.SPLADE:
             model = AutoModelForMaskedLM.from_pretrained(model_dir, **options).eval()
-            return SpladeGraph(model), [GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)]
+            return SpladeGraph(model), [
+                GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)
+            ]
         try:  # the pooler is never used; BERT-like models let us skip loading it
             model = AutoModel.from_pretrained(model_dir, add_pooling_layer=False, **options).eval()
         except TypeError:

@@ -24,8 +24,12 @@ class ModelPlan:
     pooling: Pooling | None
     normalize: bool
     max_length: int
-    layout: SentenceLayout | None = None  # sentence-transformers' modules, for embedders and SPLADE that have them
-    template: dict[str, str] | None = None  # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
+    layout: SentenceLayout | None = (
+        None  # sentence-transformers' modules, for embedders and SPLADE that have them
+    )
+    template: dict[str, str] | None = (
+        None  # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
+    )
     # Put before each text by the export's check of an embedder whose pooling leaves prompts out
     # (`include_prompt: false`), so that the check covers how prensa marks them.
     verify_prompt: str | None = None
@@ -38,7 +42,9 @@ class ModelPlan:
         return "+".join(self.layout.pooling_modes)
 
 
-STAND_IN_PROMPT = "query: "  # checked when the model names no prompt: the gateway's --default-prompt may add one
+STAND_IN_PROMPT = (
+    "query: "  # checked when the model names no prompt: the gateway's --default-prompt may add one
+)
 
 
 def _read_json(source: SourceModel, relative: str) -> Any:
@@ -47,7 +53,9 @@ def _read_json(source: SourceModel, relative: str) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def detect_task(source: SourceModel, architectures: list[str], layout: SentenceLayout | None) -> Task:
+def detect_task(
+    source: SourceModel, architectures: list[str], layout: SentenceLayout | None
+) -> Task:
     if any(source.has(head) for head in M3_HEADS) or "bge-m3" in source.name.lower():
         return Task.M3
     if any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -56,10 +64,12 @@ def detect_task(source: SourceModel, architectures: list[str], layout: SentenceL
     if layout is None and causal_lm(architectures):
         if is_llm_reranker(architectures):
             return Task.RERANK
-        raise SourceError(f"{source.name} is a causal LM ({', '.join(architectures)}) without a sentence-transformers "
-                          f"config: prensa serves {', '.join(llm_reranker.ARCHITECTURES)} as an LLM reranker "
-                          "(Qwen3-Reranker), and decoder embedders from their sentence-transformers directory "
-                          "(modules.json with a Pooling module); pass --task embed to pool its last token")
+        raise SourceError(
+            f"{source.name} is a causal LM ({', '.join(architectures)}) without a sentence-transformers "
+            f"config: prensa serves {', '.join(llm_reranker.ARCHITECTURES)} as an LLM reranker "
+            "(Qwen3-Reranker), and decoder embedders from their sentence-transformers directory "
+            "(modules.json with a Pooling module); pass --task embed to pool its last token"
+        )
     if layout is not None and layout.is_splade:
         return Task.SPLADE
     if any(a.endswith("ForMaskedLM") for a in architectures) and layout is None:
@@ -77,17 +87,24 @@ def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
     if not model_type or model_type in CONFIG_MAPPING:
         return
     if config.get("auto_map"):
-        raise SourceError(f"{source.name} needs its own Python code (model type {model_type!r}, auto_map in "
-                          "config.json): prensa never runs a model's code. Export it to ONNX with its authors' "
-                          "tooling and pass that directory (prensa adopts a model.onnx beside its tokenizer)")
-    raise SourceError(f"{source.name}: transformers {transformers.__version__} does not know model type "
-                      f"{model_type!r}, so prensa cannot trace it; export it to ONNX yourself and pass that directory")
+        raise SourceError(
+            f"{source.name} needs its own Python code (model type {model_type!r}, auto_map in "
+            "config.json): prensa never runs a model's code. Export it to ONNX with its authors' "
+            "tooling and pass that directory (prensa adopts a model.onnx beside its tokenizer)"
+        )
+    raise SourceError(
+        f"{source.name}: transformers {transformers.__version__} does not know model type "
+        f"{model_type!r}, so prensa cannot trace it; export it to ONNX yourself and pass that directory"
+    )
 
 
 # An export holds the model in fp32 about this many times over at its peak: torch's weights and the
 # traced graph at once (measured on bge-m3 and Qwen3-Embedding's shapes: docs/performance.md).
 EXPORT_PEAK_FACTOR = 2.8
-WEIGHT_FORMATS = ("*.safetensors", "pytorch_model*.bin")  # a folder's weights in the first format it has
+WEIGHT_FORMATS = (
+    "*.safetensors",
+    "pytorch_model*.bin",
+)  # a folder's weights in the first format it has
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -106,7 +123,9 @@ def stored_weight_bytes(directory: Path) -> int:
 def export_peak_bytes(source: SourceModel, config: dict[str, Any]) -> int:
     """What exporting the model will hold at its peak: its weights as fp32, times EXPORT_PEAK_FACTOR."""
     stored = stored_weight_bytes(source.path)
-    per_weight = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4)
+    per_weight = DTYPE_BYTES.get(
+        str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4
+    )
     return int(stored / per_weight * 4 * EXPORT_PEAK_FACTOR)
 
 
@@ -114,9 +133,11 @@ def require_memory(source: SourceModel, config: dict[str, Any], available: int) 
     """Refuse, before minutes of work, a model whose export cannot fit this machine's free memory."""
     needed = export_peak_bytes(source, config)
     if needed > available:
-        raise SourceError(f"{source.name}: exporting it takes about {needed / 2**30:.0f} GiB of memory (its weights "
-                          f"in fp32, {EXPORT_PEAK_FACTOR}x at the peak) and this machine has {available / 2**30:.0f} GiB "
-                          "free: export it on a larger machine and copy the export here")
+        raise SourceError(
+            f"{source.name}: exporting it takes about {needed / 2**30:.0f} GiB of memory (its weights "
+            f"in fp32, {EXPORT_PEAK_FACTOR}x at the peak) and this machine has {available / 2**30:.0f} GiB "
+            "free: export it on a larger machine and copy the export here"
+        )
 
 
 def causal_lm(architectures: list[str]) -> bool:
@@ -127,7 +148,9 @@ def is_llm_reranker(architectures: list[str]) -> bool:
     return any(a in llm_reranker.ARCHITECTURES for a in architectures)
 
 
-def detect_max_length(source: SourceModel, tokenizer_limit: int | None, position_limit: int | None) -> int:
+def detect_max_length(
+    source: SourceModel, tokenizer_limit: int | None, position_limit: int | None
+) -> int:
     """sentence-transformers' `max_seq_length`, else the tokenizer's limit, within the model's positions."""
     st_config: dict[str, Any] = _read_json(source, "sentence_bert_config.json") or {}
     if st_config.get("max_seq_length"):
@@ -139,8 +162,9 @@ def detect_max_length(source: SourceModel, tokenizer_limit: int | None, position
     return min(length, position_limit) if position_limit else length
 
 
-def _embedding_pooling(source: SourceModel, layout: SentenceLayout | None, requested: Pooling | None,
-                       decoder: bool) -> Pooling | None:
+def _embedding_pooling(
+    source: SourceModel, layout: SentenceLayout | None, requested: Pooling | None, decoder: bool
+) -> Pooling | None:
     """The pool stage's pooling: asked for, the sentence-transformers config's, else cls (a decoder's
     last token, as sentence-transformers pools one without a config); None when the graph pools
     (its modules cannot be overridden)."""
@@ -148,17 +172,26 @@ def _embedding_pooling(source: SourceModel, layout: SentenceLayout | None, reque
         return requested or (Pooling.LAST if decoder else Pooling.CLS)
     if layout.simple_pooling is None:
         if requested:
-            raise SourceError(f"{source.name} pools with its own sentence-transformers modules "
-                              f"({'+'.join(layout.pooling_modes)}, {len(layout.dense)} Dense layers), which prensa "
-                              "runs inside the graph: --pooling cannot replace them")
+            raise SourceError(
+                f"{source.name} pools with its own sentence-transformers modules "
+                f"({'+'.join(layout.pooling_modes)}, {len(layout.dense)} Dense layers), which prensa "
+                "runs inside the graph: --pooling cannot replace them"
+            )
         return None
     return requested or STAGE_POOLING[layout.simple_pooling]
 
 
-def plan_model(source: SourceModel, architectures: list[str], requested_task: Task | None,
-               pooling: Pooling | None, max_length: int | None, dense_only: bool,
-               tokenizer_limit: int | None, position_limit: int | None,
-               prompts: dict[str, str] | None = None) -> ModelPlan:
+def plan_model(
+    source: SourceModel,
+    architectures: list[str],
+    requested_task: Task | None,
+    pooling: Pooling | None,
+    max_length: int | None,
+    dense_only: bool,
+    tokenizer_limit: int | None,
+    position_limit: int | None,
+    prompts: dict[str, str] | None = None,
+) -> ModelPlan:
     layout = read_layout(source)
     task = requested_task or detect_task(source, architectures, layout)
     length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
@@ -173,16 +206,35 @@ def plan_model(source: SourceModel, architectures: list[str], requested_task: Ta
             )
         return ModelPlan(task, pooling or Pooling.CLS, True, length)
     if task is Task.SPLADE and layout is not None and not layout.is_splade:
-        raise SourceError(f"{source.name}: its {MODULES_FILE} describes a dense embedder, not SPLADE; drop --task splade")
+        raise SourceError(
+            f"{source.name}: its {MODULES_FILE} describes a dense embedder, not SPLADE; drop --task splade"
+        )
     if task is Task.EMBED and layout is not None and layout.is_splade:
-        raise SourceError(f"{source.name}: its modules.json describes SPLADE (SpladePooling); export it as --task splade")
+        raise SourceError(
+            f"{source.name}: its modules.json describes SPLADE (SpladePooling); export it as --task splade"
+        )
     if task is Task.RERANK and layout is None and is_llm_reranker(architectures):
         return ModelPlan(task, None, True, length, None, llm_reranker.QWEN3_RERANKER)
     if task is not Task.EMBED:
-        return ModelPlan(task, None, layout.normalize if layout else True, length, layout if task is Task.SPLADE else None)
-    normalize = layout.normalize if layout is not None else True  # TEI normalises plain models by default
+        return ModelPlan(
+            task,
+            None,
+            layout.normalize if layout else True,
+            length,
+            layout if task is Task.SPLADE else None,
+        )
+    # TEI normalises plain models by default
+    normalize = layout.normalize if layout is not None else True
     verify_prompt = None
-    if layout is not None and not layout.include_prompt:  # the model's first prompt, or one a server could add
+    if (
+        layout is not None and not layout.include_prompt
+    ):  # the model's first prompt, or one a server could add
         verify_prompt = next((text for text in (prompts or {}).values() if text), STAND_IN_PROMPT)
-    return ModelPlan(task, _embedding_pooling(source, layout, pooling, causal_lm(architectures)), normalize, length,
-                     layout, verify_prompt=verify_prompt)
+    return ModelPlan(
+        task,
+        _embedding_pooling(source, layout, pooling, causal_lm(architectures)),
+        normalize,
+        length,
+        layout,
+        verify_prompt=verify_prompt,
+    )

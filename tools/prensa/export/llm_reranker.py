@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 # Qwen3-Reranker's model card: the system prompt, the user turn's format and the assistant's opening.
 QWEN3_RERANKER = dict(  # the tokenize stage's PairTemplate
-    prefix='<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
-           'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
+    prefix="<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     format="<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
     instruction="Given a web search query, retrieve relevant passages that answer the query",
@@ -41,38 +41,58 @@ def answer_ids(tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[int, int]
     vocab = tokenizer.get_vocab()
     missing = [answer for answer in ANSWERS if answer not in vocab]
     if missing:
-        raise SourceError(f"{name}: its tokenizer has no single token {' or '.join(map(repr, missing))}; prensa serves "
-                          f"{', '.join(ARCHITECTURES)} as Qwen3-Reranker, which answers yes or no")
+        raise SourceError(
+            f"{name}: its tokenizer has no single token {' or '.join(map(repr, missing))}; prensa serves "
+            f"{', '.join(ARCHITECTURES)} as Qwen3-Reranker, which answers yes or no"
+        )
     return vocab["no"], vocab["yes"]
 
 
 MIN_PAIR_TOKENS = 32  # what a query and a document need at least beside the prompt
 
 
-def require_room(tokenizer: PreTrainedTokenizerBase, template: dict[str, str], max_length: int, name: str) -> None:
+def require_room(
+    tokenizer: PreTrainedTokenizerBase, template: dict[str, str], max_length: int, name: str
+) -> None:
     """The prompt's prefix and suffix leave room for a pair within `max_length`, or the export stops."""
-    edges = sum(len(tokenizer.encode(template[part], add_special_tokens=False)) for part in ("prefix", "suffix"))
+    edges = sum(
+        len(tokenizer.encode(template[part], add_special_tokens=False))
+        for part in ("prefix", "suffix")
+    )
     if max_length - edges < MIN_PAIR_TOKENS:
-        raise SourceError(f"{name}: its prompt takes {edges} tokens, so --max-length {max_length} leaves fewer than "
-                          f"{MIN_PAIR_TOKENS} for a query and a document; give at least {edges + MIN_PAIR_TOKENS}")
+        raise SourceError(
+            f"{name}: its prompt takes {edges} tokens, so --max-length {max_length} leaves fewer than "
+            f"{MIN_PAIR_TOKENS} for a query and a document; give at least {edges + MIN_PAIR_TOKENS}"
+        )
 
 
-def sample_rows(tokenizer: PreTrainedTokenizerBase, template: dict[str, str], queries: list[str], documents: list[str],
-                max_length: int) -> dict[str, npt.NDArray[Any]]:
+def sample_rows(
+    tokenizer: PreTrainedTokenizerBase,
+    template: dict[str, str],
+    queries: list[str],
+    documents: list[str],
+    max_length: int,
+) -> dict[str, npt.NDArray[Any]]:
     """The pairs as the card builds them (prefix, the format cut to what is left, suffix, each
     tokenized alone), padded on the right as the stages pad."""
     filled = load_stage("tokenize").PairTemplate(**template)  # the stage's own formatting
     prefix = tokenizer.encode(filled.prefix, add_special_tokens=False)
     suffix = tokenizer.encode(filled.suffix, add_special_tokens=False)
-    middles = tokenizer([filled.text(q, d) for q, d in zip(queries, documents)], truncation=True,
-                        max_length=max_length - len(prefix) - len(suffix))["input_ids"]
+    middles = tokenizer(
+        [filled.text(q, d) for q, d in zip(queries, documents)],
+        truncation=True,
+        max_length=max_length - len(prefix) - len(suffix),
+    )["input_ids"]
     rows = [[*prefix, *middle, *suffix] for middle in middles]
-    padded: dict[str, npt.NDArray[Any]] = contract.pad_token_rows(rows, [[0] * len(row) for row in rows],
-                                                                  int(tokenizer.pad_token_id or 0))
+    padded: dict[str, npt.NDArray[Any]] = contract.pad_token_rows(
+        rows, [[0] * len(row) for row in rows], int(tokenizer.pad_token_id or 0)
+    )
     return padded
 
 
-def load(model_dir: Path, tokenizer: PreTrainedTokenizerBase, name: str, attn: str = "eager") -> tuple[Any, int, int]:
+def load(
+    model_dir: Path, tokenizer: PreTrainedTokenizerBase, name: str, attn: str = "eager"
+) -> tuple[Any, int, int]:
     """The causal LM on the CPU (weights without pickled code) and its answers' ids."""
     from transformers import AutoModelForCausalLM
 
@@ -80,8 +100,9 @@ def load(model_dir: Path, tokenizer: PreTrainedTokenizerBase, name: str, attn: s
 
     no_id, yes_id = answer_ids(tokenizer, name)
     with refusing_pickled_code(f"the model weights in {model_dir.name}"):
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn,
-                                                          **pretrained_options(model_dir))
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation=attn, **pretrained_options(model_dir)
+        )
     model.eval()
     return model, no_id, yes_id
 
@@ -92,7 +113,9 @@ def reranker_graph(model: Any, no_id: int, yes_id: int) -> tuple[nn.Module, list
     return YesNoGraph(model, no_id, yes_id), [GraphOutput(contract.LOGITS, [1], False)]
 
 
-def reference(model: Any, no_id: int, yes_id: int, sample: dict[str, npt.NDArray[Any]]) -> npt.NDArray[Any]:
+def reference(
+    model: Any, no_id: int, yes_id: int, sample: dict[str, npt.NDArray[Any]]
+) -> npt.NDArray[Any]:
     """The card's score for each sample row: the full model's logits at the last real token, the
     softmax over "no" and "yes", "yes" taken; [rows, 1]."""
     import torch

@@ -13,7 +13,13 @@ from prensa.stages import contract
 if TYPE_CHECKING:
     import onnx
 
-QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "QuantizeLinear", "ConvInteger"}
+QUANTIZED_OPS = {
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "QLinearMatMul",
+    "QuantizeLinear",
+    "ConvInteger",
+}
 # The graph outputs each task's pool stage reads.
 REQUIRED_OUTPUTS = {
     Task.EMBED: {contract.LAST_HIDDEN_STATE},
@@ -30,17 +36,23 @@ class GraphInfo:
     inputs: list[str]
     outputs: list[GraphOutput]
     dtype: str
-    fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels (export/fusion.py)
+    # onnxruntime-only kernels (export/fusion.py)
+    fused_ops: dict[str, int] = field(default_factory=dict)
 
     def require(self, task: Task) -> None:
         names = {o.name for o in self.outputs}
         missing = REQUIRED_OUTPUTS[task] - names
         if missing:
-            raise SourceError(f"model.onnx has outputs {sorted(names)}; a {task.value} model needs {sorted(missing)}")
+            raise SourceError(
+                f"model.onnx has outputs {sorted(names)}; a {task.value} model needs {sorted(missing)}"
+            )
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in value_info.type.tensor_type.shape.dim]
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+        for d in value_info.type.tensor_type.shape.dim
+    ]
 
 
 def describe_graph(path: Path) -> GraphInfo:
@@ -57,7 +69,9 @@ def describe_graph(path: Path) -> GraphInfo:
     for value in model.graph.output:
         dims = _dims(value)[1:]  # drop the batch axis
         per_token = len(dims) >= 1 and not isinstance(dims[0], int)
-        outputs.append(GraphOutput(value.name, [-1 if not isinstance(d, int) else d for d in dims], per_token))
+        outputs.append(
+            GraphOutput(value.name, [-1 if not isinstance(d, int) else d for d in dims], per_token)
+        )
     ops = {node.op_type for node in model.graph.node}
     fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
     dtype = "int8" if ops & QUANTIZED_OPS else "fp16" if fp16 else "fp32"
@@ -70,8 +84,11 @@ def task_from_outputs(graph: GraphInfo, config: dict[str, Any]) -> Task:
         return Task.M3
     if contract.LOGITS in names:
         labels = names[contract.LOGITS].dims[-1] if names[contract.LOGITS].dims else 1
-        return Task.RERANK if labels == 1 and len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
+        return (
+            Task.RERANK
+            if labels == 1 and len(config.get("id2label", {0: 0})) == 1
+            else Task.CLASSIFY
+        )
     if contract.SPLADE_WEIGHTS in names:
         return Task.SPLADE
     return Task.EMBED
-

@@ -48,7 +48,9 @@ VERIFY_TEXTS = [
     "sparse retrieval weights individual terms; late interaction keeps one vector per token.",
 ]
 FP32_TOLERANCE = 1e-3
-RERANK_DEFAULT_MAX_LENGTH = 512  # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
+RERANK_DEFAULT_MAX_LENGTH = (
+    512  # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
+)
 ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompts live here
 # sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
 ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
@@ -74,12 +76,19 @@ class ExportOptions:
     revision: str | None = None
     quantize_int8: bool = False
     format: ExportFormat = ExportFormat.ONNX
-    trt_max_batch: int = contract.DEFAULT_MAX_BATCH_SIZE  # TensorRT profile; its max length is the export's
+    # TensorRT profile; its max length is the export's
+    trt_max_batch: int = contract.DEFAULT_MAX_BATCH_SIZE
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
-    fuse_ops: bool = True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
-    external_data: bool = False  # weights in model.onnx.data even when the graph would fit in one file
-    calibrate: bool | None = None  # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
+    fuse_ops: bool = (
+        True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
+    )
+    external_data: bool = (
+        False  # weights in model.onnx.data even when the graph would fit in one file
+    )
+    calibrate: bool | None = (
+        None  # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
+    )
 
 
 @dataclass(frozen=True)
@@ -97,29 +106,58 @@ def _no_progress(_: str) -> AbstractContextManager[Any]:
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids never reported as lexical terms (FlagEmbedding drops cls, eos, pad and unk)."""
-    names = ("cls_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "pad_token_id", "unk_token_id")
+    names = (
+        "cls_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "pad_token_id",
+        "unk_token_id",
+    )
     return sorted({getattr(tokenizer, n) for n in names if getattr(tokenizer, n, None) is not None})
 
 
-def sample_batch(tokenizer: PreTrainedTokenizerBase, task: Task, max_length: int,
-                 template: dict[str, str] | None = None, prompt: str | None = None) -> dict[str, npt.NDArray[Any]]:
+def sample_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    max_length: int,
+    template: dict[str, str] | None = None,
+    prompt: str | None = None,
+) -> dict[str, npt.NDArray[Any]]:
     """The verification texts as the stages feed the encoder: padded on the right, whatever side the
     tokenizer pads by itself; an LLM reranker's pairs written into its prompt; `prompt` before each
     text, its tokens marked as the gateway marks a prompt that the pooling leaves out."""
     if template is not None:
-        return llm_reranker.sample_rows(tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length)
+        return llm_reranker.sample_rows(
+            tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length
+        )
     if task in (Task.RERANK, Task.CLASSIFY):
         queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
-        encoded = tokenizer(queries, passages, padding=True, truncation="only_second", max_length=max_length,
-                            return_tensors="np", padding_side="right")
+        encoded = tokenizer(
+            queries,
+            passages,
+            padding=True,
+            truncation="only_second",
+            max_length=max_length,
+            return_tensors="np",
+            padding_side="right",
+        )
     else:
         texts = [(prompt or "") + text for text in VERIFY_TEXTS]
-        encoded = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np",
-                            padding_side="right")
+        encoded = tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="np",
+            padding_side="right",
+        )
     sample = {k: v.astype(np.int64) for k, v in encoded.items()}
     if prompt:
         skipped = load_stage("tokenize").prompt_length(tokenizer.backend_tokenizer, prompt)
-        sample[contract.ATTENTION_MASK] = contract.mark_prompts(sample[contract.ATTENTION_MASK], [skipped] * len(texts))
+        sample[contract.ATTENTION_MASK] = contract.mark_prompts(
+            sample[contract.ATTENTION_MASK], [skipped] * len(texts)
+        )
     return sample
 
 
@@ -131,12 +169,16 @@ def _torch_version() -> str:
 
 def _attention_heads(config: dict[str, Any]) -> int | None:
     """Attention heads of the transformer (a classifier's or a causal LM's config may nest its text model's)."""
-    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
+    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get(
+        "num_attention_heads"
+    )
     return int(heads) if heads else None
 
 
 def _read_config(source: SourceModel) -> dict[str, Any]:
-    return json.loads((source.path / "config.json").read_text()) if source.has("config.json") else {}
+    return (
+        json.loads((source.path / "config.json").read_text()) if source.has("config.json") else {}
+    )
 
 
 def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
@@ -144,12 +186,18 @@ def read_prompts(source: SourceModel) -> tuple[dict[str, str], str | None]:
     itself would refuse is refused here too, before it reaches clients."""
     config = json.loads((source.path / ST_CONFIG).read_text()) if source.has(ST_CONFIG) else {}
     prompts = config.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise SourceError(f"{source.name}: {ST_CONFIG}'s prompts must map names to texts, got {prompts!r}")
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise SourceError(
+            f"{source.name}: {ST_CONFIG}'s prompts must map names to texts, got {prompts!r}"
+        )
     default = config.get("default_prompt_name")
     if default is not None and default not in prompts:
-        raise SourceError(f"{source.name}: {ST_CONFIG}'s default_prompt_name {default!r} is not one of its prompts "
-                          f"({', '.join(prompts) or 'none'})")
+        raise SourceError(
+            f"{source.name}: {ST_CONFIG}'s default_prompt_name {default!r} is not one of its prompts "
+            f"({', '.join(prompts) or 'none'})"
+        )
     return prompts, default
 
 
@@ -161,19 +209,41 @@ def read_matryoshka(source: SourceModel, config: dict[str, Any]) -> list[int] | 
     listed = config.get("matryoshka_dimensions") or st_config.get("matryoshka_dimensions")
     if listed is not None:
         if not isinstance(listed, list) or not all(isinstance(d, int) and d > 0 for d in listed):
-            raise SourceError(f"{source.name}: matryoshka_dimensions must list positive sizes, got {listed!r}")
+            raise SourceError(
+                f"{source.name}: matryoshka_dimensions must list positive sizes, got {listed!r}"
+            )
         return sorted(set(listed))
     return [] if isinstance(st_config.get("truncate_dim"), int) else None
 
 
-def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], options: ExportOptions,
-          task: Task | None, prompts: dict[str, str]) -> ModelPlan:
-    pad_offset = (config.get("pad_token_id") or 0) + 1 if config.get("model_type") in ("xlm-roberta", "roberta") else 0
+def _plan(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: dict[str, Any],
+    options: ExportOptions,
+    task: Task | None,
+    prompts: dict[str, str],
+) -> ModelPlan:
+    pad_offset = (
+        (config.get("pad_token_id") or 0) + 1
+        if config.get("model_type") in ("xlm-roberta", "roberta")
+        else 0
+    )
     positions = config.get("max_position_embeddings")
-    plan = plan_model(source, list(config.get("architectures") or []), task, options.pooling, options.max_length,
-                      options.dense_only, getattr(tokenizer, "model_max_length", None),
-                      positions - pad_offset if positions else None, prompts)
-    if plan.task is Task.RERANK and options.max_length is None:  # an LLM reranker's card reads 8192 tokens
+    plan = plan_model(
+        source,
+        list(config.get("architectures") or []),
+        task,
+        options.pooling,
+        options.max_length,
+        options.dense_only,
+        getattr(tokenizer, "model_max_length", None),
+        positions - pad_offset if positions else None,
+        prompts,
+    )
+    if (
+        plan.task is Task.RERANK and options.max_length is None
+    ):  # an LLM reranker's card reads 8192 tokens
         default = llm_reranker.MAX_LENGTH if plan.template else RERANK_DEFAULT_MAX_LENGTH
         plan = dataclasses.replace(plan, max_length=min(plan.max_length, default))
     if plan.template is not None:
@@ -181,20 +251,43 @@ def _plan(source: SourceModel, tokenizer: PreTrainedTokenizerBase, config: dict[
     return plan
 
 
-def _trace(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, npt.NDArray[Any]], path: Path) -> None:
+def _trace(
+    graph: nn.Module,
+    inputs: list[str],
+    outputs: list[GraphOutput],
+    sample: dict[str, npt.NDArray[Any]],
+    path: Path,
+) -> None:
     """torch's trace at `path`; over 2 GB torch writes one weights file per tensor beside it."""
     import torch
 
     args = tuple(torch.from_numpy(sample[name]) for name in inputs)
     axes = {name: {0: "batch", 1: "tokens"} for name in inputs}
-    axes.update({o.name: ({0: "batch", 1: "tokens"} if o.per_token else {0: "batch"}) for o in outputs})
+    axes.update(
+        {o.name: ({0: "batch", 1: "tokens"} if o.per_token else {0: "batch"}) for o in outputs}
+    )
     with torch.no_grad():
-        torch.onnx.export(graph, args, str(path), input_names=inputs, output_names=[o.name for o in outputs],
-                          dynamic_axes=axes, opset_version=OPSET, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            graph,
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=[o.name for o in outputs],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
 
 
-def _trace_into(graph: nn.Module, inputs: list[str], outputs: list[GraphOutput], sample: dict[str, npt.NDArray[Any]],
-                path: Path, external: bool) -> None:
+def _trace_into(
+    graph: nn.Module,
+    inputs: list[str],
+    outputs: list[GraphOutput],
+    sample: dict[str, npt.NDArray[Any]],
+    path: Path,
+    external: bool,
+) -> None:
     """The trace, written at `path` in the export's layout: torch's per-tensor files (a graph over
     2 GB) are gathered into one data file beside the graph."""
     with staging(path.parent, "trace") as folder:
@@ -210,12 +303,16 @@ def _to_fp16(source: Path, target: Path, external: bool) -> None:
 
     # By path: onnxruntime then infers shapes from the file, which works past 2 GB (in memory it cannot).
     converted = convert_float_to_float16(
-        str(source), keep_io_types=True, op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"]
+        str(source),
+        keep_io_types=True,
+        op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"],
     )
     save_graph(converted, target, external)
 
 
-def run_torch(graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]) -> list[npt.NDArray[Any]]:
+def run_torch(
+    graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]
+) -> list[npt.NDArray[Any]]:
     """Reference outputs, a decoder's with transformers' own masks (the trace gets masks built for
     it); taken before tracing, which can leave the torch module altered."""
     import torch
@@ -227,8 +324,12 @@ def run_torch(graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray
     return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
 
 
-def run_onnx(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]],
-             provider: str = "CPUExecutionProvider") -> dict[str, npt.NDArray[Any]]:
+def run_onnx(
+    path: Path,
+    inputs: list[str],
+    sample: dict[str, npt.NDArray[Any]],
+    provider: str = "CPUExecutionProvider",
+) -> dict[str, npt.NDArray[Any]]:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=[provider])
@@ -236,41 +337,69 @@ def run_onnx(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]],
     return {meta.name: value for meta, value in zip(session.get_outputs(), values)}
 
 
-def agreement_report(heading: str, actual: dict[str, npt.NDArray[Any]], expected: dict[str, npt.NDArray[Any]],
-                     mask: npt.NDArray[Any], outputs: list[GraphOutput], prefix: str = "") -> VerifyReport:
+def agreement_report(
+    heading: str,
+    actual: dict[str, npt.NDArray[Any]],
+    expected: dict[str, npt.NDArray[Any]],
+    mask: npt.NDArray[Any],
+    outputs: list[GraphOutput],
+    prefix: str = "",
+) -> VerifyReport:
     """Cosine against fp32 per output; passes at MIN_COSINE or above."""
     from prensa.export.agreement import MIN_COSINE, agreement
 
     figures = agreement(actual, expected, mask, {o.name for o in outputs if o.per_token})
     return VerifyReport(
         f"{heading}, min cosine >= {MIN_COSINE}",
-        {f"{prefix}{name}": f"min cosine {cos:.6f}, max |diff| {diff:.2e}" for name, (cos, diff) in figures.items()},
+        {
+            f"{prefix}{name}": f"min cosine {cos:.6f}, max |diff| {diff:.2e}"
+            for name, (cos, diff) in figures.items()
+        },
         all(cos >= MIN_COSINE for cos, _ in figures.values()),
     )
 
 
-def check_fp16(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]],
-               outputs: list[GraphOutput]) -> VerifyReport:
+def check_fp16(
+    path: Path,
+    inputs: list[str],
+    sample: dict[str, npt.NDArray[Any]],
+    expected: list[npt.NDArray[Any]],
+    outputs: list[GraphOutput],
+) -> VerifyReport:
     """The fp16 graph against fp32 torch, on onnxruntime's CUDA provider when there is one, else its
     CPU provider; when neither runs the graph, the check is skipped and the report says why."""
     import onnxruntime as ort
     from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
     from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
 
-    provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers()
-                else "CPUExecutionProvider")
+    provider = (
+        "CUDAExecutionProvider"
+        if "CUDAExecutionProvider" in ort.get_available_providers()
+        else "CPUExecutionProvider"
+    )
     try:
         actual = run_onnx(path, inputs, sample, provider)
     except (EPFail, Fail, NoKernel) as exc:  # e.g. a provider without fp16 kernels for some op
         reason = str(exc).splitlines()[0]
-        return VerifyReport("fp16 accuracy check", {"skipped": f"{provider} cannot run this graph: {reason}"}, True)
+        return VerifyReport(
+            "fp16 accuracy check", {"skipped": f"{provider} cannot run this graph: {reason}"}, True
+        )
     reference = {o.name: value for o, value in zip(outputs, expected)}
-    return agreement_report(f"onnxruntime fp16 ({provider}) vs fp32 torch", actual, reference,
-                            sample[contract.ATTENTION_MASK], outputs)
+    return agreement_report(
+        f"onnxruntime fp16 ({provider}) vs fp32 torch",
+        actual,
+        reference,
+        sample[contract.ATTENTION_MASK],
+        outputs,
+    )
 
 
-def compare_with_torch(actual: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]], mask: npt.NDArray[Any],
-                       dtype: str) -> VerifyReport:
+def compare_with_torch(
+    actual: dict[str, npt.NDArray[Any]],
+    expected: list[npt.NDArray[Any]],
+    mask: npt.NDArray[Any],
+    dtype: str,
+) -> VerifyReport:
     figures, worst = {}, 0.0
     for (name, got), want in zip(actual.items(), expected):
         delta = np.abs(want - got)
@@ -279,22 +408,35 @@ def compare_with_torch(actual: dict[str, npt.NDArray[Any]], expected: list[npt.N
         diff = float(delta.max()) if delta.size else 0.0
         figures[name], worst = f"max |onnx - torch| {diff:.2e}", max(worst, diff)
     ok = dtype != "fp32" or worst <= FP32_TOLERANCE
-    return VerifyReport(f"onnxruntime vs torch ({'tolerance ' + str(FP32_TOLERANCE) if dtype == 'fp32' else dtype})",
-                        figures, ok)
+    return VerifyReport(
+        f"onnxruntime vs torch ({'tolerance ' + str(FP32_TOLERANCE) if dtype == 'fp32' else dtype})",
+        figures,
+        ok,
+    )
 
 
-def check_adopted(actual: dict[str, npt.NDArray[Any]], outputs: list[GraphOutput], rows: int) -> VerifyReport:
+def check_adopted(
+    actual: dict[str, npt.NDArray[Any]], outputs: list[GraphOutput], rows: int
+) -> VerifyReport:
     figures, ok = {}, True
     for output in outputs:
         value = actual[output.name]
         good = value.shape[0] == rows and bool(np.isfinite(value).all())
-        figures[output.name] = f"shape {list(value.shape)}, {'finite' if good else 'NOT FINITE OR WRONG ROWS'}"
+        figures[output.name] = (
+            f"shape {list(value.shape)}, {'finite' if good else 'NOT FINITE OR WRONG ROWS'}"
+        )
         ok &= good
     return VerifyReport("adopted graph run on a sample batch", figures, ok)
 
 
-def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[Any]], expected: list[npt.NDArray[Any]],
-                  plain: VerifyReport, external: bool) -> tuple[dict[str, int], VerifyReport]:
+def _fuse_checked(
+    path: Path,
+    inputs: list[str],
+    sample: dict[str, npt.NDArray[Any]],
+    expected: list[npt.NDArray[Any]],
+    plain: VerifyReport,
+    external: bool,
+) -> tuple[dict[str, int], VerifyReport]:
     """Swap in the fused graph when it agrees with torch within the plain graph's tolerance; the
     report says which graph was kept and why."""
     import onnx
@@ -305,27 +447,35 @@ def _fuse_checked(path: Path, inputs: list[str], sample: dict[str, npt.NDArray[A
         return {}, VerifyReport(plain.heading, {**plain.figures, FUSED_FIGURE: reason}, plain.ok)
 
     with staging(path.parent, "fused") as folder:
-        fused_path = Path(folder) / path.name  # same name: the graph names its data file after itself
+        # same name: the graph names its data file after itself
+        fused_path = Path(folder) / path.name
         structure = onnx.load(str(path), load_external_data=False)  # fusion rewrites this copy
         fused = fuse_transformer_ops(structure, fused_path, external, weights_dir=path.parent)
         if not fused:
             return kept_plain("none matched; kept as traced")
-        checked = compare_with_torch(run_onnx(fused_path, inputs, sample), expected,
-                                     sample[contract.ATTENTION_MASK], "fp32")
+        checked = compare_with_torch(
+            run_onnx(fused_path, inputs, sample), expected, sample[contract.ATTENTION_MASK], "fp32"
+        )
         if not checked.ok:
-            return kept_plain(f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})")
+            return kept_plain(
+                f"not kept, it disagrees with torch ({'; '.join(checked.figures.values())})"
+            )
         move_graph(fused_path, path)
     counts = ", ".join(f"{op} x{count}" for op, count in fused.items())
     return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
 
 
-def served_values(outputs: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan) -> npt.NDArray[Any]:
+def served_values(
+    outputs: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan
+) -> npt.NDArray[Any]:
     """What clients receive for the sample, from the graph's outputs through the pool stage: dense
     vectors, or SPLADE's vocabulary weights (the pool stage lists their non-zero ones)."""
     if contract.SPLADE_WEIGHTS in outputs:
         return outputs[contract.SPLADE_WEIGHTS]
     if contract.LOGITS in outputs:  # one-label scores: the pool stage's sigmoid
-        return cast(npt.NDArray[Any], load_stage("pool").activate(outputs[contract.LOGITS], "sigmoid"))
+        return cast(
+            npt.NDArray[Any], load_stage("pool").activate(outputs[contract.LOGITS], "sigmoid")
+        )
     return calibration.served_dense(outputs, sample, plan.pooling, plan.normalize)
 
 
@@ -338,22 +488,40 @@ class Reference:
     described: str  # what the served values are compared with, in the report
 
 
-def check_reference(actual: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan,
-                    reference: Reference, report: VerifyReport) -> VerifyReport:
+def check_reference(
+    actual: dict[str, npt.NDArray[Any]],
+    sample: dict[str, npt.NDArray[Any]],
+    plan: ModelPlan,
+    reference: Reference,
+    report: VerifyReport,
+) -> VerifyReport:
     """The served values against the reference: the check a layout read wrongly (a Dense layer
     skipped, the wrong pooling, padding or LM-head rows) cannot pass."""
-    from prensa.export.agreement import REFERENCE_MAX_DIFF, REFERENCE_MIN_COSINE, reference_agreement
+    from prensa.export.agreement import (
+        REFERENCE_MAX_DIFF,
+        REFERENCE_MIN_COSINE,
+        reference_agreement,
+    )
 
     diff, cosine = reference_agreement(served_values(actual, sample, plan), reference.values)
     ok = diff <= REFERENCE_MAX_DIFF and cosine >= REFERENCE_MIN_COSINE
-    figure = (f"served vs {reference.described}: max |diff| {diff:.2e}, min cosine {cosine:.6f}"
-              + ("" if ok else f" (needs <= {REFERENCE_MAX_DIFF:.0e} and >= {REFERENCE_MIN_COSINE}): prensa does not "
-                               f"serve this model as {reference.name} does"))
-    return VerifyReport(report.heading, {**report.figures, reference.name: figure}, report.ok and ok)
+    figure = f"served vs {reference.described}: max |diff| {diff:.2e}, min cosine {cosine:.6f}" + (
+        ""
+        if ok
+        else f" (needs <= {REFERENCE_MAX_DIFF:.0e} and >= {REFERENCE_MIN_COSINE}): prensa does not "
+        f"serve this model as {reference.name} does"
+    )
+    return VerifyReport(
+        report.heading, {**report.figures, reference.name: figure}, report.ok and ok
+    )
 
 
-def _load_graph(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan,
-                sample: dict[str, npt.NDArray[Any]]) -> tuple[nn.Module, list[GraphOutput], Reference | None]:
+def _load_graph(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    sample: dict[str, npt.NDArray[Any]],
+) -> tuple[nn.Module, list[GraphOutput], Reference | None]:
     """The torch module to trace, its outputs, and what the model's own library answers for the
     sample (sentence-transformers' `encode`, the LLM reranker card's formula), taken before tracing."""
     if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
@@ -367,22 +535,39 @@ def _load_graph(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: M
         causal, no_id, yes_id = llm_reranker.load(source.path, tokenizer, source.name)
         graph, outputs = llm_reranker.reranker_graph(causal, no_id, yes_id)
         values = llm_reranker.reference(causal, no_id, yes_id, sample)
-        return graph, outputs, Reference(llm_reranker.FIGURE, values, "the card's softmax over no/yes")
+        return (
+            graph,
+            outputs,
+            Reference(llm_reranker.FIGURE, values, "the card's softmax over no/yes"),
+        )
     from prensa.export.graphs import build_graph
 
     graph, outputs = build_graph(plan.task, source.path)
     return graph, outputs, None
 
 
-def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions, dtype: str,
-                  fuse: bool, step: Step) -> tuple[GraphInfo, VerifyReport]:
+def _export_torch(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    options: ExportOptions,
+    dtype: str,
+    fuse: bool,
+    step: Step,
+) -> tuple[GraphInfo, VerifyReport]:
     from prensa.export.graphs import takes_token_types
 
     with step(f"Loading {plan.task.value} model"):
-        sample = sample_batch(tokenizer, plan.task, plan.max_length, plan.template, plan.verify_prompt)
+        sample = sample_batch(
+            tokenizer, plan.task, plan.max_length, plan.template, plan.verify_prompt
+        )
         graph, outputs, reference = _load_graph(source, tokenizer, plan, sample)
-        inputs = [n for n in TOKEN_INPUTS if n in tokenizer.model_input_names
-                  and (n != contract.TOKEN_TYPE_IDS or takes_token_types(graph))]
+        inputs = [
+            n
+            for n in TOKEN_INPUTS
+            if n in tokenizer.model_input_names
+            and (n != contract.TOKEN_TYPE_IDS or takes_token_types(graph))
+        ]
         expected = run_torch(graph, inputs, sample)
     onnx_path = options.out / ONNX_FILE
     with step(f"Tracing to ONNX (opset {OPSET})"):
@@ -390,32 +575,50 @@ def _export_torch(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan:
             _trace_into(graph, inputs, outputs, sample, onnx_path, options.external_data)
         except RuntimeError as exc:  # torch's tracer and exporter raise plain RuntimeErrors
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SourceError(f"{source.name} does not trace to ONNX with torch {_torch_version()}: {first}") from exc
+            raise SourceError(
+                f"{source.name} does not trace to ONNX with torch {_torch_version()}: {first}"
+            ) from exc
         del graph  # the torch weights: as large as the graph's, and not needed past the trace
         gc.collect()
     with step("Verifying onnxruntime against torch"):
-        report = compare_with_torch(run_onnx(onnx_path, inputs, sample), expected,
-                                    sample[contract.ATTENTION_MASK], "fp32")
+        report = compare_with_torch(
+            run_onnx(onnx_path, inputs, sample), expected, sample[contract.ATTENTION_MASK], "fp32"
+        )
     fused: dict[str, int] = {}
     if fuse and report.ok:  # in fp32, before any fp16 conversion: its casts hide the patterns
         with step("Fusing transformer ops for onnxruntime, checking against torch"):
-            fused, report = _fuse_checked(onnx_path, inputs, sample, expected, report, options.external_data)
+            fused, report = _fuse_checked(
+                onnx_path, inputs, sample, expected, report, options.external_data
+            )
     if reference is not None and report.ok:
         with step(f"Checking what prensa serves against {reference.described}"):
-            report = check_reference(run_onnx(onnx_path, inputs, sample), sample, plan, reference, report)
-    if dtype == "fp32" or not report.ok:  # a trace that disagrees with torch stays fp32; the report says why
+            report = check_reference(
+                run_onnx(onnx_path, inputs, sample), sample, plan, reference, report
+            )
+    if (
+        dtype == "fp32" or not report.ok
+    ):  # a trace that disagrees with torch stays fp32; the report says why
         return GraphInfo(inputs, outputs, "fp32", fused), report
     with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
         _to_fp16(onnx_path, onnx_path, options.external_data)
     with step("Checking fp16 against fp32 on a sample"):
         checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
-    fusion = {k: v for k, v in report.figures.items() if k == FUSED_FIGURE}  # the fp32 fusion step's figure
-    return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(checked.heading, {**checked.figures, **fusion},
-                                                                  checked.ok)
+    fusion = {
+        k: v for k, v in report.figures.items() if k == FUSED_FIGURE
+    }  # the fp32 fusion step's figure
+    return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(
+        checked.heading, {**checked.figures, **fusion}, checked.ok
+    )
 
 
-def _adopt_onnx(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, graph: GraphInfo, options: ExportOptions,
-                step: Step) -> tuple[GraphInfo, VerifyReport]:
+def _adopt_onnx(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    graph: GraphInfo,
+    options: ExportOptions,
+    step: Step,
+) -> tuple[GraphInfo, VerifyReport]:
     with step(f"Adopting {ONNX_FILE} ({graph.dtype}) without re-exporting"):
         try:
             link_graph_files(source.path, options.out, ONNX_FILE)
@@ -423,13 +626,22 @@ def _adopt_onnx(source: SourceModel, tokenizer: PreTrainedTokenizerBase, plan: M
             raise SourceError(str(exc)) from exc
     with step("Running the adopted graph on a sample batch"):
         sample = sample_batch(tokenizer, plan.task, plan.max_length)
-        report = check_adopted(run_onnx(options.out / ONNX_FILE, graph.inputs, sample), graph.outputs,
-                               sample[contract.INPUT_IDS].shape[0])
+        report = check_adopted(
+            run_onnx(options.out / ONNX_FILE, graph.inputs, sample),
+            graph.outputs,
+            sample[contract.INPUT_IDS].shape[0],
+        )
     return graph, report
 
 
-def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions,
-              step: Step) -> tuple[GraphInfo, VerifyReport]:
+def _quantize(
+    graph: GraphInfo,
+    report: VerifyReport,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    options: ExportOptions,
+    step: Step,
+) -> tuple[GraphInfo, VerifyReport]:
     """Swap the fp32 graph in `out` for its int8 version; add the agreement figures to the report."""
     from prensa.export.quantize import quantize_with_report
 
@@ -439,28 +651,49 @@ def _quantize(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedToken
         fp32 = Path(folder) / ONNX_FILE
         move_graph(options.out / ONNX_FILE, fp32)  # with its data file: the graph names it
         try:
-            with step("Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"):
-                result = quantize_with_report(fp32, options.out / ONNX_FILE, graph.inputs, tokenizer, plan.task,
-                                              plan.pooling, plan.max_length, options.external_data, plan.template)
+            with step(
+                "Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"
+            ):
+                result = quantize_with_report(
+                    fp32,
+                    options.out / ONNX_FILE,
+                    graph.inputs,
+                    tokenizer,
+                    plan.task,
+                    plan.pooling,
+                    plan.max_length,
+                    options.external_data,
+                    plan.template,
+                )
         except BaseException:
-            move_graph(fp32, options.out / ONNX_FILE)  # a failed quantisation leaves the fp32 export as it was
+            # a failed quantisation leaves the fp32 export as it was
+            move_graph(fp32, options.out / ONNX_FILE)
             raise
     figures = dict(report.figures)
     for label, values in result.figures.items():
         kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
         figures[f"int8 {label}{kept}"] = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-    return GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops), VerifyReport(report.heading, figures, report.ok)
+    return GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops), VerifyReport(
+        report.heading, figures, report.ok
+    )
 
 
-def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, plan: ModelPlan, options: ExportOptions,
-                    step: Step) -> tuple[TensorRTEngine, VerifyReport]:
+def _build_tensorrt(
+    graph: GraphInfo,
+    report: VerifyReport,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    options: ExportOptions,
+    step: Step,
+) -> tuple[TensorRTEngine, VerifyReport]:
     """model.plan beside the fp32 model.onnx, checked against it through the TensorRT runtime."""
     from prensa.export import tensorrt
 
     if graph.dtype != "fp32":
         raise SourceError(f"--format tensorrt builds from an fp32 graph; this one is {graph.dtype}")
-    profile = tensorrt.engine_profile(plan.max_length, options.trt_max_batch, options.trt_opt_batch,
-                                      options.trt_opt_length)
+    profile = tensorrt.engine_profile(
+        plan.max_length, options.trt_max_batch, options.trt_opt_batch, options.trt_opt_length
+    )
     onnx_path, plan_path = options.out / ONNX_FILE, options.out / tensorrt.ENGINE_FILE
     sample = sample_batch(tokenizer, plan.task, plan.max_length)
     with step("Running the fp32 graph for reference outputs"):
@@ -471,29 +704,51 @@ def _build_tensorrt(graph: GraphInfo, report: VerifyReport, tokenizer: PreTraine
             source = Path(staging) / ONNX_FILE
             with step("Converting a copy to fp16 (LayerNorm and softmax kept in fp32)"):
                 _to_fp16(onnx_path, source, options.external_data)
-        with step(f"Building the {options.dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"):
+        with step(
+            f"Building the {options.dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"
+        ):
             version = tensorrt.build_engine(source, plan_path, profile)
     with step("Running the engine on a sample batch"):
         actual = tensorrt.EngineRunner(plan_path).run({n: sample[n] for n in graph.inputs})
-    checked = agreement_report("TensorRT", actual, expected, sample[contract.ATTENTION_MASK], graph.outputs,
-                               prefix="tensorrt ")
+    checked = agreement_report(
+        "TensorRT",
+        actual,
+        expected,
+        sample[contract.ATTENTION_MASK],
+        graph.outputs,
+        prefix="tensorrt ",
+    )
     engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.dtype, version, profile)
-    figures = {**report.figures, **checked.figures,
-               "tensorrt engine": f"TensorRT {version}, {options.dtype}, {tensorrt.describe_profile(profile)}"}
-    return engine, VerifyReport(f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok)
+    figures = {
+        **report.figures,
+        **checked.figures,
+        "tensorrt engine": f"TensorRT {version}, {options.dtype}, {tensorrt.describe_profile(profile)}",
+    }
+    return engine, VerifyReport(
+        f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok
+    )
 
 
-def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer: PreTrainedTokenizerBase, options: ExportOptions,
-               step: Step) -> tuple[str | None, VerifyReport]:
+def _calibrate(
+    manifest: Manifest,
+    report: VerifyReport,
+    tokenizer: PreTrainedTokenizerBase,
+    options: ExportOptions,
+    step: Step,
+) -> tuple[str | None, VerifyReport]:
     """calibration.json for a dense export whose graph passed its check, when asked or cheap; the
     report's line says how it was made, or why there is none."""
+
     def reported(figure: str) -> VerifyReport:
-        return VerifyReport(report.heading, {**report.figures, calibration.FIGURE: figure}, report.ok)
+        return VerifyReport(
+            report.heading, {**report.figures, calibration.FIGURE: figure}, report.ok
+        )
 
     if not report.ok:
         return None, reported("skipped: the graph failed its check")
-    skipped = calibration.skip_reason(options.calibrate,
-                                      calibration.graph_parameters(options.out / manifest.onnx_file))
+    skipped = calibration.skip_reason(
+        options.calibrate, calibration.graph_parameters(options.out / manifest.onnx_file)
+    )
     if skipped:
         return None, reported(skipped)
     with step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
@@ -501,10 +756,14 @@ def _calibrate(manifest: Manifest, report: VerifyReport, tokenizer: PreTrainedTo
             result = calibration.calibrate(options.out, manifest, tokenizer)
         except calibration.CalibrationUnavailable as exc:
             return None, reported(f"skipped: {exc}")
-        return calibration.write_calibration(options.out, result, manifest), reported(calibration.describe(result))
+        return calibration.write_calibration(options.out, result, manifest), reported(
+            calibration.describe(result)
+        )
 
 
-def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Manifest, VerifyReport]:
+def export_model(
+    options: ExportOptions, step: Step = _no_progress
+) -> tuple[Manifest, VerifyReport]:
     from transformers import AutoTokenizer
 
     if options.format is ExportFormat.TENSORRT:
@@ -518,9 +777,13 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
             require_memory(source, config, psutil.virtual_memory().available)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
-        tokenizer = AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
+        tokenizer = AutoTokenizer.from_pretrained(
+            source.path, use_fast=True, trust_remote_code=False
+        )  # type: ignore[no-untyped-call]
         if not tokenizer.is_fast:
-            raise SourceError(f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json")
+            raise SourceError(
+                f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json"
+            )
         prompts, default_prompt = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
@@ -530,12 +793,16 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
     if adopted:
         adopted.require(plan.task)
         if plan.layout is not None and not plan.layout.include_prompt:
-            raise SourceError(f"{source.name}: its pooling leaves prompt tokens out (include_prompt: false), which "
-                              f"{ONNX_FILE} cannot be told; export it from its weights instead of adopting the graph")
+            raise SourceError(
+                f"{source.name}: its pooling leaves prompt tokens out (include_prompt: false), which "
+                f"{ONNX_FILE} cannot be told; export it from its weights instead of adopting the graph"
+            )
         if plan.graph_pooling:
-            raise SourceError(f"{source.name}: model.onnx outputs hidden states, and its sentence-transformers modules "
-                              f"({plan.graph_pooling} pooling, {len(plan.layout.dense) if plan.layout else 0} Dense) "
-                              "would be skipped; export it from its weights instead of adopting the graph")
+            raise SourceError(
+                f"{source.name}: model.onnx outputs hidden states, and its sentence-transformers modules "
+                f"({plan.graph_pooling} pooling, {len(plan.layout.dense) if plan.layout else 0} Dense) "
+                "would be skipped; export it from its weights instead of adopting the graph"
+            )
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
         onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
@@ -578,9 +845,12 @@ def export_model(options: ExportOptions, step: Step = _no_progress) -> tuple[Man
         prompts=prompts,
         default_prompt_name=default_prompt,
         include_prompt=plan.layout.include_prompt if plan.layout else True,
-        matryoshka_dimensions=read_matryoshka(source, config) if plan.task in calibration.DENSE_TASKS else None,
+        matryoshka_dimensions=read_matryoshka(source, config)
+        if plan.task in calibration.DENSE_TASKS
+        else None,
     )
-    (options.out / CALIBRATION_FILE).unlink(missing_ok=True)  # a previous export's, into the same directory
+    # a previous export's, into the same directory
+    (options.out / CALIBRATION_FILE).unlink(missing_ok=True)
     if manifest.task in calibration.DENSE_TASKS:
         manifest.calibration_file, report = _calibrate(manifest, report, tokenizer, options, step)
     with step("Writing manifest"):

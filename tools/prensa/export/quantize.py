@@ -34,7 +34,9 @@ class QuantizeReport:
     figures: dict[str, dict[str, float]]  # "per-tensor" / "per-channel" -> metric -> value
 
 
-def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool, external: bool = False) -> None:
+def quantize_dynamic_int8(
+    fp32: Path, int8: Path, per_channel: bool, external: bool = False
+) -> None:
     """`fp32` (external data beside it read through the graph) quantised to `int8`, whose weights
     go to one `<name>.data` file when asked or when they do not fit a protobuf."""
     import onnx
@@ -46,13 +48,20 @@ def quantize_dynamic_int8(fp32: Path, int8: Path, per_channel: bool, external: b
     data_file(int8).unlink(missing_ok=True)  # onnx appends to an existing data file
     # int8 weights take a quarter of fp32's bytes, but embeddings and unquantised ops keep theirs: from
     # twice the limit in fp32 on, the int8 graph may not fit a protobuf.
-    fp32_bytes = sum((fp32.parent / name).stat().st_size for name in (fp32.name, *graph_data_files(fp32)))
+    fp32_bytes = sum(
+        (fp32.parent / name).stat().st_size for name in (fp32.name, *graph_data_files(fp32))
+    )
     external = external or fp32_bytes >= 2 * PROTOBUF_LIMIT
     # ONNX shape inference cannot see through onnxruntime's fused ops (export/fusion.py); the
     # tensors it leaves untyped there are fp32.
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=per_channel,
-                     use_external_data_format=external,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    quantize_dynamic(
+        str(fp32),
+        str(int8),
+        weight_type=QuantType.QInt8,
+        per_channel=per_channel,
+        use_external_data_format=external,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
 
 
 class GraphRunner:
@@ -70,7 +79,11 @@ class GraphRunner:
 
 
 def _cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    return cast(npt.NDArray[Any], (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12))
+    return cast(
+        npt.NDArray[Any],
+        (a * b).sum(-1)
+        / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12),
+    )
 
 
 def _kendall_tau(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
@@ -80,7 +93,13 @@ def _kendall_tau(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
     return float((sign_a[upper] * sign_b[upper]).mean())
 
 
-def _vectors(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None, max_length: int) -> npt.NDArray[Any]:
+def _vectors(
+    run: GraphRunner,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    pooling: Pooling | None,
+    max_length: int,
+) -> npt.NDArray[Any]:
     pool = load_stage("pool")
     rows = []
     for text in embedding_texts(EMBED_SAMPLES, seed=7):
@@ -95,8 +114,12 @@ def _vectors(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, p
     return np.stack(rows)
 
 
-def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_length: int,
-                   template: dict[str, str] | None) -> list[npt.NDArray[Any]]:
+def _rerank_scores(
+    run: GraphRunner,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    template: dict[str, str] | None,
+) -> list[npt.NDArray[Any]]:
     """Each query's scores of its passages, one pair at a time; an LLM reranker's pairs written into its prompt."""
     from prensa.export import llm_reranker
 
@@ -104,9 +127,17 @@ def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_len
     for case in rerank_cases(RERANK_QUERIES, RERANK_PASSAGES, seed=7):
         row = []
         for passage in case.passages:
-            encoded = (llm_reranker.sample_rows(tokenizer, template, [case.query], [passage], max_length) if template
-                       else tokenizer(case.query, passage, truncation="only_second", max_length=max_length,
-                                      return_tensors="np"))
+            encoded = (
+                llm_reranker.sample_rows(tokenizer, template, [case.query], [passage], max_length)
+                if template
+                else tokenizer(
+                    case.query,
+                    passage,
+                    truncation="only_second",
+                    max_length=max_length,
+                    return_tensors="np",
+                )
+            )
             row.append(float(run(encoded)[contract.LOGITS][0, 0]))
         scores.append(np.asarray(row))
     return scores
@@ -115,8 +146,14 @@ def _rerank_scores(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, max_len
 Outputs = npt.NDArray[Any] | list[npt.NDArray[Any]]  # vectors [texts, dim], or each query's scores
 
 
-def task_outputs(run: GraphRunner, tokenizer: PreTrainedTokenizerBase, task: Task, pooling: Pooling | None,
-                 max_length: int, template: dict[str, str] | None = None) -> Outputs:
+def task_outputs(
+    run: GraphRunner,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    pooling: Pooling | None,
+    max_length: int,
+    template: dict[str, str] | None = None,
+) -> Outputs:
     """What clients receive from `run` on the workload: rerank scores per query, else vectors."""
     if task is Task.RERANK:
         return _rerank_scores(run, tokenizer, max_length, template)
@@ -128,8 +165,11 @@ def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
     if isinstance(want, list) and isinstance(got, list):
         taus = [_kendall_tau(w, g) for w, g in zip(want, got)]
         top1 = [int(np.argmax(w) == np.argmax(g)) for w, g in zip(want, got)]
-        return {"kendall_tau_mean": float(np.mean(taus)), "kendall_tau_min": float(np.min(taus)),
-                "top1_agreement": float(np.mean(top1))}
+        return {
+            "kendall_tau_mean": float(np.mean(taus)),
+            "kendall_tau_min": float(np.min(taus)),
+            "top1_agreement": float(np.mean(top1)),
+        }
     assert not isinstance(want, list) and not isinstance(got, list)
     cosines = _cosine(want, got)
     figures = {"cosine_mean": float(cosines.mean()), "cosine_min": float(cosines.min())}
@@ -138,25 +178,45 @@ def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
     return figures
 
 
-def quantize_with_report(fp32: Path, int8: Path, inputs: list[str], tokenizer: PreTrainedTokenizerBase, task: Task,
-                         pooling: Pooling | None, max_length: int, external: bool = False,
-                         template: dict[str, str] | None = None) -> QuantizeReport:
+def quantize_with_report(
+    fp32: Path,
+    int8: Path,
+    inputs: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    pooling: Pooling | None,
+    max_length: int,
+    external: bool = False,
+    template: dict[str, str] | None = None,
+) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
     from prensa.export.graph_store import move_graph, staging
 
-    reference = task_outputs(GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length, template)  # once for both
+    # once for both
+    reference = task_outputs(
+        GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length, template
+    )
     figures, candidates = {}, {}
     with staging(int8.parent, "int8") as folder:
         for per_channel in (False, True):
             label = "per-channel" if per_channel else "per-tensor"
-            candidates[per_channel] = Path(folder) / label / int8.name  # its own folder: the data file keeps its name
+            # its own folder: the data file keeps its name
+            candidates[per_channel] = Path(folder) / label / int8.name
             candidates[per_channel].parent.mkdir()
             quantize_dynamic_int8(fp32, candidates[per_channel], per_channel, external)
-            int8_outputs = task_outputs(GraphRunner(candidates[per_channel], inputs), tokenizer, task, pooling,
-                                        max_length, template)
+            int8_outputs = task_outputs(
+                GraphRunner(candidates[per_channel], inputs),
+                tokenizer,
+                task,
+                pooling,
+                max_length,
+                template,
+            )
             figures[label] = agreement(reference, int8_outputs, task)
-        headline = {per_channel: next(iter(figures[label].values()))
-                    for per_channel, label in ((False, "per-tensor"), (True, "per-channel"))}
+        headline = {
+            per_channel: next(iter(figures[label].values()))
+            for per_channel, label in ((False, "per-tensor"), (True, "per-channel"))
+        }
         keep = headline[True] > headline[False]
         move_graph(candidates[keep], int8)
     return QuantizeReport(keep, figures)

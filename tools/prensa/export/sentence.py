@@ -24,7 +24,9 @@ from prensa.stages import contract
 FIGURE = "sentence-transformers"  # the export report's line
 
 
-def load_sentence_model(model_dir: Path, layout: SentenceLayout, max_length: int, attn: str = "eager") -> Any:
+def load_sentence_model(
+    model_dir: Path, layout: SentenceLayout, max_length: int, attn: str = "eager"
+) -> Any:
     """`SentenceTransformer` (or `SparseEncoder`) on `model_dir`, on the CPU, never running remote code,
     cutting texts where the export does; its Matryoshka `truncate_dim` is dropped, since prensa serves
     the full vector (and `dimensions`)."""
@@ -33,8 +35,12 @@ def load_sentence_model(model_dir: Path, layout: SentenceLayout, max_length: int
     kind = SparseEncoder if layout.is_splade else SentenceTransformer
     options = {k: v for k, v in pretrained_options(model_dir).items() if k != "trust_remote_code"}
     with refusing_pickled_code(f"the model weights in {model_dir.name}"):
-        model = kind(str(model_dir), device="cpu", trust_remote_code=False,
-                     model_kwargs={"attn_implementation": attn, **options})
+        model = kind(
+            str(model_dir),
+            device="cpu",
+            trust_remote_code=False,
+            model_kwargs={"attn_implementation": attn, **options},
+        )
     model.eval()
     model.max_seq_length = max_length
     if hasattr(model, "truncate_dim"):
@@ -48,7 +54,9 @@ def sentence_graph(model: Any, layout: SentenceLayout) -> tuple[Any, list[GraphO
     transformer = model[0].auto_model
     if layout.is_splade:
         vocab = int(transformer.config.vocab_size)
-        splade = SpladeGraph(transformer, layout.splade_strategy or "max", layout.splade_activation or "relu")
+        splade = SpladeGraph(
+            transformer, layout.splade_strategy or "max", layout.splade_activation or "relu"
+        )
         return splade, [GraphOutput(contract.SPLADE_WEIGHTS, [vocab], False)]
     hidden = int(transformer.config.hidden_size)
     state = GraphOutput(contract.LAST_HIDDEN_STATE, [-1, hidden], True)
@@ -56,7 +64,11 @@ def sentence_graph(model: Any, layout: SentenceLayout) -> tuple[Any, list[GraphO
         graph: HiddenStateGraph | SentenceEmbeddingGraph = HiddenStateGraph(transformer)
         outputs = [state]
     else:
-        after = [module for module in list(model)[1:] if class_name(type(module).__name__) in ("Pooling", "Dense")]
+        after = [
+            module
+            for module in list(model)[1:]
+            if class_name(type(module).__name__) in ("Pooling", "Dense")
+        ]
         dim = layout.dense[-1].out_features if layout.dense else hidden * len(layout.pooling_modes)
         graph = SentenceEmbeddingGraph(transformer, after)
         outputs = [state, GraphOutput(contract.SENTENCE_EMBEDDING, [dim], False)]
@@ -64,14 +76,20 @@ def sentence_graph(model: Any, layout: SentenceLayout) -> tuple[Any, list[GraphO
     return graph, outputs
 
 
-def reference(model: Any, layout: SentenceLayout, texts: list[str], prompt: str | None = None) -> npt.NDArray[Any]:
+def reference(
+    model: Any, layout: SentenceLayout, texts: list[str], prompt: str | None = None
+) -> npt.NDArray[Any]:
     """`encode` of `texts` with `prompt` (none by default): [texts, dim] vectors, or [texts, vocab]
     SPLADE weights."""
     import torch
 
     with torch.no_grad():
         if layout.is_splade:
-            encoded = model.encode(texts, batch_size=len(texts), convert_to_tensor=True, convert_to_sparse_tensor=False)
+            encoded = model.encode(
+                texts, batch_size=len(texts), convert_to_tensor=True, convert_to_sparse_tensor=False
+            )
             return np.asarray(encoded.cpu().numpy(), dtype=np.float32)
-        return np.asarray(model.encode(texts, prompt=prompt or "", batch_size=len(texts), convert_to_numpy=True),
-                          dtype=np.float32)
+        return np.asarray(
+            model.encode(texts, prompt=prompt or "", batch_size=len(texts), convert_to_numpy=True),
+            dtype=np.float32,
+        )

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # What an export reads; skips duplicate weight formats (onnx/, tf, flax) that can be gigabytes.
-HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.pt", "*.safetensors", "*pytorch_model.bin", "1_Pooling/*"]
+HUB_PATTERNS = [
+    "*.json",
+    "*.txt",
+    "*.model",
+    "*.pt",
+    "*.safetensors",
+    "*pytorch_model.bin",
+    "1_Pooling/*",
+]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx", ".json", ".model")
 
 
@@ -28,7 +36,9 @@ class SourceModel:
 def content_revision(directory: Path) -> str:
     """A short hash over a local directory's weight and config files (no Hub commit to cite)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
+    for path in sorted(
+        p for p in directory.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES
+    ):
         digest.update(str(path.relative_to(directory)).encode())
         with path.open("rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -50,7 +60,9 @@ def resolve_source(source: str, revision: str | None = None) -> SourceModel:
     local = Path(source).expanduser()
     if local.is_dir():
         if not (local / "config.json").exists() and not (local / "model.onnx").exists():
-            raise SourceError(f"{local} has neither config.json nor model.onnx: not a model directory")
+            raise SourceError(
+                f"{local} has neither config.json nor model.onnx: not a model directory"
+            )
         return SourceModel(local.resolve(), source, content_revision(local))
     if local.exists() or source.startswith((".", "/")):
         raise SourceError(f"{source} is not a directory")

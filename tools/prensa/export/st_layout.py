@@ -17,12 +17,21 @@ from typing import Any
 from prensa.export.source import SourceError, SourceModel
 
 MODULES_FILE = "modules.json"
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")  # legacy key order
+POOLING_MODES = (
+    "cls",
+    "max",
+    "mean",
+    "mean_sqrt_len_tokens",
+    "weightedmean",
+    "lasttoken",
+)  # legacy key order
 SPLADE_STRATEGIES = ("max", "sum")
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 TRANSFORMERS = ("Transformer", "MLMTransformer")
-SERVED = ("Transformer -> Pooling -> Dense (any number) -> Normalize (optional) for embeddings, "
-          "Transformer -> SpladePooling for SPLADE")
+SERVED = (
+    "Transformer -> Pooling -> Dense (any number) -> Normalize (optional) for embeddings, "
+    "Transformer -> SpladePooling for SPLADE"
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,11 @@ class SentenceLayout:
         """The one pooling mode the pool stage computes itself (cls, mean, lasttoken), when nothing
         else follows it but Normalize; None when the graph must pool (sentence-transformers' own
         modules traced into it)."""
-        if self.dense or len(self.pooling_modes) != 1 or self.pooling_modes[0] not in ("cls", "mean", "lasttoken"):
+        if (
+            self.dense
+            or len(self.pooling_modes) != 1
+            or self.pooling_modes[0] not in ("cls", "mean", "lasttoken")
+        ):
             return None
         return self.pooling_modes[0]
 
@@ -67,7 +80,9 @@ def _json(source: SourceModel, relative: str) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise SourceError(f"{source.name}: {MODULES_FILE} names {relative}, which is missing") from exc
+        raise SourceError(
+            f"{source.name}: {MODULES_FILE} names {relative}, which is missing"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise SourceError(f"{source.name}: {relative} is not valid JSON ({exc})") from exc
 
@@ -84,12 +99,19 @@ def pooling_modes(config: dict[str, Any]) -> tuple[str, ...]:
     if mode is not None:
         modes = (mode,) if isinstance(mode, str) else tuple(mode)
     else:
-        modes = tuple(m for m in POOLING_MODES if config.get(f"pooling_mode_{m}") or
-                      config.get(f"pooling_mode_{m}_token") or config.get(f"pooling_mode_{m}_tokens"))
+        modes = tuple(
+            m
+            for m in POOLING_MODES
+            if config.get(f"pooling_mode_{m}")
+            or config.get(f"pooling_mode_{m}_token")
+            or config.get(f"pooling_mode_{m}_tokens")
+        )
     unknown = [m for m in modes if m not in POOLING_MODES]
     if unknown or not all(isinstance(m, str) for m in modes):
-        raise SourceError(f"pooling mode {unknown or modes} is not one sentence-transformers defines "
-                          f"({', '.join(POOLING_MODES)})")
+        raise SourceError(
+            f"pooling mode {unknown or modes} is not one sentence-transformers defines "
+            f"({', '.join(POOLING_MODES)})"
+        )
     return modes or ("mean",)
 
 
@@ -97,17 +119,26 @@ def _dense(source: SourceModel, entry: dict[str, Any]) -> DenseLayer:
     config = _json(source, f"{entry['path']}/config.json")
     activation = config.get("activation_function") or "torch.nn.modules.linear.Identity"
     if not activation.startswith("torch."):
-        raise SourceError(f"{source.name}: module {entry['path']} (Dense) uses activation {activation}, which is not "
-                          "a torch class; sentence-transformers itself runs it only as remote code, and prensa serves "
-                          "torch activations only")
-    return DenseLayer(entry["path"], int(config["in_features"]), int(config["out_features"]),
-                      bool(config.get("bias", True)), activation)
+        raise SourceError(
+            f"{source.name}: module {entry['path']} (Dense) uses activation {activation}, which is not "
+            "a torch class; sentence-transformers itself runs it only as remote code, and prensa serves "
+            "torch activations only"
+        )
+    return DenseLayer(
+        entry["path"],
+        int(config["in_features"]),
+        int(config["out_features"]),
+        bool(config.get("bias", True)),
+        activation,
+    )
 
 
 def _refuse(source: SourceModel, entry: dict[str, Any], why: str) -> SourceError:
     where = entry.get("path") or "(root)"
-    return SourceError(f"{source.name}: module {where} of type {entry.get('type')} in {MODULES_FILE} {why}; "
-                       f"prensa serves {SERVED}")
+    return SourceError(
+        f"{source.name}: module {where} of type {entry.get('type')} in {MODULES_FILE} {why}; "
+        f"prensa serves {SERVED}"
+    )
 
 
 def read_layout(source: SourceModel) -> SentenceLayout | None:
@@ -139,22 +170,35 @@ def read_layout(source: SourceModel) -> SentenceLayout | None:
         else:
             raise _refuse(source, entry, "is not served")
     if pooling is None:
-        raise SourceError(f"{source.name}: {MODULES_FILE} has no Pooling module; prensa serves {SERVED}")
+        raise SourceError(
+            f"{source.name}: {MODULES_FILE} has no Pooling module; prensa serves {SERVED}"
+        )
     try:
         modes = pooling_modes(pooling)
     except SourceError as exc:
         raise SourceError(f"{source.name}: {pooling['path']}/config.json: {exc}") from exc
-    return SentenceLayout(pooling["path"], modes, bool(pooling.get("include_prompt", True)), tuple(dense), normalize)
+    return SentenceLayout(
+        pooling["path"], modes, bool(pooling.get("include_prompt", True)), tuple(dense), normalize
+    )
 
 
 def _splade(source: SourceModel, rest: list[dict[str, Any]]) -> SentenceLayout:
     """Transformer -> SpladePooling: max (or sum) over tokens of relu (or log1p of relu) of the MLM logits."""
     if len(rest) != 1:
-        raise _refuse(source, rest[1], "follows SpladePooling, which prensa serves only as the last module")
+        raise _refuse(
+            source, rest[1], "follows SpladePooling, which prensa serves only as the last module"
+        )
     entry = rest[0]
     config = _json(source, f"{entry['path']}/config.json")
-    strategy, activation = config.get("pooling_strategy", "max"), config.get("activation_function", "relu")
+    strategy, activation = (
+        config.get("pooling_strategy", "max"),
+        config.get("activation_function", "relu"),
+    )
     if strategy not in SPLADE_STRATEGIES or activation not in SPLADE_ACTIVATIONS:
-        raise _refuse(source, entry, f"asks pooling_strategy {strategy!r} with activation {activation!r}, of which "
-                                     f"prensa serves {SPLADE_STRATEGIES} and {SPLADE_ACTIVATIONS}")
+        raise _refuse(
+            source,
+            entry,
+            f"asks pooling_strategy {strategy!r} with activation {activation!r}, of which "
+            f"prensa serves {SPLADE_STRATEGIES} and {SPLADE_ACTIVATIONS}",
+        )
     return SentenceLayout(None, (), True, (), False, strategy, activation)

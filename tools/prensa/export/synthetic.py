@@ -32,7 +32,9 @@ class XlmrShape:
 
 SHAPES: dict[str, XlmrShape] = {
     "tiny": XlmrShape(layers=2, hidden=32, heads=4, ffn=64, vocab_size=None, max_positions=514),
-    "full": XlmrShape(layers=24, hidden=1024, heads=16, ffn=4096, vocab_size=250002, max_positions=8194),
+    "full": XlmrShape(
+        layers=24, hidden=1024, heads=16, ffn=4096, vocab_size=250002, max_positions=8194
+    ),
 }
 # What the tokenizers of both BAAI models declare (8192 tokens plus XLM-R's two offset positions).
 MAX_LENGTH: dict[str, int] = {"tiny": 512, "full": 8192}
@@ -59,20 +61,43 @@ def shape(size: Size) -> XlmrShape:
 
 def xlmr_tokenizer(directory: Path, max_length: int) -> Any:
     """A fast XLM-R tokenizer (unigram, Metaspace, `<s> A </s></s> B </s>`) saved in `directory`."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import XLMRobertaTokenizerFast
 
     model = Tokenizer(models.Unigram())
     model.normalizer = normalizers.NFKC()
     model.pre_tokenizer = pre_tokenizers.Metaspace()
     model.decoder = decoders.Metaspace()
-    model.train_from_iterator(TOKENIZER_CORPUS, trainers.UnigramTrainer(
-        vocab_size=TOKENIZER_VOCAB, special_tokens=XLMR_SPECIALS, unk_token="<unk>"))
+    model.train_from_iterator(
+        TOKENIZER_CORPUS,
+        trainers.UnigramTrainer(
+            vocab_size=TOKENIZER_VOCAB, special_tokens=XLMR_SPECIALS, unk_token="<unk>"
+        ),
+    )
     model.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
     tokenizer = XLMRobertaTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=model, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
-        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=max_length)
+        tokenizer_object=model,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=max_length,
+    )
     tokenizer.save_pretrained(directory)
     return tokenizer
 
@@ -86,9 +111,19 @@ def xlmr_config(size: Size, vocab_size: int | None = None, **extra: Any) -> Any:
     if vocab is None:
         raise ValueError(f"size {size!r} takes its vocabulary from the tokenizer: pass vocab_size")
     return XLMRobertaConfig(  # type: ignore[no-untyped-call]
-        vocab_size=vocab, hidden_size=dims.hidden, num_hidden_layers=dims.layers, num_attention_heads=dims.heads,
-        intermediate_size=dims.ffn, max_position_embeddings=dims.max_positions, type_vocab_size=1,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, **extra)
+        vocab_size=vocab,
+        hidden_size=dims.hidden,
+        num_hidden_layers=dims.layers,
+        num_attention_heads=dims.heads,
+        intermediate_size=dims.ffn,
+        max_position_embeddings=dims.max_positions,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        layer_norm_eps=1e-5,
+        **extra,
+    )
 
 
 def bge_m3_config(size: Size, vocab_size: int | None = None) -> Any:
@@ -96,8 +131,14 @@ def bge_m3_config(size: Size, vocab_size: int | None = None) -> Any:
 
 
 def reranker_config(size: Size, vocab_size: int | None = None) -> Any:
-    return xlmr_config(size, vocab_size, architectures=["XLMRobertaForSequenceClassification"], num_labels=1,
-                       id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+    return xlmr_config(
+        size,
+        vocab_size,
+        architectures=["XLMRobertaForSequenceClassification"],
+        num_labels=1,
+        id2label={0: "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
 
 
 def _heads(hidden: int) -> dict[str, Any]:
@@ -143,13 +184,31 @@ def bge_reranker(directory: Path, size: Size = "tiny", seed: int = 1) -> Path:
 # Qwen3-Embedding-0.6B's shape (its config.json): 28 layers, hidden 1024, 16 query and 8 key/value
 # heads of 128, FFN 3072, 151,669 tokens, tied embeddings; 596M parameters, 2.4 GB in fp32.
 QWEN3_EMBEDDING: dict[str, dict[str, Any]] = {
-    "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "head_dim": 16, "intermediate_size": 128, "vocab_size": None, "max_position_embeddings": 512},
-    "full": {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-             "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151669, "max_position_embeddings": 32768},
+    "tiny": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": None,
+        "max_position_embeddings": 512,
+    },
+    "full": {
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151669,
+        "max_position_embeddings": 32768,
+    },
 }
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+QWEN3_QUERY_PROMPT = (
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+)
 
 
 def qwen_tokenizer(directory: Path, max_length: int) -> Any:
@@ -161,14 +220,28 @@ def qwen_tokenizer(directory: Path, max_length: int) -> Any:
     model = Tokenizer(models.BPE())
     model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     model.decoder = decoders.ByteLevel()
-    model.train_from_iterator(TOKENIZER_CORPUS, trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB * 2, special_tokens=QWEN_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model.train_from_iterator(
+        TOKENIZER_CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=TOKENIZER_VOCAB * 2,
+            special_tokens=QWEN_SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     model.post_processor = processors.TemplateProcessing(
-        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
-        special_tokens=[("<|endoftext|>", model.token_to_id("<|endoftext|>"))])
+        single="$A <|endoftext|>",
+        pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", model.token_to_id("<|endoftext|>"))],
+    )
     tokenizer = Qwen2TokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=model, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token=None, bos_token=None,
-        padding_side="left", model_max_length=max_length)
+        tokenizer_object=model,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        padding_side="left",
+        model_max_length=max_length,
+    )
     tokenizer.save_pretrained(directory)
     return tokenizer
 
@@ -188,13 +261,23 @@ def qwen3_embedding(directory: Path, size: Size = "tiny", seed: int = 2) -> Path
     dims = QWEN3_EMBEDDING[size]
     base = directory.parent / f"{directory.name}-transformer"
     tokenizer = qwen_tokenizer(base, MAX_LENGTH[size])
-    config = Qwen3Config(**{**dims, "vocab_size": dims["vocab_size"] or len(tokenizer)},  # type: ignore[no-untyped-call]
-                         tie_word_embeddings=True, rope_theta=1_000_000, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = Qwen3Config(
+        **{**dims, "vocab_size": dims["vocab_size"] or len(tokenizer)},  # type: ignore[no-untyped-call]
+        tie_word_embeddings=True,
+        rope_theta=1_000_000,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(seed)
     Qwen3Model(config).save_pretrained(base)
-    modules = [Transformer(str(base)), Pooling(dims["hidden_size"], pooling_mode="lasttoken"), Normalize()]
-    SentenceTransformer(modules=modules, prompts={"query": QWEN3_QUERY_PROMPT, "document": ""}).save(str(directory))
+    modules = [
+        Transformer(str(base)),
+        Pooling(dims["hidden_size"], pooling_mode="lasttoken"),
+        Normalize(),
+    ]
+    SentenceTransformer(
+        modules=modules, prompts={"query": QWEN3_QUERY_PROMPT, "document": ""}
+    ).save(str(directory))
     shutil.rmtree(base)
     return directory
 
@@ -206,8 +289,11 @@ def parameter_count(config: Any, kind: Literal["bge-m3", "reranker"]) -> int:
     from transformers import XLMRobertaForSequenceClassification, XLMRobertaModel
 
     with torch.device("meta"):
-        model = (XLMRobertaModel(config, add_pooling_layer=False) if kind == "bge-m3"  # type: ignore[no-untyped-call]
-                 else XLMRobertaForSequenceClassification(config))  # type: ignore[no-untyped-call]
+        model = (
+            XLMRobertaModel(config, add_pooling_layer=False)  # type: ignore[no-untyped-call]
+            if kind == "bge-m3"
+            else XLMRobertaForSequenceClassification(config)  # type: ignore[no-untyped-call]
+        )
         heads = list(_heads(config.hidden_size).values()) if kind == "bge-m3" else []
     return sum(p.numel() for module in (model, *heads) for p in module.parameters())
 

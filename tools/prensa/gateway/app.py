@@ -16,7 +16,14 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.addresses import LOOPBACK
-from prensa.gateway import routes_cohere, routes_m3, routes_nim, routes_ollama, routes_openai, routes_tei
+from prensa.gateway import (
+    routes_cohere,
+    routes_m3,
+    routes_nim,
+    routes_ollama,
+    routes_openai,
+    routes_tei,
+)
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
 from prensa.gateway.limits import Permits, SharedPermits
@@ -34,10 +41,22 @@ from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
 # The routers of inference routes (counted under TEI's metrics), beside the model-listing and operational ones.
-INFERENCE_ROUTERS = [routes_openai.router, routes_cohere.router, routes_nim.router, routes_ollama.router, routes_tei.router,
-                     routes_m3.router, routes_tei.default_router]
+INFERENCE_ROUTERS = [
+    routes_openai.router,
+    routes_cohere.router,
+    routes_nim.router,
+    routes_ollama.router,
+    routes_tei.router,
+    routes_m3.router,
+    routes_tei.default_router,
+]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
-ROUTERS = [*INFERENCE_ROUTERS, routes_openai.models_router, routes_ollama.models_router, routes_tei.open_router]
+ROUTERS = [
+    *INFERENCE_ROUTERS,
+    routes_openai.models_router,
+    routes_ollama.models_router,
+    routes_tei.open_router,
+]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
 
@@ -46,11 +65,20 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
     """Vertex AI's routes where its variables put them: predictions as `/vertex`, health as `/health`."""
     router = APIRouter(route_class=GatewayRoute, tags=["Vertex AI"])
     if predict := environ.get(VERTEX_PREDICT_ROUTE):
-        router.add_api_route(predict, routes_tei.vertex, methods=["POST"], responses=TEI_ERRORS,
-                             summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})")
+        router.add_api_route(
+            predict,
+            routes_tei.vertex,
+            methods=["POST"],
+            responses=TEI_ERRORS,
+            summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})",
+        )
     if health := environ.get(VERTEX_HEALTH_ROUTE):
-        router.add_api_route(health, routes_tei.health, methods=["GET"],
-                             summary=f"Vertex AI health (${VERTEX_HEALTH_ROUTE})")
+        router.add_api_route(
+            health,
+            routes_tei.health,
+            methods=["GET"],
+            summary=f"Vertex AI health (${VERTEX_HEALTH_ROUTE})",
+        )
     return router
 
 
@@ -58,8 +86,12 @@ def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
     setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
     shape = cast(GatewayApp, request.app).error_shapes(request.url.path)
-    return Response(error_body(error, shape, getattr(request.state, ID_KEY, "")), status_code=error.status,
-                    headers=error.headers, media_type="application/json")
+    return Response(
+        error_body(error, shape, getattr(request.state, ID_KEY, "")),
+        status_code=error.status,
+        headers=error.headers,
+        media_type="application/json",
+    )
 
 
 async def on_gateway_error(request: Request, error: GatewayError) -> Response:
@@ -75,7 +107,9 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
         reason = malformed[0].get("ctx", {}).get("error", malformed[0]["msg"])
         kind, message = ErrorKind.MALFORMED, f"Failed to parse the request body as JSON: {reason}"
     else:
-        details = "; ".join(f"`{'.'.join(str(x) for x in p['loc'][1:])}`: {p['msg']}" for p in problems[:5])
+        details = "; ".join(
+            f"`{'.'.join(str(x) for x in p['loc'][1:])}`: {p['msg']}" for p in problems[:5]
+        )
         kind, message = ErrorKind.VALIDATION, f"Input validation error: {details}"
     return _error_response(request, GatewayError(kind, message))
 
@@ -88,13 +122,24 @@ class GatewayApp(FastAPI):
     inference routes then run directly (`responses.DirectRoutes`). An exception nothing handles
     ends as FastAPI's 500."""
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, vertex: APIRouter, direct_routes: bool = True,
-                 shared_permits: SharedPermits | None = None, **kwargs: Any) -> None:
-        self.direct_routes = direct_routes  # False: every route through FastAPI (the tests' reference)
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        vertex: APIRouter,
+        direct_routes: bool = True,
+        shared_permits: SharedPermits | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.direct_routes = (
+            direct_routes  # False: every route through FastAPI (the tests' reference)
+        )
         super().__init__(**kwargs)
         self.gateway_settings = settings
         self.state.metrics = metrics
-        self.permits = Permits(settings.max_concurrent_requests, metrics.inputs_in_flight.set, shared_permits)
+        self.permits = Permits(
+            settings.max_concurrent_requests, metrics.inputs_in_flight.set, shared_permits
+        )
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.traces = provider(settings) if settings.otlp_endpoint else None
         self.vertex = vertex
@@ -105,7 +150,11 @@ class GatewayApp(FastAPI):
 
     @property
     def open_paths(self) -> frozenset[str]:
-        return OPEN_PATHS | {cast(GatewayRoute, r).path for r in self.vertex.routes if "GET" in getattr(r, "methods", ())}
+        return OPEN_PATHS | {
+            cast(GatewayRoute, r).path
+            for r in self.vertex.routes
+            if "GET" in getattr(r, "methods", ())
+        }
 
     def build_middleware_stack(self) -> ASGIApp:
         settings, metrics = self.gateway_settings, self.state.metrics
@@ -113,9 +162,16 @@ class GatewayApp(FastAPI):
         def on_reject(kind: ErrorKind) -> None:
             metrics.request_failure.inc(kind.value)
 
-        direct = {r.path: r for r in INFERENCE_ROUTES if isinstance(r, GatewayRoute) and r.direct} \
-            if self.direct_routes else {}
-        handlers = {kind: handler for kind, handler in self.exception_handlers.items() if isinstance(kind, type)}
+        direct = (
+            {r.path: r for r in INFERENCE_ROUTES if isinstance(r, GatewayRoute) and r.direct}
+            if self.direct_routes
+            else {}
+        )
+        handlers = {
+            kind: handler
+            for kind, handler in self.exception_handlers.items()
+            if isinstance(kind, type)
+        }
         app: ASGIApp = DirectRoutes(super().build_middleware_stack(), direct, cast(Any, handlers))
         app = PacedAnswer(app, self.permits)
         app = CancelOnHangUp(app)
@@ -126,21 +182,35 @@ class GatewayApp(FastAPI):
             app = Traced(app, self.traces.get_tracer("prensa.gateway"), untraced=self.open_paths)
         app = RequestLog(app, enabled=settings.access_log)
         if settings.cors_allow_origins:
-            app = CORSMiddleware(app, allow_origins=list(settings.cors_allow_origins), allow_methods=["GET", "POST"],
-                                 allow_headers=["*"], expose_headers=["*"])
+            app = CORSMiddleware(
+                app,
+                allow_origins=list(settings.cors_allow_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["*"],
+            )
         return app
 
 
 def triton_backend(settings: GatewaySettings) -> Backend:
     """The default backend: the Tritons of --triton-url, least outstanding requests, health-checked."""
-    return ReplicaPool([TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
-                        for url in settings.triton_urls])
+    return ReplicaPool(
+        [
+            TritonClient(url, settings.triton_timeout_s, settings.probe_timeout_s)
+            for url in settings.triton_urls
+        ]
+    )
 
 
-def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.environ,
-               other_metrics: Sequence[CollectorRegistry] = (), backend: BackendFactory | None = None,
-               direct_routes: bool = True, shared_permits: SharedPermits | None = None,
-               host: str = LOOPBACK) -> FastAPI:
+def create_app(
+    settings: GatewaySettings,
+    environ: Mapping[str, str] = os.environ,
+    other_metrics: Sequence[CollectorRegistry] = (),
+    backend: BackendFactory | None = None,
+    direct_routes: bool = True,
+    shared_permits: SharedPermits | None = None,
+    host: str = LOOPBACK,
+) -> FastAPI:
     """The gateway; it opens its backend and reads the served models when it starts. `other_metrics`
     are rendered on its /metrics after its own (`prensa serve`'s supervisor). `backend` builds what
     answers (see `prensa.gateway.backend`), called in the app's event loop: by default
@@ -161,28 +231,47 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
             await registry.refresh()
         except GatewayError as exc:
             log.warning("%s; the model list is read again on the next request", exc.message)
-        if registry.models and settings.default_model and settings.default_model not in registry.models:
+        if (
+            registry.models
+            and settings.default_model
+            and settings.default_model not in registry.models
+        ):
             await client.close()
-            raise RuntimeError(f"--default-model {settings.default_model} is not served; "
-                               f"Triton serves {', '.join(registry.models)}")
+            raise RuntimeError(
+                f"--default-model {settings.default_model} is not served; "
+                f"Triton serves {', '.join(registry.models)}"
+            )
         prompt = settings.default_prompt_name
-        if registry.models and prompt and not any(prompt in m.prompts for m in registry.models.values()):
+        if (
+            registry.models
+            and prompt
+            and not any(prompt in m.prompts for m in registry.models.values())
+        ):
             await client.close()
-            raise RuntimeError(f"--default-prompt-name {prompt}: no served model has a prompt of that name")
+            raise RuntimeError(
+                f"--default-prompt-name {prompt}: no served model has a prompt of that name"
+            )
         client.start_probing(lambda: sorted(registry.triton_models()))
-        app.state.gateway = gateway = Gateway(settings, client, registry,
-                                              Service(settings, client, metrics, app.permits), metrics)
+        app.state.gateway = gateway = Gateway(
+            settings, client, registry, Service(settings, client, metrics, app.permits), metrics
+        )
         tei_grpc = None
         if settings.tei_grpc_port is not None:
-            from prensa.gateway.tei_grpc.server import TeiGrpcServer  # grpc's server only when asked for
+            # grpc's server only when asked for
+            from prensa.gateway.tei_grpc.server import (
+                TeiGrpcServer,
+            )
 
             try:  # a worker of a pool (it has a slot of shared permits): every worker binds the port
-                tei_grpc = await TeiGrpcServer.start(gateway, host, settings.tei_grpc_port,
-                                                     reuse_port=shared_permits is not None)
+                tei_grpc = await TeiGrpcServer.start(
+                    gateway, host, settings.tei_grpc_port, reuse_port=shared_permits is not None
+                )
             except RuntimeError:
                 await client.close()
                 raise
-            app.state.tei_grpc = tei_grpc  # `server.GatewayServer` starts its drain with the HTTP server's
+            app.state.tei_grpc = (
+                tei_grpc  # `server.GatewayServer` starts its drain with the HTTP server's
+            )
         yield
         if tei_grpc is not None:
             await tei_grpc.stop(settings.graceful_timeout_s)
@@ -190,10 +279,19 @@ def create_app(settings: GatewaySettings, environ: Mapping[str, str] = os.enviro
         if app.traces is not None:  # the last spans go out (or time out) before the process ends
             await asyncio.to_thread(app.traces.shutdown)
 
-    app = GatewayApp(settings, metrics, vertex_router(environ), direct_routes, shared_permits, title="prensa gateway",
-                     summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",
-                     lifespan=lifespan)
+    app = GatewayApp(
+        settings,
+        metrics,
+        vertex_router(environ),
+        direct_routes,
+        shared_permits,
+        title="prensa gateway",
+        summary="OpenAI-, TEI-, Cohere-, Jina- and NIM-compatible embeddings and reranking over Triton",
+        lifespan=lifespan,
+    )
     # Starlette calls each with the exception class it is registered for.
     app.add_exception_handler(GatewayError, cast(HTTPExceptionHandler, on_gateway_error))
-    app.add_exception_handler(RequestValidationError, cast(HTTPExceptionHandler, on_invalid_request))
+    app.add_exception_handler(
+        RequestValidationError, cast(HTTPExceptionHandler, on_invalid_request)
+    )
     return app

@@ -36,8 +36,13 @@ class Backend(Protocol):
         flight scale with it (see `limits.TritonWindow`)."""
         ...
 
-    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        outputs: Sequence[str],
+        request_id: str = "",
+    ) -> dict[str, npt.NDArray[Any]]:
         """`outputs` of `model` for `inputs` (batch on axis 0); a `GatewayError` when it fails."""
         ...
 
@@ -58,4 +63,6 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-BackendFactory = Callable[[GatewaySettings], Backend]  # called in the app's lifespan, inside its event loop
+BackendFactory = Callable[
+    [GatewaySettings], Backend
+]  # called in the app's lifespan, inside its event loop

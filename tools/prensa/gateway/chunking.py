@@ -43,8 +43,9 @@ class Windows:
         return np.repeat(np.arange(len(self.counts)), self.counts)
 
 
-def token_windows(tokenizer: Tokenizer, text: str, size: int, *, overlap: int = 0,
-                  count: int | None = None) -> list[str]:
+def token_windows(
+    tokenizer: Tokenizer, text: str, size: int, *, overlap: int = 0, count: int | None = None
+) -> list[str]:
     """Consecutive spans of `text` of at most `size` tokens (special tokens not counted), cut at
     token boundaries by the tokenizer's character offsets, neighbours sharing `overlap` tokens; at
     most `count` of them (a long text is first cut to what they read); the text itself when it fits."""
@@ -57,7 +58,7 @@ def token_windows(tokenizer: Tokenizer, text: str, size: int, *, overlap: int = 
     windows = []
     for start in range(0, len(offsets), stride):
         end = min(start + size, len(offsets))
-        windows.append(text[offsets[start][0]:offsets[end - 1][1]])
+        windows.append(text[offsets[start][0] : offsets[end - 1][1]])
         if end == len(offsets) or len(windows) == count:
             break
     return windows
@@ -66,7 +67,9 @@ def token_windows(tokenizer: Tokenizer, text: str, size: int, *, overlap: int = 
 def text_windows(tokenizer: Tokenizer, text: str, max_length: int, overlap: int) -> list[str]:
     """`text` as spans of at most `max_length` tokens with their special tokens, neighbours sharing
     `overlap` tokens; the text itself when it fits."""
-    return token_windows(tokenizer, text, max_length - tokenizer.num_special_tokens_to_add(False), overlap=overlap)
+    return token_windows(
+        tokenizer, text, max_length - tokenizer.num_special_tokens_to_add(False), overlap=overlap
+    )
 
 
 def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[str]:
@@ -74,28 +77,44 @@ def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[s
     return [token_windows(tokenizer, text, max(max_tokens, 1), count=1)[0] for text in texts]
 
 
-def chunk_texts(tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int) -> Windows:
+def chunk_texts(
+    tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int
+) -> Windows:
     """Each text split into up to `max_chunks` windows that fit beside `query` in a pair of
     `max_length` tokens (Cohere's `max_chunks_per_doc`); a text that fits is one window."""
-    query = keep_tokens(tokenizer, query, max_length + 1, "right")  # a longer query leaves no room either way
-    room = max_length - tokenizer.num_special_tokens_to_add(True) - len(tokenizer.encode(query, add_special_tokens=False))
+    # a longer query leaves no room either way
+    query = keep_tokens(tokenizer, query, max_length + 1, "right")
+    room = (
+        max_length
+        - tokenizer.num_special_tokens_to_add(True)
+        - len(tokenizer.encode(query, add_special_tokens=False))
+    )
     pieces = [token_windows(tokenizer, text, max(room, 1), count=max_chunks) for text in texts]
-    return Windows([window for windows in pieces for window in windows], [len(windows) for windows in pieces])
+    return Windows(
+        [window for windows in pieces for window in windows], [len(windows) for windows in pieces]
+    )
 
 
-def split_items(tokenizer: Tokenizer, items: Sequence[Item], max_length: int, chunking: Chunking) -> Windows:
+def split_items(
+    tokenizer: Tokenizer, items: Sequence[Item], max_length: int, chunking: Chunking
+) -> Windows:
     """Texts longer than the model's window as several windows; token-id inputs as they are."""
     flat: list[Item] = []
     counts = []
     for item in items:
-        pieces: list[Item] = list(text_windows(tokenizer, item, max_length, chunking.overlap)) \
-            if isinstance(item, str) else [item]
+        pieces: list[Item] = (
+            list(text_windows(tokenizer, item, max_length, chunking.overlap))
+            if isinstance(item, str)
+            else [item]
+        )
         flat.extend(pieces)
         counts.append(len(pieces))
     return Windows(flat, counts)
 
 
-def mean_by_tokens(vectors: npt.NDArray[Any], tokens: npt.NDArray[Any], windows: Windows) -> npt.NDArray[Any]:
+def mean_by_tokens(
+    vectors: npt.NDArray[Any], tokens: npt.NDArray[Any], windows: Windows
+) -> npt.NDArray[Any]:
     """Each input's window vectors averaged, weighted by the windows' token counts."""
     weights = tokens.astype(np.float64)[:, None]
     sums = np.zeros((len(windows.counts), vectors.shape[1]), dtype=np.float64)
@@ -106,13 +125,14 @@ def mean_by_tokens(vectors: npt.NDArray[Any], tokens: npt.NDArray[Any], windows:
     return means
 
 
-def max_per_id(ids: list[npt.NDArray[Any]], weights: list[npt.NDArray[Any]],
-               windows: Windows) -> tuple[list[npt.NDArray[Any]], list[npt.NDArray[Any]]]:
+def max_per_id(
+    ids: list[npt.NDArray[Any]], weights: list[npt.NDArray[Any]], windows: Windows
+) -> tuple[list[npt.NDArray[Any]], list[npt.NDArray[Any]]]:
     """Each input's sparse weights: the largest weight of each id over its windows, ids ascending."""
     out_ids, out_weights, start = [], [], 0
     for count in windows.counts:
-        all_ids = np.concatenate(ids[start:start + count])
-        all_weights = np.concatenate(weights[start:start + count])
+        all_ids = np.concatenate(ids[start : start + count])
+        all_weights = np.concatenate(weights[start : start + count])
         unique, inverse = np.unique(all_ids, return_inverse=True)
         best = np.full(len(unique), -np.inf, dtype=np.float32)
         np.maximum.at(best, inverse, all_weights.astype(np.float32))
@@ -126,7 +146,7 @@ def concatenated(rows: list[npt.NDArray[Any]], windows: Windows) -> list[npt.NDA
     """Each input's per-token vectors, its windows' in order."""
     out, start = [], 0
     for count in windows.counts:
-        out.append(np.concatenate(rows[start:start + count]) if count > 1 else rows[start])
+        out.append(np.concatenate(rows[start : start + count]) if count > 1 else rows[start])
         start += count
     return out
 

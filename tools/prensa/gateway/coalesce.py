@@ -39,7 +39,9 @@ class Waiting:
     texts: Sequence[str]
     pairs: Sequence[str] | None
     request_id: str
-    answer: asyncio.Future[Outputs] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    answer: asyncio.Future[Outputs] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     group: list[Waiting] = field(default_factory=list)  # the calls it left with, itself included
     sent: asyncio.Task[None] | None = None  # their merged call
     left: bool = False  # its caller is gone
@@ -50,23 +52,34 @@ def split_rows(outputs: Outputs, sizes: Sequence[int]) -> list[Outputs]:
     width follows the batch (sparse terms, ColBERT tokens) keep the batch's padding, which the
     service already ignores (`SPARSE_PAD_ID`, `NUM_TOKENS`)."""
     bounds = itertools.accumulate(sizes, initial=0)
-    return [{name: value[start:end] for name, value in outputs.items()} for start, end in itertools.pairwise(bounds)]
+    return [
+        {name: value[start:end] for name, value in outputs.items()}
+        for start, end in itertools.pairwise(bounds)
+    ]
 
 
 class Coalescer:
     """The text calls of one ensemble (one model, one set of outputs, with or without pairs)."""
 
-    def __init__(self, send: Send, max_calls: int, max_rows: int,
-                 on_merge: Callable[[int], None] = lambda requests: None) -> None:
+    def __init__(
+        self,
+        send: Send,
+        max_calls: int,
+        max_rows: int,
+        on_merge: Callable[[int], None] = lambda requests: None,
+    ) -> None:
         self.send = send
         self.on_merge = on_merge  # told how many waiting calls leave together
         self.max_calls = max(max_calls, 1)
         self.max_rows = max(max_rows, 1)
         self.in_triton = 0
         self.waiting: list[Waiting] = []
-        self._calls: set[asyncio.Task[None]] = set()  # the event loop keeps only weak references to tasks
+        # the event loop keeps only weak references to tasks
+        self._calls: set[asyncio.Task[None]] = set()
 
-    async def call(self, texts: Sequence[str], pairs: Sequence[str] | None, request_id: str) -> Outputs:
+    async def call(
+        self, texts: Sequence[str], pairs: Sequence[str] | None, request_id: str
+    ) -> Outputs:
         """The outputs of `texts` (at most `max_rows`), alone or merged with others' texts."""
         if self.in_triton < self.max_calls and not self.waiting:
             self.in_triton += 1
@@ -92,7 +105,9 @@ class Coalescer:
         while self.waiting and self.in_triton < self.max_calls:
             group: list[Waiting] = []
             rows = 0
-            while self.waiting and (not group or rows + len(self.waiting[0].texts) <= self.max_rows):
+            while self.waiting and (
+                not group or rows + len(self.waiting[0].texts) <= self.max_rows
+            ):
                 rows += len(self.waiting[0].texts)
                 group.append(self.waiting.pop(0))
             self.in_triton += 1
@@ -108,7 +123,11 @@ class Coalescer:
             await self._alone(group[0])
             return
         texts = [text for one in group for text in one.texts]
-        pairs = [pair for one in group for pair in one.pairs or ()] if group[0].pairs is not None else None
+        pairs = (
+            [pair for one in group for pair in one.pairs or ()]
+            if group[0].pairs is not None
+            else None
+        )
         try:
             merged = await self.send(texts, pairs, group[0].request_id)
         except GatewayError as exc:

@@ -56,7 +56,9 @@ class GatewayError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
-        self.retry_after_s = retry_after_s  # sent as `Retry-After`: when the condition should have passed
+        self.retry_after_s = (
+            retry_after_s  # sent as `Retry-After`: when the condition should have passed
+        )
 
     @property
     def headers(self) -> dict[str, str] | None:
@@ -67,12 +69,17 @@ class GatewayError(Exception):
         return ERROR_TABLE[self.kind][0]
 
 
-def error_body(error: GatewayError, shape: ErrorShape = ErrorShape.TEI, request_id: str = "") -> bytes:
+def error_body(
+    error: GatewayError, shape: ErrorShape = ErrorShape.TEI, request_id: str = ""
+) -> bytes:
     """The JSON body for `error` in `shape`, with the request's id (one field more than TEI's and
     OpenAI's shapes, which their clients ignore)."""
     status, error_type = ERROR_TABLE[error.kind]
-    body: dict[str, object] = ({"message": error.message, "code": status, "type": error_type}
-                               if shape is ErrorShape.OPENAI else {"error": error.message, "error_type": error_type})
+    body: dict[str, object] = (
+        {"message": error.message, "code": status, "type": error_type}
+        if shape is ErrorShape.OPENAI
+        else {"error": error.message, "error_type": error_type}
+    )
     if request_id:
         body["request_id"] = request_id
     return orjson.dumps(body)

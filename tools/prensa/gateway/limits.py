@@ -15,6 +15,7 @@ from prensa.gateway.errors import overloaded
 
 T = TypeVar("T")
 
+
 class SharedPermits:
     """The permits every worker of a gateway holds (`--workers`), one slot per worker in shared
     memory, so that --max-concurrent-requests bounds them all together; a worker that dies has its
@@ -42,7 +43,9 @@ class Permits:
     """A try-acquire counting semaphore: asyncio runs one handler at a time, so no lock is needed
     within a process; across a gateway's workers `shared` holds the count (`SharedPermits`)."""
 
-    def __init__(self, capacity: int, on_change: Callable[[int], None], shared: SharedPermits | None = None) -> None:
+    def __init__(
+        self, capacity: int, on_change: Callable[[int], None], shared: SharedPermits | None = None
+    ) -> None:
         self.capacity = capacity
         self.in_use = 0  # this process's
         self._on_change = on_change
@@ -97,7 +100,8 @@ class TritonWindow:
         self.capacity = max(capacity, 1)
         self.in_triton = 0
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._calls: set[asyncio.Future[Any]] = set()  # the event loop keeps only weak references to tasks
+        # the event loop keeps only weak references to tasks
+        self._calls: set[asyncio.Future[Any]] = set()
 
     async def run(self, rows: int, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` once `rows` fit; it finishes even if the caller is cancelled meanwhile."""

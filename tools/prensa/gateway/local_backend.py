@@ -54,19 +54,32 @@ class InProcessBackend:
 
     def _error(self, error: ModelError) -> GatewayError:
         """The error Triton's answer of the same message and status becomes."""
-        return translate_error(InferenceServerException(error.message, status=error.status), self.url, self.timeout_s)
+        return translate_error(
+            InferenceServerException(error.message, status=error.status), self.url, self.timeout_s
+        )
 
-    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        outputs: Sequence[str],
+        request_id: str = "",
+    ) -> dict[str, npt.NDArray[Any]]:
         with model_call(f"in-process {model}", model, inputs, SpanKind.INTERNAL):
             try:  # past the deadline the caller is answered at once; the thread finishes its call unobserved
                 return await asyncio.wait_for(
-                    asyncio.to_thread(self.repository.infer, model, dict(inputs), list(outputs)), self.timeout_s)
+                    asyncio.to_thread(self.repository.infer, model, dict(inputs), list(outputs)),
+                    self.timeout_s,
+                )
             except ModelError as exc:
                 raise self._error(exc) from None
             except TimeoutError:
-                raise self._error(ModelError(f"{model} did not answer within {self.timeout_s:g} s",
-                                             "StatusCode.DEADLINE_EXCEEDED")) from None
+                raise self._error(
+                    ModelError(
+                        f"{model} did not answer within {self.timeout_s:g} s",
+                        "StatusCode.DEADLINE_EXCEEDED",
+                    )
+                ) from None
 
     async def model_states(self) -> dict[str, tuple[str, str]]:
         return dict(self.repository.states)

@@ -28,16 +28,27 @@ CLIENT_REQUEST_ID = re.compile(r"[\w.:/+=@-]{1,128}")
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 # In the ASGI scope's "state": the request id, when it arrived (perf_counter), an error's reason,
 # the Timings, a sampled trace's id.
-ID_KEY, RECEIVED_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = "request_id", "received", "error", "timings", "trace_id"
+ID_KEY, RECEIVED_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = (
+    "request_id",
+    "received",
+    "error",
+    "timings",
+    "trace_id",
+)
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     """The client's `x-request-id`, else its `traceparent`'s trace id, else a new random id."""
-    given = {name.decode(): value.decode("latin-1") for name, value in headers
-             if name in (REQUEST_ID_HEADER, b"traceparent")}
+    given = {
+        name.decode(): value.decode("latin-1")
+        for name, value in headers
+        if name in (REQUEST_ID_HEADER, b"traceparent")
+    }
     if CLIENT_REQUEST_ID.fullmatch(client := given.get("x-request-id", "")):
         return client
-    if (trace := TRACEPARENT.fullmatch(given.get("traceparent", "").strip().lower())) and trace["trace"] != "0" * 32:
+    if (trace := TRACEPARENT.fullmatch(given.get("traceparent", "").strip().lower())) and trace[
+        "trace"
+    ] != "0" * 32:
         return trace["trace"]
     return os.urandom(16).hex()  # 32 hex digits, as a trace id; a third of uuid4().hex's cost
 
@@ -67,33 +78,57 @@ class RequestLog:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, rid.encode())]
+                message["headers"] = [
+                    *message.get("headers", ()),
+                    (REQUEST_ID_HEADER, rid.encode()),
+                ]
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            if self.enabled and access.isEnabledFor(logging.WARNING if status >= 500 else logging.INFO):
+            if self.enabled and access.isEnabledFor(
+                logging.WARNING if status >= 500 else logging.INFO
+            ):
                 self.log(scope, status, time.perf_counter() - started)
 
     @staticmethod
     def log(scope: Scope, status: int, seconds: float) -> None:
         state = scope["state"]
-        fields: dict[str, Any] = {"request_id": state[ID_KEY], "method": scope["method"], "path": scope["path"],
-                                  "status": status, "total_ms": _ms(seconds)}
+        fields: dict[str, Any] = {
+            "request_id": state[ID_KEY],
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "total_ms": _ms(seconds),
+        }
         if (timings := state.get(TIMINGS_KEY)) is not None:
-            fields |= {"model": timings.model, "inputs": timings.inputs, "tokens": timings.tokens,
-                       "tokenization_ms": _ms(timings.tokenization_s), "queue_ms": _ms(timings.queue_s),
-                       "inference_ms": _ms(timings.inference_s)}
+            fields |= {
+                "model": timings.model,
+                "inputs": timings.inputs,
+                "tokens": timings.tokens,
+                "tokenization_ms": _ms(timings.tokenization_s),
+                "queue_ms": _ms(timings.queue_s),
+                "inference_ms": _ms(timings.inference_s),
+            }
         if error := state.get(ERROR_KEY):
             fields["error"] = error
         if trace := state.get(TRACE_KEY):
             fields["trace_id"] = trace
         level = logging.WARNING if status >= 500 else logging.INFO
         # `Logger.log` would also look up the caller's file and line, which no formatter here prints.
-        access.handle(access.makeRecord(access.name, level, "", 0, "%s %s %d %.1f ms",
-                                        (scope["method"], scope["path"], status, fields["total_ms"]), None,
-                                        extra={"fields": fields}))
+        access.handle(
+            access.makeRecord(
+                access.name,
+                level,
+                "",
+                0,
+                "%s %s %d %.1f ms",
+                (scope["method"], scope["path"], status, fields["total_ms"]),
+                None,
+                extra={"fields": fields},
+            )
+        )
 
 
 class SecondClock(logging.Formatter):
@@ -105,9 +140,12 @@ class SecondClock(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         key, stamp = self._stamp
         if key != (second := (int(record.created), datefmt)):
-            stamp = time.strftime(datefmt or self.default_time_format, self.converter(record.created))
+            stamp = time.strftime(
+                datefmt or self.default_time_format, self.converter(record.created)
+            )
             self._stamp = second, stamp  # one assignment: a thread reads both halves or neither
-        return stamp if datefmt else f"{stamp},{int(record.msecs):03d}"  # logging's default_msec_format
+        # logging's default_msec_format
+        return stamp if datefmt else f"{stamp},{int(record.msecs):03d}"
 
 
 class JsonLines(SecondClock):
@@ -115,8 +153,13 @@ class JsonLines(SecondClock):
     record's `fields`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {"timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-                "target": record.name, "message": record.getMessage(), **getattr(record, "fields", {})}
+        line = {
+            "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "target": record.name,
+            "message": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
@@ -128,7 +171,9 @@ class Text(SecondClock):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = getattr(record, "fields", None)
-        return line + "".join(f" {key}={value}" for key, value in fields.items()) if fields else line
+        return (
+            line + "".join(f" {key}={value}" for key, value in fields.items()) if fields else line
+        )
 
 
 class Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -146,7 +191,9 @@ class Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 def configure_logging(level: str, json_output: bool) -> None:
     """prensa's loggers to stderr at `level`, as JSON lines or text."""
     handler = Stderr()
-    handler.setFormatter(JsonLines() if json_output else Text("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonLines() if json_output else Text("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger("prensa")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

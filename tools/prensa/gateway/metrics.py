@@ -16,12 +16,29 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DURATION_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(19))  # 1 .. 262144
 BATCH_BUCKETS = tuple(float(2**i) for i in range(8))  # 1 .. 128
 
 
-MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode reads this variable
+MULTIPROCESS_DIR = (
+    "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode reads this variable
+)
 
 
 def multiprocess() -> bool:
@@ -30,12 +47,17 @@ def multiprocess() -> bool:
     return bool(os.environ.get(MULTIPROCESS_DIR))
 
 
-
 class TeiCounter(Collector):
     """Kept in an unregistered gauge that several workers sum (multiprocess mode "sum"); rendered
     as TEI's untyped series by this process alone, as gauges by `MultiProcessCollector`."""
 
-    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, labelnames
         self._store = Gauge(name, documentation, labelnames, registry=None, multiprocess_mode="sum")
         self._children: dict[tuple[str, ...], Gauge] = {}
@@ -55,9 +77,23 @@ class TeiCounter(Collector):
         yield family
 
 
-EMBED_METHODS = frozenset({"embed", "pooling", "embed_m3", "embed_sparse", "embed_all", "embed_colbert", "openai_embeddings", "similarity",
-                           "embed_v1", "embed_v2"})
-PREDICT_METHODS = frozenset({"predict", "classify", "score", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"})
+EMBED_METHODS = frozenset(
+    {
+        "embed",
+        "pooling",
+        "embed_m3",
+        "embed_sparse",
+        "embed_all",
+        "embed_colbert",
+        "openai_embeddings",
+        "similarity",
+        "embed_v1",
+        "embed_v2",
+    }
+)
+PREDICT_METHODS = frozenset(
+    {"predict", "classify", "score", "rerank", "rerank_v1", "rerank_v2", "nim_ranking"}
+)
 
 
 class FamilyDurations:
@@ -65,15 +101,21 @@ class FamilyDurations:
 
     def __init__(self, prefix: str, what: str, registry: CollectorRegistry) -> None:
         def histogram(suffix: str, documentation: str) -> Histogram:
-            return Histogram(f"{prefix}_{suffix}", f"{what}: {documentation} (s)", buckets=DURATION_BUCKETS,
-                             registry=registry)
+            return Histogram(
+                f"{prefix}_{suffix}",
+                f"{what}: {documentation} (s)",
+                buckets=DURATION_BUCKETS,
+                registry=registry,
+            )
 
         self.duration = histogram("duration", "request duration")
         self.tokenization = histogram("tokenization_duration", "gateway tokenization")
         self.queue = histogram("queue_duration", "arrival to the first Triton call")
         self.inference = histogram("inference_duration", "Triton calls, wall time")
 
-    def observe(self, duration_s: float, tokenization_s: float, queue_s: float, inference_s: float) -> None:
+    def observe(
+        self, duration_s: float, tokenization_s: float, queue_s: float, inference_s: float
+    ) -> None:
         self.duration.observe(duration_s)
         self.tokenization.observe(tokenization_s)
         self.queue.observe(queue_s)
@@ -98,41 +140,102 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.request_count = TeiCounter("te_request_count", "Requests received, by route", ("method",), r)
-        self.request_success = TeiCounter("te_request_success", "Requests answered, by route", ("method",), r)
-        self.request_failure = TeiCounter("te_request_failure", "Requests failed, by error kind", ("err",), r)
-        self.embed = Family(TeiCounter("te_embed_count", "Embedding requests received", ("method",), r),
-                            TeiCounter("te_embed_success", "Embedding requests answered", ("method",), r),
-                            FamilyDurations("te_embed", "Embedding requests", r))
-        self.predict = Family(TeiCounter("te_predict_count", "Classification and rerank requests received", ("method",), r),
-                              TeiCounter("te_predict_success", "Classification and rerank requests answered", ("method",), r),
-                              FamilyDurations("te_predict", "Classification and rerank requests", r))
-        self.request_duration = Histogram("te_request_duration", "Request duration (s)", buckets=DURATION_BUCKETS, registry=r)
-        self.tokenization_duration = Histogram("te_request_tokenization_duration", "Gateway tokenization (s)",
-                                               buckets=DURATION_BUCKETS, registry=r)
-        self.queue_duration = Histogram("te_request_queue_duration", "Arrival to first Triton call (s)",
-                                        buckets=DURATION_BUCKETS, registry=r)
-        self.inference_duration = Histogram("te_request_inference_duration", "Triton calls, wall time (s)",
-                                            buckets=DURATION_BUCKETS, registry=r)
-        self.input_length = Histogram("te_request_input_length", "Tokens per input", buckets=TOKEN_BUCKETS, registry=r)
-        self.call_size = Histogram("prensa_triton_call_size", "Rows per gateway call to Triton", buckets=BATCH_BUCKETS,
-                                   registry=r)
-        self.call_tokens = Histogram("prensa_triton_call_tokens", "Tokens per gateway call to Triton",
-                                     buckets=TOKEN_BUCKETS, registry=r)
-        self.merged_calls = Histogram("prensa_coalesced_requests", "Requests per merged text call to Triton "
-                                      "(--coalesce-requests; a call sent at once is not counted)",
-                                      buckets=BATCH_BUCKETS, registry=r)
-        self.inputs_in_flight = Gauge("prensa_inputs_in_flight", "Inputs admitted and not yet answered (permits held)",
-                                      registry=r, multiprocess_mode="livesum")
-        self.inputs_limit = Gauge("prensa_inputs_limit", "Permits in all (--max-concurrent-requests): inputs in flight "
-                                  "past it get 429", registry=r, multiprocess_mode="livemax")
+        self.request_count = TeiCounter(
+            "te_request_count", "Requests received, by route", ("method",), r
+        )
+        self.request_success = TeiCounter(
+            "te_request_success", "Requests answered, by route", ("method",), r
+        )
+        self.request_failure = TeiCounter(
+            "te_request_failure", "Requests failed, by error kind", ("err",), r
+        )
+        self.embed = Family(
+            TeiCounter("te_embed_count", "Embedding requests received", ("method",), r),
+            TeiCounter("te_embed_success", "Embedding requests answered", ("method",), r),
+            FamilyDurations("te_embed", "Embedding requests", r),
+        )
+        self.predict = Family(
+            TeiCounter(
+                "te_predict_count", "Classification and rerank requests received", ("method",), r
+            ),
+            TeiCounter(
+                "te_predict_success", "Classification and rerank requests answered", ("method",), r
+            ),
+            FamilyDurations("te_predict", "Classification and rerank requests", r),
+        )
+        self.request_duration = Histogram(
+            "te_request_duration", "Request duration (s)", buckets=DURATION_BUCKETS, registry=r
+        )
+        self.tokenization_duration = Histogram(
+            "te_request_tokenization_duration",
+            "Gateway tokenization (s)",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "te_request_queue_duration",
+            "Arrival to first Triton call (s)",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "te_request_inference_duration",
+            "Triton calls, wall time (s)",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.input_length = Histogram(
+            "te_request_input_length", "Tokens per input", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.call_size = Histogram(
+            "prensa_triton_call_size",
+            "Rows per gateway call to Triton",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.call_tokens = Histogram(
+            "prensa_triton_call_tokens",
+            "Tokens per gateway call to Triton",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.merged_calls = Histogram(
+            "prensa_coalesced_requests",
+            "Requests per merged text call to Triton "
+            "(--coalesce-requests; a call sent at once is not counted)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.inputs_in_flight = Gauge(
+            "prensa_inputs_in_flight",
+            "Inputs admitted and not yet answered (permits held)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.inputs_limit = Gauge(
+            "prensa_inputs_limit",
+            "Permits in all (--max-concurrent-requests): inputs in flight past it get 429",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         # TEI's request histogram has no route label; dashboards want each route's quantiles.
-        self.route_duration = Histogram("prensa_request_duration", "Answered requests' duration, by route (s)",
-                                        ("method",), buckets=DURATION_BUCKETS, registry=r)
-        self.model_ready = Gauge("prensa_model_ready", "1 while Triton can serve every stage of the model, else 0; "
-                                 "read from Triton at each scrape", ("model",), registry=r,
-                                 multiprocess_mode="livemostrecent")
-        self.others: list[CollectorRegistry] = []  # rendered after this one: `prensa serve`'s supervisor
+        self.route_duration = Histogram(
+            "prensa_request_duration",
+            "Answered requests' duration, by route (s)",
+            ("method",),
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "prensa_model_ready",
+            "1 while Triton can serve every stage of the model, else 0; "
+            "read from Triton at each scrape",
+            ("model",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        # rendered after this one: `prensa serve`'s supervisor
+        self.others: list[CollectorRegistry] = []
 
     def _family(self, method: str) -> Family | None:
         if method in EMBED_METHODS:
@@ -146,8 +249,14 @@ class GatewayMetrics:
         if family := self._family(method):
             family.count.inc(method)
 
-    def succeeded(self, method: str, duration_s: float, tokenization_s: float = 0.0, queue_s: float = 0.0,
-                  inference_s: float = 0.0) -> None:
+    def succeeded(
+        self,
+        method: str,
+        duration_s: float,
+        tokenization_s: float = 0.0,
+        queue_s: float = 0.0,
+        inference_s: float = 0.0,
+    ) -> None:
         self.request_success.inc(method)
         if family := self._family(method):
             family.success.inc(method)

@@ -27,27 +27,46 @@ from prensa.gateway.logs import ERROR_KEY, ID_KEY
 ANSWER_BYTES_PER_PERMIT = 1 << 20
 
 # Routes a caller may GET without the API key (TEI leaves the same ones open); `POST /` is inference.
-OPEN_PATHS = frozenset({"/health", "/", "/ping", "/v1/health/ready", "/v1/health/live", "/metrics", "/docs",
-                        "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_PATHS = frozenset(
+    {
+        "/health",
+        "/",
+        "/ping",
+        "/v1/health/ready",
+        "/v1/health/live",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/openapi.json",
+    }
+)
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
 def is_json(content_type: str) -> bool:
     media_type = content_type.split(";")[0].strip().lower()
-    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
 
 
 def key_matches(authorization: str, api_key: str) -> bool:
     scheme, _, token = authorization.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), api_key.encode()
+    )
 
 
 def header(scope: Scope, name: bytes) -> str:
     """The first value of header `name` (lower case), or ""."""
-    return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), "")
+    return next(
+        (value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), ""
+    )
 
 
-async def respond(send: Send, status: int, body: bytes = b"", content_type: bytes | None = None) -> None:
+async def respond(
+    send: Send, status: int, body: bytes = b"", content_type: bytes | None = None
+) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if content_type:
         headers.append((b"content-type", content_type))
@@ -55,13 +74,20 @@ async def respond(send: Send, status: int, body: bytes = b"", content_type: byte
     await send({"type": "http.response.body", "body": body})
 
 
-async def reject(scope: Scope, send: Send, error: GatewayError, on_reject: Callable[[ErrorKind], None],
-                 shape: ErrorShape) -> None:
+async def reject(
+    scope: Scope,
+    send: Send,
+    error: GatewayError,
+    on_reject: Callable[[ErrorKind], None],
+    shape: ErrorShape,
+) -> None:
     """Answer `error` in the route's error `shape` and count it, before any route has run."""
     on_reject(error.kind)
     state = scope.setdefault("state", {})
     state[ERROR_KEY] = error.message
-    await respond(send, error.status, error_body(error, shape, state.get(ID_KEY, "")), b"application/json")
+    await respond(
+        send, error.status, error_body(error, shape, state.get(ID_KEY, "")), b"application/json"
+    )
 
 
 class ApiKey:
@@ -73,8 +99,11 @@ class ApiKey:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["method"] in OPEN_METHODS and scope["path"] in self.open_paths) \
-                or key_matches(header(scope, b"authorization"), self.api_key):
+        if (
+            scope["type"] != "http"
+            or (scope["method"] in OPEN_METHODS and scope["path"] in self.open_paths)
+            or key_matches(header(scope, b"authorization"), self.api_key)
+        ):
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})[ERROR_KEY] = "no or wrong API key"
@@ -85,8 +114,13 @@ class JsonBody:
     """POST bodies must be JSON (415) of at most `limit` bytes (413, by the declared length or as
     they arrive); the app then gets the whole body in one message."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[ErrorKind], None],
-                 shape_of: Callable[[str], ErrorShape] = lambda path: ErrorShape.TEI) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        on_reject: Callable[[ErrorKind], None],
+        shape_of: Callable[[str], ErrorShape] = lambda path: ErrorShape.TEI,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
@@ -97,9 +131,16 @@ class JsonBody:
             await self.app(scope, receive, send)
             return
         if not is_json(header(scope, b"content-type")):
-            await reject(scope, send, GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
-                                                   "Expected request with `Content-Type: application/json`"),
-                         self.on_reject, self.shape_of(scope["path"]))
+            await reject(
+                scope,
+                send,
+                GatewayError(
+                    ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                    "Expected request with `Content-Type: application/json`",
+                ),
+                self.on_reject,
+                self.shape_of(scope["path"]),
+            )
             return
         declared = header(scope, b"content-length")
         if declared.isdigit() and int(declared) > self.limit:
@@ -130,9 +171,15 @@ class JsonBody:
         await self.app(scope, whole_body, send)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
-        await reject(scope, send, GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
-                                               f"Payload too large: the limit is {self.limit} bytes"), self.on_reject,
-                     self.shape_of(scope["path"]))
+        await reject(
+            scope,
+            send,
+            GatewayError(
+                ErrorKind.PAYLOAD_TOO_LARGE, f"Payload too large: the limit is {self.limit} bytes"
+            ),
+            self.on_reject,
+            self.shape_of(scope["path"]),
+        )
 
 
 class CancelOnHangUp:
@@ -152,7 +199,8 @@ class CancelOnHangUp:
         assert serving is not None  # a coroutine awaited by the server's request task
         loop = serving.get_loop()
         messages: deque[Message] = deque()  # read by the watcher, not yet by the app
-        waiting: list[asyncio.Future[None]] = []  # the app's receive() calls waiting for the next message
+        # the app's receive() calls waiting for the next message
+        waiting: list[asyncio.Future[None]] = []
         answered = cancelled = False
 
         def keep(message: Message) -> None:
@@ -181,7 +229,9 @@ class CancelOnHangUp:
             while not messages:
                 waiting.append(waiter := loop.create_future())
                 await waiter
-            message = messages[0] if messages[0]["type"] == "http.disconnect" else messages.popleft()
+            message = (
+                messages[0] if messages[0]["type"] == "http.disconnect" else messages.popleft()
+            )
             return message  # a disconnect stays: every later receive() reports it too
 
         watcher = asyncio.ensure_future(watch())
@@ -220,7 +270,12 @@ class PacedAnswer:
             with self.permits.charge(len(body) // ANSWER_BYTES_PER_PERMIT):
                 for start in range(0, len(body), ANSWER_BYTES_PER_PERMIT):
                     end = start + ANSWER_BYTES_PER_PERMIT
-                    await send({"type": "http.response.body", "body": bytes(view[start:end]),
-                                "more_body": more or end < len(body)})
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": bytes(view[start:end]),
+                            "more_body": more or end < len(body),
+                        }
+                    )
 
         await self.app(scope, receive, sending)

@@ -36,10 +36,17 @@ from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
 
 log = logging.getLogger("prensa.gateway")
-TOKENIZE_STAGE = load_stage("tokenize")  # an LLM reranker's prompt is built as the tokenize stage builds it
-REFRESH_INTERVAL_S = 1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
+TOKENIZE_STAGE = load_stage(
+    "tokenize"
+)  # an LLM reranker's prompt is built as the tokenize stage builds it
+REFRESH_INTERVAL_S = (
+    1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
+)
 TASKS = frozenset(task.value for task in Task)
-UNLOADED = ("UNAVAILABLE", "unloaded")  # (state, reason) in Triton's index of a model unloaded on purpose
+UNLOADED = (
+    "UNAVAILABLE",
+    "unloaded",
+)  # (state, reason) in Triton's index of a model unloaded on purpose
 
 
 class Capability(str, Enum):
@@ -66,11 +73,14 @@ class ServedModel:
     max_length: int
     id2label: tuple[str, ...]  # one per logit; LABEL_i when the export names none
     max_batch_size: int  # rows per Triton call
-    encode_instances: int  # encoder instances (per Triton replica), each computing one batch at a time
+    encode_instances: (
+        int  # encoder instances (per Triton replica), each computing one batch at a time
+    )
     max_batch_tokens: int | None
     dense_dim: int | None
     outputs: frozenset[str]  # what the ensemble returns
-    encode_inputs: tuple[str, ...]  # what `<name>_encode` reads (native encoders may skip token_type_ids)
+    # what `<name>_encode` reads (native encoders may skip token_type_ids)
+    encode_inputs: tuple[str, ...]
     encode_outputs: tuple[str, ...]  # what `<name>_encode` returns
     pool_inputs: tuple[str, ...]  # what `<name>_pool` reads
     pad_id: int
@@ -78,13 +88,19 @@ class ServedModel:
     tokenizer: Tokenizer | None
     tokenizer_path: Path
     token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
-    longest_token: int = 16  # characters of the vocabulary's longest token: a text of N tokens has at most N x this
+    longest_token: int = (
+        16  # characters of the vocabulary's longest token: a text of N tokens has at most N x this
+    )
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
-    include_prompt: bool = True  # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
+    include_prompt: bool = (
+        True  # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
+    )
     # The sizes `dimensions` may cut its vectors to: () any, None where the model declares no Matryoshka training.
     matryoshka: tuple[int, ...] | None = None
-    dense_ranges: npt.NDArray[Any] | None = None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
+    dense_ranges: npt.NDArray[Any] | None = (
+        None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
+    )
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
     # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
     # token ids; `max_length` is then what the filled-in pair may take between them.
@@ -104,7 +120,12 @@ class ServedModel:
         """Every Triton model a request to this one may reach."""
         if self.fused:
             return (self.name,)
-        return (self.name, stage_model_name(self.name, "tokenize"), self.encode_model, self.pool_model)
+        return (
+            self.name,
+            stage_model_name(self.name, "tokenize"),
+            self.encode_model,
+            self.pool_model,
+        )
 
     @property
     def needs_pairs(self) -> bool:
@@ -115,7 +136,10 @@ class ServedModel:
     @property
     def is_m3(self) -> bool:
         """bge-m3 with its heads: the hybrid scores need all three outputs."""
-        return self.task is Task.M3 and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
+        return (
+            self.task is Task.M3
+            and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
+        )
 
     def can(self, capability: Capability) -> bool:
         return {
@@ -123,7 +147,8 @@ class ServedModel:
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
             Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs,
-            Capability.RERANK: self.task is Task.RERANK or self.is_m3,  # bge-m3 as a bi-encoder reranker
+            Capability.RERANK: self.task is Task.RERANK
+            or self.is_m3,  # bge-m3 as a bi-encoder reranker
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
@@ -131,23 +156,35 @@ class ServedModel:
     def prompt_length(self, prompt: str) -> int:
         """Tokens of `prompt` that pooling leaves out, as sentence-transformers counts them; 0 when the
         model pools prompt tokens like any other."""
-        return 0 if self.include_prompt or not prompt else _prompt_length(self.require_tokenizer(), prompt)
+        return (
+            0
+            if self.include_prompt or not prompt
+            else _prompt_length(self.require_tokenizer(), prompt)
+        )
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise GatewayError(ErrorKind.TOKENIZER, f"no tokenizer for model `{self.name}`: the gateway's --repo is "
-                                                    "not Triton's model repository (its log names the missing file)")
+            raise GatewayError(
+                ErrorKind.TOKENIZER,
+                f"no tokenizer for model `{self.name}`: the gateway's --repo is "
+                "not Triton's model repository (its log names the missing file)",
+            )
         return self.tokenizer
 
 
-TokenizerCache = dict[tuple[Path, int], Tokenizer]  # (file, mtime_ns): a refresh reloads changed files only
+TokenizerCache = dict[
+    tuple[Path, int], Tokenizer
+]  # (file, mtime_ns): a refresh reloads changed files only
 
 
 def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     """The stage's tokenizer file with truncation and padding off: the gateway decides both."""
     if not path.is_file():
-        log.warning("no tokenizer at %s: /tokenize, /decode, truncate=false, left truncation and texts with token-id "
-                    "inputs will be refused for this model", path)
+        log.warning(
+            "no tokenizer at %s: /tokenize, /decode, truncate=false, left truncation and texts with token-id "
+            "inputs will be refused for this model",
+            path,
+        )
         return None
     key = (path, path.stat().st_mtime_ns)
     if key not in cache:
@@ -163,8 +200,9 @@ def known_task(config: model_config_pb2.ModelConfig) -> bool:
     return config_parameters(config).get("task") in TASKS
 
 
-async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.ModelConfig,
-                     tokenizers: TokenizerCache) -> ServedModel:
+async def read_model(
+    client: Backend, repo: Path, ensemble: model_config_pb2.ModelConfig, tokenizers: TokenizerCache
+) -> ServedModel:
     name = ensemble.name
     fused = served_pipeline(ensemble) is Pipeline.FUSED
     if fused:  # one config holds every stage's parameters
@@ -183,12 +221,18 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
     labels = tuple(label for label in params.get("id2label", "").split(",") if label)
     if logits and len(labels) != logits[0].dims[-1]:
         labels = tuple(f"LABEL_{i}" for i in range(logits[0].dims[-1]))
-    tokenizer_path = repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
+    tokenizer_path = (
+        repo / tokenize.name / "1" / tokenize_params.get("tokenizer_file", "tokenizer.json")
+    )
     max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
-    dense_ranges = await asyncio.to_thread(read_dense_ranges, tokenizer_path.parent) if dense else None
+    dense_ranges = (
+        await asyncio.to_thread(read_dense_ranges, tokenizer_path.parent) if dense else None
+    )
     template = TOKENIZE_STAGE.PairTemplate.from_parameters(tokenize_params)
-    prefix, suffix = template.edges(tokenizer) if template is not None and tokenizer is not None else ([], [])
+    prefix, suffix = (
+        template.edges(tokenizer) if template is not None and tokenizer is not None else ([], [])
+    )
     return ServedModel(
         name=name,
         task=Task(params["task"]),
@@ -204,7 +248,9 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         max_batch_tokens=int(max_batch_tokens) if max_batch_tokens else None,
         dense_dim=int(dense[0].dims[-1]) if dense else None,
         outputs=frozenset(o.name for o in ensemble.output),
-        encode_inputs=tuple(i.name for i in encode.input if i.data_type == model_config_pb2.TYPE_INT64),
+        encode_inputs=tuple(
+            i.name for i in encode.input if i.data_type == model_config_pb2.TYPE_INT64
+        ),
         encode_outputs=encode_outputs,
         pool_inputs=pool_inputs,
         pad_id=int(tokenize_params.get("pad_id", "0")),
@@ -216,7 +262,9 @@ async def read_model(client: Backend, repo: Path, ensemble: model_config_pb2.Mod
         fused=fused,
         prompts=json.loads(params["prompts"]) if params.get("prompts") else {},
         include_prompt=params.get("include_prompt", "true") == "true",
-        matryoshka=tuple(contract.int_list(params["matryoshka_dimensions"])) if "matryoshka_dimensions" in params else None,
+        matryoshka=tuple(contract.int_list(params["matryoshka_dimensions"]))
+        if "matryoshka_dimensions" in params
+        else None,
         dense_ranges=dense_ranges,
         cached=ensemble.response_cache.enable,
         pair_template=template,
@@ -267,34 +315,61 @@ class Registry:
             names = [name for name, (state, _) in states.items() if state == READY]
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
             ensembles = [c for c in configs if served_pipeline(c) is not None and known_task(c)]
-            models = await asyncio.gather(*(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles))
+            models = await asyncio.gather(
+                *(read_model(self.client, self.repo, c, self._tokenizers) for c in ensembles)
+            )
             fresh = {m.name: m for m in models}
-            down = {name: m for name, m in self.models.items() if name not in fresh and coming_back(m, states)}
+            down = {
+                name: m
+                for name, m in self.models.items()
+                if name not in fresh and coming_back(m, states)
+            }
             before, before_down = self.models, self.down
-            self.models = {m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)}
+            self.models = {
+                m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)
+            }
             self.down = set(down)
         self._log_changes(before, before_down)
 
     def _log_changes(self, before: dict[str, ServedModel], before_down: set[str]) -> None:
         """A line when the model list changes, and one per model going down or coming back; a refresh
         that changes nothing logs nothing, the first one always says what is served."""
-        added, removed = sorted(set(self.models) - set(before)), sorted(set(before) - set(self.models))
-        gone, back = sorted(self.down - before_down), sorted((before_down - self.down) & set(self.models))
+        added, removed = (
+            sorted(set(self.models) - set(before)),
+            sorted(set(before) - set(self.models)),
+        )
+        gone, back = (
+            sorted(self.down - before_down),
+            sorted((before_down - self.down) & set(self.models)),
+        )
         if not self._logged_once:
             self._logged_once = True
-            log.info("serving %s", ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model",
-                     extra={"fields": {"models": list(self.models)}})
+            log.info(
+                "serving %s",
+                ", ".join(f"{m.name} ({m.task})" for m in self.models.values()) or "no model",
+                extra={"fields": {"models": list(self.models)}},
+            )
         elif added or removed:
-            log.info("model list changed: added %s; removed %s", ", ".join(added) or "none", ", ".join(removed) or "none",
-                     extra={"fields": {"added": added, "removed": removed}})
+            log.info(
+                "model list changed: added %s; removed %s",
+                ", ".join(added) or "none",
+                ", ".join(removed) or "none",
+                extra={"fields": {"added": added, "removed": removed}},
+            )
         if gone:
-            log.warning("%s not ready in Triton for now; kept", ", ".join(gone), extra={"fields": {"down": gone}})
+            log.warning(
+                "%s not ready in Triton for now; kept",
+                ", ".join(gone),
+                extra={"fields": {"down": gone}},
+            )
         if back:
             log.info("%s ready again", ", ".join(back), extra={"fields": {"back": back}})
 
     def triton_models(self) -> dict[str, str]:
         """Every Triton model the served ones reach, each mapped to the served model it belongs to."""
-        return {stage: model.name for model in self.models.values() for stage in model.triton_models}
+        return {
+            stage: model.name for model in self.models.values() for stage in model.triton_models
+        }
 
     async def readiness(self) -> dict[str, bool]:
         """Per served model, whether Triton can serve every one of its stages now (none can while
@@ -312,8 +387,10 @@ class Registry:
         down = await self.client.unready(sorted(stages))
         if not down:
             return None
-        return (f"{', '.join(sorted({stages[s] for s in down}))} cannot answer now "
-                f"(not ready in Triton: {', '.join(down)})")
+        return (
+            f"{', '.join(sorted({stages[s] for s in down}))} cannot answer now "
+            f"(not ready in Triton: {', '.join(down)})"
+        )
 
     def _may_refresh(self) -> bool:
         return time.monotonic() - self._last_attempt >= REFRESH_INTERVAL_S
@@ -328,30 +405,45 @@ class Registry:
                 if not self.models:
                     raise
         if not self.models:
-            raise GatewayError(ErrorKind.UNHEALTHY, f"Triton at {self.client.url} serves no prensa model yet")
+            raise GatewayError(
+                ErrorKind.UNHEALTHY, f"Triton at {self.client.url} serves no prensa model yet"
+            )
 
     async def pick(self, capability: Capability | None, name: str | None) -> ServedModel:
         """`name` if it exists and can; else the default model if it can; else the first one that can.
         No capability: any model will do (`/info`)."""
         await self.ensure()
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
-            if name not in self.models and self._may_refresh():  # loaded into Triton after we started?
+            if (
+                name not in self.models and self._may_refresh()
+            ):  # loaded into Triton after we started?
                 await self.refresh()
             model = self.models.get(name)
             if model is None:
-                raise GatewayError(ErrorKind.NOT_FOUND,
-                                   f"The model `{name}` does not exist; served: {', '.join(self.models)}")
+                raise GatewayError(
+                    ErrorKind.NOT_FOUND,
+                    f"The model `{name}` does not exist; served: {', '.join(self.models)}",
+                )
             if capability is not None and not model.can(capability):
-                raise validation(f"model `{name}` (task {model.task}) does not provide {capability.value}")
+                raise validation(
+                    f"model `{name}` (task {model.task}) does not provide {capability.value}"
+                )
             return model
-        if self.default_model and self.default_model not in self.models:  # never answer with another model
-            raise GatewayError(ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now")
+        if (
+            self.default_model and self.default_model not in self.models
+        ):  # never answer with another model
+            raise GatewayError(
+                ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
+            )
         candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
         if capability is Capability.RERANK and any(m.task is Task.RERANK for m in candidates):
-            candidates = [m for m in candidates if m.task is Task.RERANK]  # bge-m3 reranks when named, or alone
+            # bge-m3 reranks when named, or alone
+            candidates = [m for m in candidates if m.task is Task.RERANK]
         default = self.models.get(self.default_model or "")
         if default is not None and default in candidates:
             return default
         if not candidates:
-            raise validation(f"no served model provides {capability.value if capability else 'anything'}")
+            raise validation(
+                f"no served model provides {capability.value if capability else 'anything'}"
+            )
         return candidates[0]

@@ -28,16 +28,24 @@ ROLE_PROMPTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def prompt_text(model: ServedModel, settings: GatewaySettings, prompt_name: str | None = None,
-                input_type: str | None = None) -> str | None:
+def prompt_text(
+    model: ServedModel,
+    settings: GatewaySettings,
+    prompt_name: str | None = None,
+    input_type: str | None = None,
+) -> str | None:
     """The text to prepend to each of this request's texts, or None."""
     if prompt_name is not None:
         if prompt_name not in model.prompts:
             known = ", ".join(sorted(model.prompts)) or "none"
-            raise validation(f"prompt `{prompt_name}` is not defined for model `{model.name}`; its prompts: {known}")
+            raise validation(
+                f"prompt `{prompt_name}` is not defined for model `{model.name}`; its prompts: {known}"
+            )
         return model.prompts[prompt_name]
     if input_type is not None:
-        return next((model.prompts[n] for n in ROLE_PROMPTS[input_type] if n in model.prompts), None)
+        return next(
+            (model.prompts[n] for n in ROLE_PROMPTS[input_type] if n in model.prompts), None
+        )
     if settings.default_prompt is not None:
         return settings.default_prompt
     return model.prompts.get(settings.default_prompt_name) if settings.default_prompt_name else None
@@ -52,8 +60,17 @@ def with_prompt(items: list[Item], prompt: str | None, marked: bool = False) -> 
     return [prompt + item if isinstance(item, str) else item for item in items]
 
 
-def prompted(model: ServedModel, settings: GatewaySettings, items: list[Item], prompt_name: str | None = None,
-             input_type: str | None = None) -> list[Item]:
+def prompted(
+    model: ServedModel,
+    settings: GatewaySettings,
+    items: list[Item],
+    prompt_name: str | None = None,
+    input_type: str | None = None,
+) -> list[Item]:
     """`items` with the request's prompt prepended to its texts, marked where the model's pooling
     leaves it out."""
-    return with_prompt(items, prompt_text(model, settings, prompt_name, input_type), marked=not model.include_prompt)
+    return with_prompt(
+        items,
+        prompt_text(model, settings, prompt_name, input_type),
+        marked=not model.include_prompt,
+    )

@@ -11,21 +11,26 @@ from prensa.gateway.protocol_common import INPUT_TYPE, InputType, TruncateEnd, U
 
 CohereTruncate = TruncateEnd
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
-TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default END."
+TRUNCATE = (
+    "NONE: refuse inputs over the model's max length; START / END: cut that end. Default END."
+)
 MODEL = "Served model name; the default model that can answer when absent."
 
 
 class RerankDocument(BaseModel):
-    model_config = ConfigDict(extra="allow")  # Cohere documents may carry more fields; `text` is ranked
+    # Cohere documents may carry more fields; `text` is ranked
+    model_config = ConfigDict(extra="allow")
 
     text: str = Field(description="The document text.")
 
 
 Documents = list[str | RerankDocument]
-DOCUMENTS = "Documents as strings or `{\"text\": ...}` objects."
+DOCUMENTS = 'Documents as strings or `{"text": ...}` objects.'
 TOP_N = "Return only the N best documents."
-INSTRUCTION = ("An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the model's "
-               "default; refused for cross-encoders (prensa's own field).")
+INSTRUCTION = (
+    "An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the model's "
+    "default; refused for cross-encoders (prensa's own field)."
+)
 
 
 class RerankV1Request(BaseModel):
@@ -36,10 +41,15 @@ class RerankV1Request(BaseModel):
     documents: Documents = Field(description=DOCUMENTS)
     top_n: int | None = Field(None, ge=1, description=TOP_N)
     return_documents: bool | None = Field(
-        None, description="Echo each document as `{\"text\": ...}`. Default: true (Jina), false for Cohere's SDKs.")
+        None,
+        description='Echo each document as `{"text": ...}`. Default: true (Jina), false for Cohere\'s SDKs.',
+    )
     max_chunks_per_doc: int | None = Field(
-        None, ge=1, description="Split long documents into up to N windows beside the query; a document scores "
-                                "its best window (Cohere v1). Absent: documents are truncated.")
+        None,
+        ge=1,
+        description="Split long documents into up to N windows beside the query; a document scores "
+        "its best window (Cohere v1). Absent: documents are truncated.",
+    )
     instruction: str | None = Field(None, description=INSTRUCTION)
 
 
@@ -50,15 +60,19 @@ class RerankV2Request(BaseModel):
     query: str = Field(description="The query every document is scored against.")
     documents: Documents = Field(description=DOCUMENTS)
     top_n: int | None = Field(None, ge=1, description=TOP_N)
-    max_tokens_per_doc: int | None = Field(None, ge=1, description="Cut each document to N tokens first (Cohere v2).")
-    return_documents: bool = Field(False, description="Echo each document as `{\"text\": ...}`.")
+    max_tokens_per_doc: int | None = Field(
+        None, ge=1, description="Cut each document to N tokens first (Cohere v2)."
+    )
+    return_documents: bool = Field(False, description='Echo each document as `{"text": ...}`.')
     instruction: str | None = Field(None, description=INSTRUCTION)
 
 
 class RerankResult(BaseModel):
     index: int = Field(description="Position of the document in the request.")
     relevance_score: float = Field(description="Sigmoid of the cross-encoder logit.")
-    document: RerankDocument | None = Field(None, description="The document, when `return_documents` is true.")
+    document: RerankDocument | None = Field(
+        None, description="The document, when `return_documents` is true."
+    )
 
 
 class RerankResponse(BaseModel):
@@ -76,18 +90,27 @@ class CohereEmbedRequest(BaseModel):
     texts: list[str] = Field(description="Texts to embed.")
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
     embedding_types: list[EmbeddingType] | None = Field(
-        None, description="float, int8/uint8 (per-dimension ranges calibrated at export, as sentence-transformers' "
-                          "quantize_embeddings), binary/ubinary (sign bits packed), base64 (float32 bytes). "
-                          "Default float.")
+        None,
+        description="float, int8/uint8 (per-dimension ranges calibrated at export, as sentence-transformers' "
+        "quantize_embeddings), binary/ubinary (sign bits packed), base64 (float32 bytes). "
+        "Default float.",
+    )
     truncate: CohereTruncate = Field("END", description=TRUNCATE)
-    output_dimension: int | None = Field(None, ge=1, description="Keep the first N dimensions, re-normalised.")
-    max_tokens: int | None = Field(None, ge=1, description="Cut each text to N tokens (special tokens included).")
+    output_dimension: int | None = Field(
+        None, ge=1, description="Keep the first N dimensions, re-normalised."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="Cut each text to N tokens (special tokens included)."
+    )
 
 
 class CohereEmbedResponse(BaseModel):
     id: str = Field(description="A fresh id per response.")
     embeddings: dict[str, list[Any]] | list[list[float]] = Field(
-        description="By type (`embeddings_by_type`), or float vectors (`embeddings_floats`, v1 without types).")
+        description="By type (`embeddings_by_type`), or float vectors (`embeddings_floats`, v1 without types)."
+    )
     texts: list[str] = Field(description="The inputs, as given.")
     meta: dict[Any, Any] = Field(description="Cohere's `api_version` and `billed_units`.")
-    response_type: Literal["embeddings_floats", "embeddings_by_type"] = Field(description="Which shape `embeddings` has.")
+    response_type: Literal["embeddings_floats", "embeddings_by_type"] = Field(
+        description="Which shape `embeddings` has."
+    )

@@ -14,7 +14,9 @@ class Usage(BaseModel):
     """Token counts as OpenAI, Jina, Infinity and vLLM report them."""
 
     prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
-    total_tokens: int = Field(description="Same as prompt_tokens: embedders and rerankers generate nothing.")
+    total_tokens: int = Field(
+        description="Same as prompt_tokens: embedders and rerankers generate nothing."
+    )
 
 
 class VllmUsage(Usage):
@@ -32,12 +34,18 @@ class VllmList(BaseModel):
 
 
 class ChunkingRequest(BaseModel):
-    enabled: bool = Field(True, description="Cut inputs over the model's max length into windows and combine them.")
-    overlap: int = Field(DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share.")
+    enabled: bool = Field(
+        True, description="Cut inputs over the model's max length into windows and combine them."
+    )
+    overlap: int = Field(
+        DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share."
+    )
 
 
-CHUNKING = ("Long inputs as overlapping windows combined into one answer instead of truncated; absent: the "
-            "server's --chunk-long-inputs.")
+CHUNKING = (
+    "Long inputs as overlapping windows combined into one answer instead of truncated; absent: the "
+    "server's --chunk-long-inputs."
+)
 
 
 def asked_chunking(asked: ChunkingRequest | None) -> tuple[bool | None, int]:
@@ -46,13 +54,27 @@ def asked_chunking(asked: ChunkingRequest | None) -> tuple[bool | None, int]:
     return (None, DEFAULT_OVERLAP) if asked is None else (asked.enabled, asked.overlap)
 
 
-InputType = Literal["query", "passage", "document", "search_query", "search_document", "classification", "clustering"]
-INPUT_TYPE = ("What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
-              "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one.")
+InputType = Literal[
+    "query",
+    "passage",
+    "document",
+    "search_query",
+    "search_document",
+    "classification",
+    "clustering",
+]
+INPUT_TYPE = (
+    "What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
+    "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one."
+)
 
 # NIM's and Cohere's `truncate`: none, cut the start, or cut the end.
 TruncateEnd = Literal["NONE", "START", "END"]
-TRUNCATE_ENDS: dict[str, tuple[bool, str]] = {"NONE": (False, "right"), "START": (True, "left"), "END": (True, "right")}
+TRUNCATE_ENDS: dict[str, tuple[bool, str]] = {
+    "NONE": (False, "right"),
+    "START": (True, "left"),
+    "END": (True, "right"),
+}
 
 
 def truncate_end(truncate: str | None) -> tuple[bool | None, str]:

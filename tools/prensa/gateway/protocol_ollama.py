@@ -7,24 +7,35 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-OPTIONS = ("Ollama's runner options. `num_ctx` below the model's max length is refused (it would cut inputs "
-           "shorter); the others do not change an embedding and are ignored.")
+OPTIONS = (
+    "Ollama's runner options. `num_ctx` below the model's max length is refused (it would cut inputs "
+    "shorter); the others do not change an embedding and are ignored."
+)
 KEEP_ALIVE = "Accepted and ignored: prensa's models stay loaded."
 
 
 class OllamaEmbedRequest(BaseModel):
     model: str = Field(description="Served model name; a `:latest` tag is ignored.")
-    input: str | list[str] | None = Field(None, description="A text or a list of texts; none (or \"\") answers [].")
-    truncate: bool = Field(True, description="Cut inputs over the model's max length at the end; false: refuse them.")
-    dimensions: int | None = Field(None, description="Keep the first N dimensions, then re-normalise (Ollama "
-                                                     "ignores N outside 1 .. the embedding size; so does prensa).")
+    input: str | list[str] | None = Field(
+        None, description='A text or a list of texts; none (or "") answers [].'
+    )
+    truncate: bool = Field(
+        True, description="Cut inputs over the model's max length at the end; false: refuse them."
+    )
+    dimensions: int | None = Field(
+        None,
+        description="Keep the first N dimensions, then re-normalise (Ollama "
+        "ignores N outside 1 .. the embedding size; so does prensa).",
+    )
     options: dict[str, Any] | None = Field(None, description=OPTIONS)
     keep_alive: str | float | None = Field(None, description=KEEP_ALIVE)
 
 
 class OllamaEmbedResponse(BaseModel):
     model: str = Field(description="The model name as requested.")
-    embeddings: list[list[float]] = Field(description="One L2-normalised vector per input, in input order.")
+    embeddings: list[list[float]] = Field(
+        description="One L2-normalised vector per input, in input order."
+    )
     total_duration: int = Field(description="Nanoseconds the request took in the gateway.")
     load_duration: int = Field(description="Always 0: the model was loaded.")
     prompt_eval_count: int = Field(description="Tokens the model read, special tokens included.")
@@ -34,7 +45,7 @@ class OllamaEmbeddingsRequest(BaseModel):
     """The older single-text route, which Ollama answers without normalising."""
 
     model: str = Field(description="Served model name; a `:latest` tag is ignored.")
-    prompt: str = Field("", description="The text; \"\" answers an empty embedding.")
+    prompt: str = Field("", description='The text; "" answers an empty embedding.')
     options: dict[str, Any] | None = Field(None, description=OPTIONS)
     keep_alive: str | float | None = Field(None, description=KEEP_ALIVE)
 
@@ -77,6 +88,8 @@ class OllamaShow(BaseModel):
     template: str = Field(description="Always empty.")
     modified_at: str = Field(description="When the gateway started (ISO 8601).")
     details: OllamaModelDetails = Field(description="Format, family and precision.")
-    model_info: dict[str, Any] = Field(description="`general.architecture` (the task), `<task>.context_length` "
-                                                   "(max tokens per input) and `<task>.embedding_length`.")
+    model_info: dict[str, Any] = Field(
+        description="`general.architecture` (the task), `<task>.context_length` "
+        "(max tokens per input) and `<task>.embedding_length`."
+    )
     capabilities: list[str] = Field(description="`embedding` for models that answer `/api/embed`.")

@@ -8,42 +8,71 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
-from prensa.gateway.protocol_common import CHUNKING, INPUT_TYPE, ChunkingRequest, InputType, TruncateEnd, Usage
+from prensa.gateway.protocol_common import (
+    CHUNKING,
+    INPUT_TYPE,
+    ChunkingRequest,
+    InputType,
+    TruncateEnd,
+    Usage,
+)
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
 EmbeddingInput = str | list[int] | list[str | list[int]]
 # NIM's (float, int8, uint8, binary, ubinary) and Jina's (float, base64, binary, ubinary) `embedding_type`.
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
-EMBEDDING_TYPE = ("NIM's and Jina's precision: float; int8/uint8 (the model's calibration ranges, full dimension), "
-                  "binary/ubinary (sign bits packed eight to a byte): integer lists; base64 as `encoding_format`.")
-JinaTask = Literal["retrieval.query", "retrieval.passage", "text-matching", "classification", "separation"]
-JINA_TASK = ("Jina's task: the model's prompt of that name when it has one; else retrieval.query and "
-             "retrieval.passage act as `input_type` query and passage, and the other tasks are refused.")
+EMBEDDING_TYPE = (
+    "NIM's and Jina's precision: float; int8/uint8 (the model's calibration ranges, full dimension), "
+    "binary/ubinary (sign bits packed eight to a byte): integer lists; base64 as `encoding_format`."
+)
+JinaTask = Literal[
+    "retrieval.query", "retrieval.passage", "text-matching", "classification", "separation"
+]
+JINA_TASK = (
+    "Jina's task: the model's prompt of that name when it has one; else retrieval.query and "
+    "retrieval.passage act as `input_type` query and passage, and the other tasks are refused."
+)
 NimTruncate = TruncateEnd
 NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
 
 class EmbeddingRequest(BaseModel):
-    input: EmbeddingInput = Field(description="A text, a list of token ids, or a list of texts and/or token-id lists.")
-    model: str | None = Field(None, description="Served model name; the gateway's default embedding model when absent.")
+    input: EmbeddingInput = Field(
+        description="A text, a list of token ids, or a list of texts and/or token-id lists."
+    )
+    model: str | None = Field(
+        None, description="Served model name; the gateway's default embedding model when absent."
+    )
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="`float`: JSON numbers; `base64`: little-endian float32 bytes, base64-encoded.")
-    dimensions: int | None = Field(None, description="Keep the first N dimensions (Matryoshka), then re-normalise.")
+        "float",
+        description="`float`: JSON numbers; `base64`: little-endian float32 bytes, base64-encoded.",
+    )
+    dimensions: int | None = Field(
+        None, description="Keep the first N dimensions (Matryoshka), then re-normalise."
+    )
     user: str | None = Field(None, description="Accepted for compatibility and ignored.")
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
     truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
-    chunking: ChunkingRequest | None = Field(None, description=CHUNKING + " Each embedding then says its `chunks`.")
+    chunking: ChunkingRequest | None = Field(
+        None, description=CHUNKING + " Each embedding then says its `chunks`."
+    )
     embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
     task: JinaTask | None = Field(None, description=JINA_TASK)
-    late_chunking: bool | None = Field(None, description="Jina's late chunking: not served (true is refused); "
-                                                         "`chunking` embeds long texts by windows instead.")
+    late_chunking: bool | None = Field(
+        None,
+        description="Jina's late chunking: not served (true is refused); "
+        "`chunking` embeds long texts by windows instead.",
+    )
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = Field("embedding", description="Always `embedding`.")
     embedding: list[float] | list[int] | str = Field(
-        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes.")
-    chunks: int | None = Field(None, description="With `chunking`: how many windows the input was embedded as.")
+        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes."
+    )
+    chunks: int | None = Field(
+        None, description="With `chunking`: how many windows the input was embedded as."
+    )
     index: int = Field(description="Position of the input in the request.")
 
 
@@ -59,7 +88,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = Field("model", description="Always `model`.")
     created: int = Field(description="When the gateway first saw the model (Unix seconds).")
     owned_by: str = Field(description="Always `prensa`.")
-    root: str = Field(description="The model's own id: a base model, not an adapter (NIM clients pick such models).")
+    root: str = Field(
+        description="The model's own id: a base model, not an adapter (NIM clients pick such models)."
+    )
     task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
     max_model_len: int = Field(description="Max tokens per input, special tokens included.")
 
@@ -76,12 +107,16 @@ class RankingText(BaseModel):
 class RankingRequest(BaseModel):
     """NIM's text reranking (`/v1/ranking`)."""
 
-    model: str | None = Field(None, description="Served reranker name; the default reranker when absent.")
+    model: str | None = Field(
+        None, description="Served reranker name; the default reranker when absent."
+    )
     query: RankingText = Field(description="The query.")
     passages: list[RankingText] = Field(description="Passages to score against the query.")
     truncate: Literal["NONE", "END"] | None = Field(
-        None, description="NONE: refuse (query, passage) pairs over the model's max length; END: cut the passage. "
-                          "Default: --auto-truncate.")
+        None,
+        description="NONE: refuse (query, passage) pairs over the model's max length; END: cut the passage. "
+        "Default: --auto-truncate.",
+    )
 
 
 class Ranking(BaseModel):
@@ -94,14 +129,21 @@ class RankingResponse(BaseModel):
 
 
 class OpenAIError(BaseModel):
-    shape: ClassVar[ErrorShape] = ErrorShape.OPENAI  # what a route declaring this model answers errors with
+    # what a route declaring this model answers errors with
+    shape: ClassVar[ErrorShape] = ErrorShape.OPENAI
 
     message: str = Field(description="What went wrong.")
     code: int = Field(description="The HTTP status code.")
-    type: str = Field(description="Error kind: Validation, Empty, NotFound, Overloaded, Backend, Unhealthy, ...")
-    request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")
+    type: str = Field(
+        description="Error kind: Validation, Empty, NotFound, Overloaded, Backend, Unhealthy, ..."
+    )
+    request_id: str | None = Field(
+        None, description="The request's id, as the `x-request-id` header says."
+    )
 
 
 # The error bodies an OpenAI-shaped route documents (its OpenAPI `responses`): the OpenAI, Cohere,
 # Jina and NIM routes.
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES
+}

@@ -11,7 +11,9 @@ from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage, Vll
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
-Direction = Annotated[Literal["left", "right"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)]
+Direction = Annotated[
+    Literal["left", "right"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)
+]
 
 TRUNCATE = "Cut inputs longer than the model's max length; null means the server's --auto-truncate."
 DIRECTION = "Which end to cut when truncating: `right` (default) or `left`."
@@ -35,19 +37,26 @@ class TruncatedRequest(ModelRequest, Truncation):
 
 
 class EmbedRequest(TruncatedRequest):
-    inputs: Inputs = Field(description="A text, a token-id list, or a list of texts and/or token-id lists.")
+    inputs: Inputs = Field(
+        description="A text, a token-id list, or a list of texts and/or token-id lists."
+    )
     prompt_name: str | None = Field(None, description=PROMPT)
     normalize: bool = Field(True, description="L2-normalise the vectors (after `dimensions`).")
     dimensions: int | None = Field(None, description="Keep the first N dimensions (Matryoshka).")
     outputs: list[Literal["dense", "sparse", "colbert"]] | None = Field(
-        None, min_length=1, description="bge-m3: answer as `/embed_m3` does, with these outputs of one forward pass.")
+        None,
+        min_length=1,
+        description="bge-m3: answer as `/embed_m3` does, with these outputs of one forward pass.",
+    )
     chunking: ChunkingRequest | None = Field(None, description=CHUNKING)
 
 
 class TokenLevelRequest(TruncatedRequest):
     """`/embed_sparse`, `/embed_all` and `/embed_colbert`."""
 
-    inputs: Inputs = Field(description="A text, a token-id list, or a list of texts and/or token-id lists.")
+    inputs: Inputs = Field(
+        description="A text, a token-id list, or a list of texts and/or token-id lists."
+    )
     prompt_name: str | None = Field(None, description=PROMPT)
 
 
@@ -61,20 +70,26 @@ class ClassificationParameters(BaseModel):
 
     top_k: int | None = Field(None, ge=1, description="Keep the K best labels per input.")
     function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
-        None, description="`none` returns logits; the model's own activation otherwise.")
+        None, description="`none` returns logits; the model's own activation otherwise."
+    )
 
 
 class PredictRequest(TruncatedRequest):
     inputs: str | list[str] | list[list[str]] = Field(
-        description="A text, a pair `[text, text_pair]`, or a batch of `[text]` / `[text, text_pair]` items.")
+        description="A text, a pair `[text, text_pair]`, or a batch of `[text]` / `[text, text_pair]` items."
+    )
     raw_scores: bool = Field(False, description="Return logits instead of softmax/sigmoid scores.")
     parameters: ClassificationParameters | None = Field(
-        None, description="Hugging Face Inference API style: when present, the answer is always nested per input "
-                          "(`[[{label, score}]]`), as that API answers.")
+        None,
+        description="Hugging Face Inference API style: when present, the answer is always nested per input "
+        "(`[[{label, score}]]`), as that API answers.",
+    )
 
 
 class Prediction(BaseModel):
-    score: float = Field(description="Softmax (several labels) or sigmoid (one label) of the logit, or the logit.")
+    score: float = Field(
+        description="Softmax (several labels) or sigmoid (one label) of the logit, or the logit."
+    )
     label: str = Field(description="The label's name.")
 
 
@@ -82,21 +97,36 @@ class RerankRequest(TruncatedRequest):
     """TEI's body (`texts`), or Infinity's (`documents`, answered in Infinity's shape)."""
 
     query: str = Field(description="The query.")
-    texts: list[str] | None = Field(None, description="Passages to score against the query (TEI); required "
-                                                       "unless `documents` is given.")
-    documents: list[str] | None = Field(None, description="Passages in Infinity's body: the answer is then "
-                                                          "Infinity's `{object, results, model, usage, ...}`.")
+    texts: list[str] | None = Field(
+        None,
+        description="Passages to score against the query (TEI); required "
+        "unless `documents` is given.",
+    )
+    documents: list[str] | None = Field(
+        None,
+        description="Passages in Infinity's body: the answer is then "
+        "Infinity's `{object, results, model, usage, ...}`.",
+    )
     raw_scores: bool = Field(False, description="Return logits instead of sigmoid scores.")
-    return_text: bool = Field(False, description="Echo each passage in the response (with `texts`).")
-    return_documents: bool = Field(False, description="Echo each document in the response (with `documents`).")
+    return_text: bool = Field(
+        False, description="Echo each passage in the response (with `texts`)."
+    )
+    return_documents: bool = Field(
+        False, description="Echo each document in the response (with `documents`)."
+    )
     top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
     weights: list[float] | None = Field(
-        None, min_length=3, max_length=3,
+        None,
+        min_length=3,
+        max_length=3,
         description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and ColBERT; "
-                    "default [0.4, 0.2, 0.4].")
+        "default [0.4, 0.2, 0.4].",
+    )
     instruction: str | None = Field(
-        None, description="An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the "
-                          "model's default; refused for cross-encoders (prensa's own field).")
+        None,
+        description="An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the "
+        "model's default; refused for cross-encoders (prensa's own field).",
+    )
 
 
 class Rank(BaseModel):
@@ -106,7 +136,9 @@ class Rank(BaseModel):
 
 
 class InfinityRank(BaseModel):
-    relevance_score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
+    relevance_score: float = Field(
+        description="Sigmoid of the logit, or the logit with `raw_scores`."
+    )
     index: int = Field(description="Position of the document in `documents`.")
     document: str | None = Field(None, description="The document, with `return_documents`.")
 
@@ -115,29 +147,45 @@ class ClassifyRequest(ModelRequest):
     """vLLM's `/classify` body, or Infinity's: the same `input` and `model`; a body with Infinity's
     `raw_scores` (true or false) is answered in Infinity's shape, any other in vLLM's."""
 
-    input: str | list[str] = Field(description="A text or a list of texts, each classified on its own.")
-    raw_scores: bool | None = Field(None, description="Infinity's: logits instead of probabilities; present, the "
-                                                      "answer is Infinity's `{object: classify, data: [[{score, label}]]}`.")
-    truncate_prompt_tokens: int | None = Field(None, description="vLLM's: -1 (the model's max length) is served; a "
-                                                                 "smaller window is refused (422).")
+    input: str | list[str] = Field(
+        description="A text or a list of texts, each classified on its own."
+    )
+    raw_scores: bool | None = Field(
+        None,
+        description="Infinity's: logits instead of probabilities; present, the "
+        "answer is Infinity's `{object: classify, data: [[{score, label}]]}`.",
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        description="vLLM's: -1 (the model's max length) is served; a "
+        "smaller window is refused (422).",
+    )
 
 
 class PoolingRequest(ModelRequest):
     """vLLM's `/pooling` body: each input's pooled vector (`embed`) or its tokens' vectors (`token_embed`)."""
 
     input: str | list[str] = Field(description="A text or a list of texts.")
-    task: Literal["embed", "token_embed"] = Field("embed", description="embed: the model's pooled, L2-normalised "
-                                                  "vector; token_embed: the encoder's vector of every token.")
-    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 "
-                                                        "(`embed` only).")
-    truncate_prompt_tokens: int | None = Field(None, description="-1 (the model's max length) is served; a smaller "
-                                                                 "window is refused (422).")
+    task: Literal["embed", "token_embed"] = Field(
+        "embed",
+        description="embed: the model's pooled, L2-normalised "
+        "vector; token_embed: the encoder's vector of every token.",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: little-endian float32 (`embed` only)."
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        description="-1 (the model's max length) is served; a smaller window is refused (422).",
+    )
 
 
 class VllmPooled(BaseModel):
     index: int = Field(description="Position of the input.")
     object: str = Field("pooling", description="Always `pooling`.")
-    data: list[float] | list[list[float]] | str = Field(description="The vector, the tokens' vectors, or base64.")
+    data: list[float] | list[list[float]] | str = Field(
+        description="The vector, the tokens' vectors, or base64."
+    )
 
 
 class VllmPoolings(VllmList):
@@ -149,7 +197,9 @@ class VllmPoolings(VllmList):
 class VllmClassification(BaseModel):
     index: int = Field(description="Position of the input.")
     label: str = Field(description="The most likely label.")
-    probs: list[float] = Field(description="Softmax (several labels) or sigmoid (one label) of each label's logit.")
+    probs: list[float] = Field(
+        description="Softmax (several labels) or sigmoid (one label) of each label's logit."
+    )
     num_classes: int = Field(description="How many labels.")
 
 
@@ -197,16 +247,24 @@ class SimilarityRequest(ModelRequest):
 
 class TokenizeRequest(ModelRequest):
     inputs: str | list[str] = Field(description="A text or a list of texts.")
-    add_special_tokens: bool = Field(True, description="Add the model's special tokens ([CLS], </s>, ...).")
+    add_special_tokens: bool = Field(
+        True, description="Add the model's special tokens ([CLS], </s>, ...)."
+    )
     prompt_name: str | None = Field(None, description=PROMPT)
 
 
 class SimpleToken(BaseModel):
     id: int = Field(description="Vocabulary id.")
-    text: str = Field(description="The input's bytes start..stop, or the token itself for special tokens.")
+    text: str = Field(
+        description="The input's bytes start..stop, or the token itself for special tokens."
+    )
     special: bool = Field(description="Whether the tokenizer added it.")
-    start: int | None = Field(description="UTF-8 byte offset of the token in the input (null for special tokens).")
-    stop: int | None = Field(description="UTF-8 byte offset past its end (null for special tokens).")
+    start: int | None = Field(
+        description="UTF-8 byte offset of the token in the input (null for special tokens)."
+    )
+    stop: int | None = Field(
+        description="UTF-8 byte offset past its end (null for special tokens)."
+    )
 
 
 class DecodeRequest(ModelRequest):
@@ -215,7 +273,9 @@ class DecodeRequest(ModelRequest):
 
 
 class VertexRequest(BaseModel):
-    instances: list[dict[str, Any]] = Field(description="Request bodies, each as `POST /` takes it.")
+    instances: list[dict[str, Any]] = Field(
+        description="Request bodies, each as `POST /` takes it."
+    )
 
 
 class VertexResponse(BaseModel):
@@ -227,12 +287,16 @@ class ModelInfo(BaseModel):
     model_sha: str | None = Field(description="Hub commit, or a content hash of a local directory.")
     model_dtype: str = Field(description="Exported precision.")
     served_model_name: str = Field(description="The name to request.")
-    model_type: dict[Any, Any] = Field(description="`{embedding: {pooling}}`, `{classifier: {id2label, label2id}}` or `{reranker: ...}`.")
+    model_type: dict[Any, Any] = Field(
+        description="`{embedding: {pooling}}`, `{classifier: {id2label, label2id}}` or `{reranker: ...}`."
+    )
     task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
     max_input_length: int = Field(description="Max tokens per input, special tokens included.")
     max_batch_tokens: int | None = Field(description="Token budget of one encoder pass in Triton.")
     max_batch_requests: int = Field(description="Rows per Triton call.")
-    prompts: dict[str, str] = Field(description="Prompts from the model's sentence-transformers config, by name.")
+    prompts: dict[str, str] = Field(
+        description="Prompts from the model's sentence-transformers config, by name."
+    )
 
 
 class Info(ModelInfo):
@@ -245,12 +309,19 @@ class Info(ModelInfo):
 
 
 class ErrorResponse(BaseModel):
-    shape: ClassVar[ErrorShape] = ErrorShape.TEI  # what a route declaring this model answers errors with
+    # what a route declaring this model answers errors with
+    shape: ClassVar[ErrorShape] = ErrorShape.TEI
 
     error: str = Field(description="What went wrong.")
-    error_type: str = Field(description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ...")
-    request_id: str | None = Field(None, description="The request's id, as the `x-request-id` header says.")
+    error_type: str = Field(
+        description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ..."
+    )
+    request_id: str | None = Field(
+        None, description="The request's id, as the `x-request-id` header says."
+    )
 
 
 # The error bodies a TEI-shaped route documents (its OpenAPI `responses`).
-ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES
+}

@@ -26,7 +26,9 @@ def base64_float32(vector: npt.NDArray[Any]) -> str:
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
 
 
-def quantize(vectors: npt.NDArray[Any], precision: str, ranges: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
+def quantize(
+    vectors: npt.NDArray[Any], precision: str, ranges: npt.NDArray[Any] | None = None
+) -> npt.NDArray[Any]:
     """`vectors` [n, dim] in `precision` (float, int8, uint8, binary, ubinary)."""
     if precision == "float":
         return vectors
@@ -52,12 +54,18 @@ def as_type(vectors: npt.NDArray[Any], kind: str, ranges: npt.NDArray[Any] | Non
     return quantize(vectors, kind, ranges)
 
 
-def check_ranged(model_name: str, ranges: npt.NDArray[Any] | None, dim: int, precisions: Sequence[str]) -> None:
+def check_ranged(
+    model_name: str, ranges: npt.NDArray[Any] | None, dim: int, precisions: Sequence[str]
+) -> None:
     """int8/uint8 need the model's calibration ranges, at the model's full dimension."""
     if not RANGED.intersection(precisions):
         return
     if ranges is None:
-        raise validation(f"model `{model_name}` has no int8 calibration ranges (calibration.json in its repository); "
-                         "run `prensa calibrate` on its export and rebuild the repository")
+        raise validation(
+            f"model `{model_name}` has no int8 calibration ranges (calibration.json in its repository); "
+            "run `prensa calibrate` on its export and rebuild the repository"
+        )
     if ranges.shape[-1] != dim:
-        raise validation("int8 and uint8 embeddings come at the model's full dimension: drop `output_dimension`")
+        raise validation(
+            "int8 and uint8 embeddings come at the model's full dimension: drop `output_dimension`"
+        )

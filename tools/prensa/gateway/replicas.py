@@ -63,12 +63,19 @@ class ReplicaPool:
 
     def _pick(self, tried: set[int]) -> int | None:
         candidates = [i for i, r in enumerate(self.replicas) if i not in tried and r.healthy]
-        if not candidates:  # every replica looks down: try the untried ones anyway, they may be back
+        if (
+            not candidates
+        ):  # every replica looks down: try the untried ones anyway, they may be back
             candidates = [i for i in range(len(self.replicas)) if i not in tried]
         return min(candidates, key=lambda i: self.replicas[i].outstanding, default=None)
 
-    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        outputs: Sequence[str],
+        request_id: str = "",
+    ) -> dict[str, npt.NDArray[Any]]:
         tried: set[int] = set()
         failure: GatewayError | None = None
         while (index := self._pick(tried)) is not None:
@@ -82,7 +89,11 @@ class ReplicaPool:
                     raise
                 replica.healthy = False
                 if len(self.replicas) > 1:
-                    log.warning("Triton replica %s failed (%s); retrying elsewhere", replica.client.url, exc.message)
+                    log.warning(
+                        "Triton replica %s failed (%s); retrying elsewhere",
+                        replica.client.url,
+                        exc.message,
+                    )
                 failure = exc
             finally:
                 replica.outstanding -= 1
@@ -110,7 +121,9 @@ class ReplicaPool:
         for replica, unready in zip(self.replicas, answers):
             ready = unready == []
             if ready != replica.healthy:
-                log.warning("Triton replica %s is %s", replica.client.url, "back" if ready else "down")
+                log.warning(
+                    "Triton replica %s is %s", replica.client.url, "back" if ready else "down"
+                )
             replica.healthy = ready
         return [m for m in models if all(unready is None or m in unready for unready in answers)]
 

@@ -28,7 +28,9 @@ from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
 
 # `?model=` on every inference route; the body's `model` field says the same (see `models.named_model`).
-ModelParam = Annotated[str | None, Query(description="Served model; default: --default-model or the first that fits.")]
+ModelParam = Annotated[
+    str | None, Query(description="Served model; default: --default-model or the first that fits.")
+]
 
 M = TypeVar("M", bound=BaseModel)
 CHUNKS_HEADER = "x-prensa-chunks"
@@ -40,7 +42,9 @@ def validate_body(request_model: type[M], data: Any) -> M:
     try:
         return request_model.model_validate(data, from_attributes=True)
     except ValidationError as exc:
-        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
+        raise RequestValidationError(
+            [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        ) from None
 
 
 @dataclass
@@ -52,7 +56,8 @@ class Gateway:
     registry: Registry
     service: Service
     metrics: GatewayMetrics
-    started: float = field(default_factory=time.time)  # Unix time: OpenAI's `created` of every model
+    # Unix time: OpenAI's `created` of every model
+    started: float = field(default_factory=time.time)
 
 
 def _ms(seconds: float) -> str:
@@ -87,8 +92,13 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
 
 def record_success(metrics: GatewayMetrics, method: str, timings: Timings) -> None:
     """Count an answered request under `method`, with its time and the parts of it."""
-    metrics.succeeded(method, time.perf_counter() - timings.received, timings.tokenization_s, timings.queue_s or 0.0,
-                      timings.inference_s)
+    metrics.succeeded(
+        method,
+        time.perf_counter() - timings.received,
+        timings.tokenization_s,
+        timings.queue_s or 0.0,
+        timings.inference_s,
+    )
 
 
 class GatewayRequest(Request):
@@ -107,7 +117,9 @@ class GatewayRequest(Request):
     def timings(self) -> Timings:
         """This request's timings, from when `logs.RequestLog` saw it arrive; also left in the
         request's state for its log line."""
-        timings = Timings(received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY))
+        timings = Timings(
+            received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY)
+        )
         setattr(self.state, TIMINGS_KEY, timings)
         return timings
 
@@ -130,17 +142,25 @@ class GatewayRoute(APIRoute):
 
         return serve
 
-    async def serve(self, handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
-                    request: GatewayRequest) -> Response:
+    async def serve(
+        self,
+        handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
+        request: GatewayRequest,
+    ) -> Response:
         return await handler(request)
 
     @property
     def direct(self) -> bool:
         """POST only, and the endpoint takes one body model, the request and at most `?model=`."""
         d = self.dependant
-        return (self.methods == {"POST"} and len(d.body_params) == 1 and d.request_param_name is not None
-                and {q.name for q in d.query_params} <= {MODEL_QUERY} and not d.dependencies
-                and not (d.path_params or d.header_params or d.cookie_params))
+        return (
+            self.methods == {"POST"}
+            and len(d.body_params) == 1
+            and d.request_param_name is not None
+            and {q.name for q in d.query_params} <= {MODEL_QUERY}
+            and not d.dependencies
+            and not (d.path_params or d.header_params or d.cookie_params)
+        )
 
     async def run_direct(self, request: GatewayRequest) -> Response:
         """The endpoint on the request's body, read as FastAPI reads it (orjson, then the body
@@ -148,18 +168,32 @@ class GatewayRoute(APIRoute):
         field = self.dependant.body_params[0]
         raw = await request.body()
         if not raw:
-            raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+            raise RequestValidationError(
+                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+            )
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
-                                           "input": {}, "ctx": {"error": exc.msg}}], body=exc.doc) from exc
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body", exc.pos),
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": exc.msg},
+                    }
+                ],
+                body=exc.doc,
+            ) from exc
         body, errors = field.validate(data, {}, loc=("body",))
         if errors:
             raise RequestValidationError(errors, body=data)
         arguments = {field.name: body, cast(str, self.dependant.request_param_name): request}
         if self.dependant.query_params:  # most requests have no query string: no parsing then
-            arguments[MODEL_QUERY] = request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
+            arguments[MODEL_QUERY] = (
+                request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
+            )
         return cast(Response, await self.endpoint(**arguments))
 
 
@@ -183,7 +217,9 @@ class ErrorShapes:
     def __call__(self, path: str) -> ErrorShape:
         if (shape := self.exact.get(path)) is not None:
             return shape
-        return next((shape for pattern, shape in self.patterns if pattern.match(path)), ErrorShape.TEI)
+        return next(
+            (shape for pattern, shape in self.patterns if pattern.match(path)), ErrorShape.TEI
+        )
 
 
 def declared_shape(route: APIRoute) -> ErrorShape:
@@ -204,14 +240,19 @@ class DirectRoutes:
     exception's classes, as Starlette does), and anything else is the bare 500 FastAPI answers,
     raised again for the server to log."""
 
-    def __init__(self, app: ASGIApp, routes: dict[str, GatewayRoute], handlers: dict[type, ErrorHandler]) -> None:
+    def __init__(
+        self, app: ASGIApp, routes: dict[str, GatewayRoute], handlers: dict[type, ErrorHandler]
+    ) -> None:
         self.app = app
         self.routes = routes
         self.handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" \
-            and not scope.get("root_path") else None
+        route = (
+            self.routes.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+            else None
+        )
         if route is None:
             await self.app(scope, receive, send)
             return
@@ -219,9 +260,13 @@ class DirectRoutes:
         try:
             response = await route.serve(route.run_direct, request)
         except Exception as exc:  # answered by its handler, else the bare 500 and raised again
-            handler = next((self.handlers[kind] for kind in type(exc).__mro__ if kind in self.handlers), None)
+            handler = next(
+                (self.handlers[kind] for kind in type(exc).__mro__ if kind in self.handlers), None
+            )
             if handler is None:
-                await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+                await PlainTextResponse("Internal Server Error", status_code=500)(
+                    scope, receive, send
+                )
                 raise
             response = await handler(request, exc)
         await response(scope, receive, send)
@@ -230,8 +275,11 @@ class DirectRoutes:
 class CountedRoute(GatewayRoute):
     """Counts requests and successes per route (`method` label = the route's name) and times them."""
 
-    async def serve(self, handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
-                    request: GatewayRequest) -> Response:
+    async def serve(
+        self,
+        handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
+        request: GatewayRequest,
+    ) -> Response:
         metrics = request.gateway.metrics
         metrics.started(self.name)
         response = await handler(request)

@@ -15,12 +15,27 @@ router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["NIM"])
 
 
 @router.post("/v1/ranking", response_model=RankingResponse, summary="Rerank passages (NVIDIA NIM)")
-async def nim_ranking(request: RankingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+async def nim_ranking(
+    request: RankingRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """Raw cross-encoder logits, best first."""
     gw, timings = http.gateway, http.timings
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     passages = [p.text for p in request.passages]
-    logits, _ = await gw.service.relevance(served, request.query.text, passages,
-                                           gw.service.truncation(*truncate_end(request.truncate)), True, timings)
-    return json_response({"rankings": [{"index": i, "logit": float(logits[i])}
-                                       for i in np.argsort(-logits, kind="stable").tolist()]}, timings)
+    logits, _ = await gw.service.relevance(
+        served,
+        request.query.text,
+        passages,
+        gw.service.truncation(*truncate_end(request.truncate)),
+        True,
+        timings,
+    )
+    return json_response(
+        {
+            "rankings": [
+                {"index": i, "logit": float(logits[i])}
+                for i in np.argsort(-logits, kind="stable").tolist()
+            ]
+        },
+        timings,
+    )

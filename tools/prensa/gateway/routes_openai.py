@@ -20,7 +20,14 @@ from prensa.gateway.protocol_openai import (
     ModelList,
 )
 from prensa.gateway.quantize import as_type, check_ranged
-from prensa.gateway.responses import CountedRoute, Gateway, GatewayRequest, GatewayRoute, ModelParam, json_response
+from prensa.gateway.responses import (
+    CountedRoute,
+    Gateway,
+    GatewayRequest,
+    GatewayRoute,
+    ModelParam,
+    json_response,
+)
 from prensa.gateway.tokenization import as_items
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
@@ -32,7 +39,9 @@ ROLE_SUFFIXES = {"-query": "query", "-passage": "passage"}
 JINA_ROLES = {"retrieval.query": "query", "retrieval.passage": "passage"}
 
 
-async def _embedder(gw: Gateway, query_model: str | None, body_model: str | None) -> tuple[ServedModel, str | None]:
+async def _embedder(
+    gw: Gateway, query_model: str | None, body_model: str | None
+) -> tuple[ServedModel, str | None]:
     """The model asked for, and the input type its name implies: NIM's `<model>-query` and
     `<model>-passage` name `<model>` with that role, unless a model of the full name is served."""
     name = named_model(query_model, body_model)
@@ -44,7 +53,9 @@ async def _embedder(gw: Gateway, query_model: str | None, body_model: str | None
     return await gw.registry.pick(Capability.DENSE, name), None
 
 
-def prompt_choice(request: EmbeddingRequest, served: ServedModel, role: str | None) -> tuple[str | None, str | None]:
+def prompt_choice(
+    request: EmbeddingRequest, served: ServedModel, role: str | None
+) -> tuple[str | None, str | None]:
     """(prompt_name, input_type) from `input_type`, the model name's role and Jina's `task`; two
     that disagree, and a task the model has no prompt for, are refused."""
     input_type: str | None = request.input_type
@@ -59,8 +70,10 @@ def prompt_choice(request: EmbeddingRequest, served: ServedModel, role: str | No
     task_role = JINA_ROLES.get(request.task)
     if task_role is None:
         known = ", ".join(sorted(served.prompts)) or "none"
-        raise validation(f"`task` {request.task} needs a prompt of that name, which model `{served.name}` does not "
-                         f"have (its prompts: {known})")
+        raise validation(
+            f"`task` {request.task} needs a prompt of that name, which model `{served.name}` does not "
+            f"have (its prompts: {known})"
+        )
     if input_type is not None and input_type != task_role:
         raise validation(f"`task` {request.task} and `input_type` {input_type} disagree")
     return None, task_role
@@ -71,39 +84,75 @@ def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
     kind = request.embedding_type or "float"
     if request.encoding_format == "base64":
         if kind not in ("float", "base64"):
-            raise validation(f"`encoding_format` base64 carries float32 vectors; `embedding_type` {kind} is integers")
+            raise validation(
+                f"`encoding_format` base64 carries float32 vectors; `embedding_type` {kind} is integers"
+            )
         return "base64"
-    check_ranged(served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind])
+    check_ranged(
+        served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind]
+    )
     return kind
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
 @router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
-async def openai_embeddings(request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+async def openai_embeddings(
+    request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """Dense, L2-normalised vectors; right truncation when --auto-truncate is on (the default)."""
     gw, timings = http.gateway, http.timings
     if request.late_chunking:
-        raise validation("`late_chunking` is not served; `chunking` embeds long texts by windows instead")
+        raise validation(
+            "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
+        )
     served, role = await _embedder(gw, model, request.model)
     prompt_name, input_type = prompt_choice(request, served, role)
     kind = embedding_kind(request, served)
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
-    result = await gw.service.dense(served, items, gw.service.truncation(*truncate_end(request.truncate)),
-                                    True, request.dimensions, timings, gw.service.chunking(*asked_chunking(request.chunking)))
+    result = await gw.service.dense(
+        served,
+        items,
+        gw.service.truncation(*truncate_end(request.truncate)),
+        True,
+        request.dimensions,
+        timings,
+        gw.service.chunking(*asked_chunking(request.chunking)),
+    )
     tokens = int(result.num_tokens.sum())
-    rows = result.rows if kind == "float" else as_type(np.asarray(result.rows), kind, served.dense_ranges)
-    return json_response({
-        "object": "list",
-        "data": [{"object": "embedding", "embedding": row, "index": i,
-                  **({"chunks": timings.chunks[i]} if timings.chunks else {})} for i, row in enumerate(rows)],
-        "model": served.name,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }, timings)
+    rows = (
+        result.rows
+        if kind == "float"
+        else as_type(np.asarray(result.rows), kind, served.dense_ranges)
+    )
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "embedding": row,
+                    "index": i,
+                    **({"chunks": timings.chunks[i]} if timings.chunks else {}),
+                }
+                for i, row in enumerate(rows)
+            ],
+            "model": served.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        },
+        timings,
+    )
 
 
 def model_card(model: ServedModel, created: int) -> dict[str, object]:
-    return {"id": model.name, "object": "model", "created": created, "owned_by": "prensa", "root": model.name,
-            "task": model.task, "max_model_len": model.max_length}
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "prensa",
+        "root": model.name,
+        "task": model.task,
+        "max_model_len": model.max_length,
+    }
 
 
 @models_router.get("/v1/models", response_model=ModelList, summary="Served models (OpenAI's list)")
@@ -111,7 +160,9 @@ async def list_models(http: GatewayRequest) -> Response:
     registry = http.gateway.registry
     await registry.ensure()
     created = int(http.gateway.started)
-    return json_response({"object": "list", "data": [model_card(m, created) for m in registry.models.values()]})
+    return json_response(
+        {"object": "list", "data": [model_card(m, created) for m in registry.models.values()]}
+    )
 
 
 @models_router.get("/v1/models/{model_id}", response_model=ModelCard, summary="One served model")

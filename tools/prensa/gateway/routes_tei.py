@@ -66,9 +66,17 @@ from prensa.gateway.responses import (
     validate_body,
 )
 from prensa.gateway.service import Timings, gather
-from prensa.gateway.tokenization import Item, as_items, check_token_ids, tokens_json, too_many_tokens
+from prensa.gateway.tokenization import (
+    Item,
+    as_items,
+    check_token_ids,
+    tokens_json,
+    too_many_tokens,
+)
 
-PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
+PRENSA_VERSION = version(
+    "prensa"
+)  # read once: importlib.metadata scans site-packages on every call
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])
@@ -85,7 +93,9 @@ class Operation:
     capability: Capability
     run: Callable[[Any, Gateway, ServedModel, Timings], Awaitable[Any]]
 
-    async def answer(self, request: ModelRequest, http: GatewayRequest, query_model: str | None) -> Any:
+    async def answer(
+        self, request: ModelRequest, http: GatewayRequest, query_model: str | None
+    ) -> Any:
         """The payload for `request`, on the model it names (or the default one)."""
         gw = http.gateway
         served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
@@ -95,29 +105,56 @@ class Operation:
 async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
     if request.outputs is not None:
         if not served.is_m3:
-            raise validation(f"`outputs` applies to bge-m3 models; `{served.name}` is a {served.task} model")
-        m3 = M3Request(model=request.model, inputs=request.inputs, outputs=request.outputs, prompt_name=request.prompt_name,
-                       truncate=request.truncate, truncation_direction=request.truncation_direction,
-                       return_tokens=False, colbert_encoding="float", chunking=request.chunking)
+            raise validation(
+                f"`outputs` applies to bge-m3 models; `{served.name}` is a {served.task} model"
+            )
+        m3 = M3Request(
+            model=request.model,
+            inputs=request.inputs,
+            outputs=request.outputs,
+            prompt_name=request.prompt_name,
+            truncate=request.truncate,
+            truncation_direction=request.truncation_direction,
+            return_tokens=False,
+            colbert_encoding="float",
+            chunking=request.chunking,
+        )
         return await embed_m3_payload(m3, gw, served, timings)
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    result = await gw.service.dense(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
-                                    request.normalize, request.dimensions, timings, gw.service.chunking(*asked_chunking(request.chunking)))
+    result = await gw.service.dense(
+        served,
+        items,
+        gw.service.truncation(request.truncate, request.truncation_direction),
+        request.normalize,
+        request.dimensions,
+        timings,
+        gw.service.chunking(*asked_chunking(request.chunking)),
+    )
     return result.rows
 
 
-async def _embed_sparse(request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _embed_sparse(
+    request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    result = await gw.service.sparse(served, items, gw.service.truncation(request.truncate, request.truncation_direction),
-                                     timings)
-    return [[{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
-            for ids, weights in zip(result.rows, result.weights)]
+    result = await gw.service.sparse(
+        served,
+        items,
+        gw.service.truncation(request.truncate, request.truncation_direction),
+        timings,
+    )
+    return [
+        [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
+        for ids, weights in zip(result.rows, result.weights)
+    ]
 
 
 def _per_token(method: str) -> Callable[..., Awaitable[Any]]:
     """`/embed_all` and `/embed_colbert`: one array of token vectors per input, from `Service.<method>`."""
 
-    async def run(request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+    async def run(
+        request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings
+    ) -> Any:
         items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
         truncation = gw.service.truncation(request.truncate, request.truncation_direction)
         return (await getattr(gw.service, method)(served, items, truncation, timings)).rows
@@ -134,22 +171,36 @@ def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[l
     return ([cast("list[str]", inputs)] if inputs else []), False
 
 
-def ranked_labels(values: npt.NDArray[Any], labels: Sequence[str], top_k: int | None = None) -> list[list[dict[str, Any]]]:
+def ranked_labels(
+    values: npt.NDArray[Any], labels: Sequence[str], top_k: int | None = None
+) -> list[list[dict[str, Any]]]:
     """Per row, `{score, label}` of its `top_k` (default all) labels, best first, ties in label order."""
-    return [[{"score": row[j], "label": labels[j]} for j in np.argsort(-np.asarray(row), kind="stable").tolist()[:top_k]]
-            for row in values.tolist()]
+    return [
+        [
+            {"score": row[j], "label": labels[j]}
+            for j in np.argsort(-np.asarray(row), kind="stable").tolist()[:top_k]
+        ]
+        for row in values.tolist()
+    ]
 
 
-async def _predict(request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _predict(
+    request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     sequences, batched = predict_sequences(request.inputs)
     if any(len(s) not in (1, 2) for s in sequences):
         raise validation("each input is [text] or [text, text_pair]")
     texts, pairs = [s[0] for s in sequences], [s[1] if len(s) == 2 else None for s in sequences]
     hub = request.parameters  # huggingface_hub's text_classification reads a nested answer
     raw = request.raw_scores or (hub is not None and hub.function_to_apply == "none")
-    values, _ = await gw.service.scores(served, texts, pairs,
-                                        gw.service.truncation(request.truncate, request.truncation_direction),
-                                        raw, timings)
+    values, _ = await gw.service.scores(
+        served,
+        texts,
+        pairs,
+        gw.service.truncation(request.truncate, request.truncation_direction),
+        raw,
+        timings,
+    )
     ranked = ranked_labels(values, served.id2label, hub.top_k if hub else None)
     return ranked if batched or hub is not None else ranked[0]
 
@@ -159,34 +210,56 @@ def text_list(inputs: str | list[str]) -> list[str]:
     return [inputs] if isinstance(inputs, str) else list(inputs)
 
 
-async def _classify(request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _classify(
+    request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
     texts = text_list(request.input)
     truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
-    values, tokens = await gw.service.scores(served, texts, [None] * len(texts), truncation, bool(request.raw_scores),
-                                             timings)
+    values, tokens = await gw.service.scores(
+        served, texts, [None] * len(texts), truncation, bool(request.raw_scores), timings
+    )
     labels, counted = served.id2label, int(tokens.sum())
-    answer = {"model": served.name, "id": f"classify-{uuid.uuid4().hex}", "created": int(time.time())}
+    answer = {
+        "model": served.name,
+        "id": f"classify-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+    }
     if request.raw_scores is not None:
-        return {**answer, "object": "classify", "data": ranked_labels(values, labels),
-                "usage": {"prompt_tokens": counted, "total_tokens": counted}}
-    rows = [{"index": i, "label": labels[int(np.argmax(row))], "probs": row, "num_classes": len(row)}
-            for i, row in enumerate(values.tolist())]
-    return {**answer, "object": "list", "data": rows,
-            "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0}}
+        return {
+            **answer,
+            "object": "classify",
+            "data": ranked_labels(values, labels),
+            "usage": {"prompt_tokens": counted, "total_tokens": counted},
+        }
+    rows = [
+        {"index": i, "label": labels[int(np.argmax(row))], "probs": row, "num_classes": len(row)}
+        for i, row in enumerate(values.tolist())
+    ]
+    return {
+        **answer,
+        "object": "list",
+        "data": rows,
+        "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0},
+    }
 
 
 def vllm_window(truncate_prompt_tokens: int | None) -> bool | None:
     """vLLM's `truncate_prompt_tokens` as the service's `truncate`: -1 cuts at the model's max length,
     absent leaves it to --auto-truncate; a smaller window is not served."""
     if truncate_prompt_tokens not in (None, -1):
-        raise validation("`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served")
+        raise validation(
+            "`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served"
+        )
     return True if truncate_prompt_tokens == -1 else None
 
 
-async def _pooling(request: PoolingRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _pooling(
+    request: PoolingRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
-    items: list[Item] = [*text_list(request.input)]  # texts only: vLLM's pooling takes no token ids here
+    # texts only: vLLM's pooling takes no token ids here
+    items: list[Item] = [*text_list(request.input)]
     truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
     if request.task == "token_embed":
         if request.encoding_format != "float":
@@ -196,11 +269,20 @@ async def _pooling(request: PoolingRequest, gw: Gateway, served: ServedModel, ti
     else:
         result = await gw.service.dense(served, items, truncation, True, None, timings)
         rows = cast("npt.NDArray[Any]", result.rows)
-        data = [base64_float32(row) for row in rows] if request.encoding_format == "base64" else list(rows)
+        data = (
+            [base64_float32(row) for row in rows]
+            if request.encoding_format == "base64"
+            else list(rows)
+        )
     counted = int(result.num_tokens.sum())
-    return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": served.name,
-            "data": [{"index": i, "object": "pooling", "data": value} for i, value in enumerate(data)],
-            "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0}}
+    return {
+        "id": f"pool-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": served.name,
+        "data": [{"index": i, "object": "pooling", "data": value} for i, value in enumerate(data)],
+        "usage": {"prompt_tokens": counted, "total_tokens": counted, "completion_tokens": 0},
+    }
 
 
 def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
@@ -210,57 +292,105 @@ def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
         raise validation("give `texts` (TEI's body) or `documents` (Infinity's), one of them")
     if request.documents is not None:
         if request.return_text:
-            raise validation("`return_text` goes with `texts`; with `documents` use `return_documents`")
+            raise validation(
+                "`return_text` goes with `texts`; with `documents` use `return_documents`"
+            )
         return request.documents, True
     if request.return_documents:
         raise validation("`return_documents` goes with `documents`; with `texts` use `return_text`")
     return cast("list[str]", request.texts), False
 
 
-async def _rerank(request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _rerank(
+    request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     passages, infinity = rerank_passages(request)
-    scores, tokens = await gw.service.relevance(served, request.query, list(passages),
-                                                gw.service.truncation(request.truncate, request.truncation_direction),
-                                                request.raw_scores, timings, request.weights, request.instruction)
-    order = np.argsort(-scores, kind="stable").tolist()[:request.top_n]
+    scores, tokens = await gw.service.relevance(
+        served,
+        request.query,
+        list(passages),
+        gw.service.truncation(request.truncate, request.truncation_direction),
+        request.raw_scores,
+        timings,
+        request.weights,
+        request.instruction,
+    )
+    order = np.argsort(-scores, kind="stable").tolist()[: request.top_n]
     if infinity:
         used = int(tokens.sum())
-        return {"object": "rerank", "model": served.name, "id": str(uuid.uuid4()), "created": int(time.time()),
-                "usage": {"prompt_tokens": used, "total_tokens": used},
-                "results": [{"relevance_score": float(scores[i]), "index": i,
-                             **({"document": passages[i]} if request.return_documents else {})} for i in order]}
-    return [{"index": i, "score": float(scores[i]), **({"text": passages[i]} if request.return_text else {})}
-            for i in order]
+        return {
+            "object": "rerank",
+            "model": served.name,
+            "id": str(uuid.uuid4()),
+            "created": int(time.time()),
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+            "results": [
+                {
+                    "relevance_score": float(scores[i]),
+                    "index": i,
+                    **({"document": passages[i]} if request.return_documents else {}),
+                }
+                for i in order
+            ],
+        }
+    return [
+        {
+            "index": i,
+            "score": float(scores[i]),
+            **({"text": passages[i]} if request.return_text else {}),
+        }
+        for i in order
+    ]
 
 
-async def _similarity(request: SimilarityRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _similarity(
+    request: SimilarityRequest, gw: Gateway, served: ServedModel, timings: Timings
+) -> Any:
     parameters = request.parameters
     if not request.inputs.sentences:
         raise GatewayError(ErrorKind.EMPTY, "`sentences` cannot be empty")
-    truncation = gw.service.truncation(parameters.truncate if parameters else None,
-                                       parameters.truncation_direction if parameters else "right")
-    items = prompted(served, gw.settings, [request.inputs.source_sentence, *request.inputs.sentences],
-                     parameters.prompt_name if parameters else None)
+    truncation = gw.service.truncation(
+        parameters.truncate if parameters else None,
+        parameters.truncation_direction if parameters else "right",
+    )
+    items = prompted(
+        served,
+        gw.settings,
+        [request.inputs.source_sentence, *request.inputs.sentences],
+        parameters.prompt_name if parameters else None,
+    )
     result = await gw.service.dense(served, items, truncation, True, None, timings)
     source, others = result.rows[0], result.rows[1:]
-    cosine = others @ source / np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
+    cosine = (
+        others @ source / np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
+    )
     return cosine.astype(np.float32)
 
 
 EMBED = Operation("embed", EmbedRequest, Capability.DENSE, _embed)
 EMBED_SPARSE = Operation("embed_sparse", TokenLevelRequest, Capability.SPARSE, _embed_sparse)
 EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _per_token("hidden"))
-EMBED_COLBERT = Operation("embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert"))
+EMBED_COLBERT = Operation(
+    "embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert")
+)
 PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
 CLASSIFY = Operation("classify", ClassifyRequest, Capability.PREDICT, _classify)
 POOLING = Operation("pooling", PoolingRequest, Capability.DENSE, _pooling)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
 # What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
-DEFAULT_OPERATION = {"embed": EMBED, "m3": EMBED, "splade": EMBED_SPARSE, "rerank": PREDICT, "classify": PREDICT}
+DEFAULT_OPERATION = {
+    "embed": EMBED,
+    "m3": EMBED,
+    "splade": EMBED_SPARSE,
+    "rerank": PREDICT,
+    "classify": PREDICT,
+}
 
 
-async def _serve(operation: Operation, request: ModelRequest, http: GatewayRequest, model: str | None) -> Response:
+async def _serve(
+    operation: Operation, request: ModelRequest, http: GatewayRequest, model: str | None
+) -> Response:
     return json_response(await operation.answer(request, http, model), http.timings)
 
 
@@ -269,51 +399,90 @@ async def embed(request: EmbedRequest, http: GatewayRequest, model: ModelParam =
     return await _serve(EMBED, request, http, model)
 
 
-@router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="Sparse (lexical) embeddings")
-async def embed_sparse(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/embed_sparse", response_model=list[list[SparseValue]], summary="Sparse (lexical) embeddings"
+)
+async def embed_sparse(
+    request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """bge-m3's sparse head or a SPLADE model: non-zero vocabulary weights, ascending ids."""
     return await _serve(EMBED_SPARSE, request, http, model)
 
 
-@router.post("/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states")
-async def embed_all(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/embed_all", response_model=list[list[list[float]]], summary="Per-token hidden states"
+)
+async def embed_all(
+    request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """The encoder's last hidden state for every token (special tokens included), no pooling."""
     return await _serve(EMBED_ALL, request, http, model)
 
 
-@router.post("/embed_colbert", response_model=list[list[list[float]]], summary="ColBERT multi-vectors (bge-m3)")
-async def embed_colbert(request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/embed_colbert",
+    response_model=list[list[list[float]]],
+    summary="ColBERT multi-vectors (bge-m3)",
+)
+async def embed_colbert(
+    request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
     return await _serve(EMBED_COLBERT, request, http, model)
 
 
-@router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], summary="Classify texts or pairs")
-async def predict(request: PredictRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/predict",
+    response_model=list[Prediction] | list[list[Prediction]],
+    summary="Classify texts or pairs",
+)
+async def predict(
+    request: PredictRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """Classifiers take texts or pairs; rerankers score pairs, and a lone text as a sequence of its own."""
     return await _serve(PREDICT, request, http, model)
 
 
-@router.post("/classify", response_model=VllmClassifications | InfinityClassifications,
-             summary="Classify texts (vLLM's body and answer, or Infinity's with `raw_scores`)")
-async def classify(request: ClassifyRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/classify",
+    response_model=VllmClassifications | InfinityClassifications,
+    summary="Classify texts (vLLM's body and answer, or Infinity's with `raw_scores`)",
+)
+async def classify(
+    request: ClassifyRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """One label distribution per input; a body with Infinity's `raw_scores` gets Infinity's answer."""
     return await _serve(CLASSIFY, request, http, model)
 
 
-@router.post("/pooling", response_model=VllmPoolings, summary="vLLM's pooling: pooled or per-token vectors")
-async def pooling(request: PoolingRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/pooling", response_model=VllmPoolings, summary="vLLM's pooling: pooled or per-token vectors"
+)
+async def pooling(
+    request: PoolingRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """`task: embed` gives each input's pooled, L2-normalised vector; `token_embed` every token's."""
     return await _serve(POOLING, request, http, model)
 
 
-@router.post("/rerank", response_model=list[Rank] | InfinityRerank, response_model_exclude_none=True,
-             summary="Rerank passages (TEI's body, or Infinity's with `documents`)")
-async def rerank(request: RerankRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/rerank",
+    response_model=list[Rank] | InfinityRerank,
+    response_model_exclude_none=True,
+    summary="Rerank passages (TEI's body, or Infinity's with `documents`)",
+)
+async def rerank(
+    request: RerankRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     return await _serve(RERANK, request, http, model)
 
 
-@router.post("/similarity", response_model=list[float], summary="Cosine similarity to a source sentence")
-async def similarity(request: SimilarityRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/similarity", response_model=list[float], summary="Cosine similarity to a source sentence"
+)
+async def similarity(
+    request: SimilarityRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     return await _serve(SIMILARITY, request, http, model)
 
 
@@ -325,7 +494,9 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
     """Run the operation TEI's default route would run for `body` and return its payload: rerank for a
     query with texts, similarity for a source sentence, else what the model's task serves."""
     gw = http.gateway
-    name = named_model(query_model, body.get("model") if isinstance(body.get("model"), str) else None)
+    name = named_model(
+        query_model, body.get("model") if isinstance(body.get("model"), str) else None
+    )
     if "query" in body and "texts" in body:
         operation = RERANK
     elif isinstance(body.get("inputs"), dict):
@@ -341,14 +512,18 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
 
 @default_router.post("/", summary="TEI's default route: the chosen model's own operation")
 @default_router.post("/invocations", include_in_schema=False)
-async def default_route(request: JsonObject, http: GatewayRequest, model: ModelParam = None) -> Response:
+async def default_route(
+    request: JsonObject, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """embed for embedders and bge-m3, embed_sparse for SPLADE, predict for classifiers and rerankers
     (rerank when the body has `query` and `texts`, similarity when `inputs` is a source sentence with
     sentences); the model from `?model=`, the body's `model` or the default one."""
     return json_response(await _dispatch(request.root, http, model), http.timings)
 
 
-async def vertex(request: VertexRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+async def vertex(
+    request: VertexRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     """Google Vertex AI's shape: each instance is a body for `POST /`, each prediction its answer."""
     if not request.instances:
         raise GatewayError(ErrorKind.EMPTY, "`instances` cannot be empty")
@@ -357,40 +532,64 @@ async def vertex(request: VertexRequest, http: GatewayRequest, model: ModelParam
 
 
 VERTEX_ROUTE = "/vertex"
-default_router.add_api_route(VERTEX_ROUTE, vertex, methods=["POST"], response_model=VertexResponse,
-                             summary="Vertex AI: instances in, predictions out")
+default_router.add_api_route(
+    VERTEX_ROUTE,
+    vertex,
+    methods=["POST"],
+    response_model=VertexResponse,
+    summary="Vertex AI: instances in, predictions out",
+)
 
 
-def _tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> Response:
+def _tokens(
+    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int
+) -> Response:
     """`/tokenize`'s answer, built in a thread: a large body takes seconds to tokenize and serialise."""
     return json_response(tokens_json(tokenizer, texts, add_special_tokens, limit))
 
 
-def _decoded(tokenizer: Tokenizer, batch: list[list[int]], id_limit: int, skip_special_tokens: bool) -> Response:
+def _decoded(
+    tokenizer: Tokenizer, batch: list[list[int]], id_limit: int, skip_special_tokens: bool
+) -> Response:
     """`/decode`'s answer, built in a thread: checking and decoding a 2 MB body of ids takes a while too."""
     for ids in batch:
         check_token_ids(ids, id_limit)
     return json_response(tokenizer.decode_batch(batch, skip_special_tokens=skip_special_tokens))
 
 
-@router.post("/tokenize", response_model=list[list[SimpleToken]], summary="Tokenize with the model's tokenizer")
-async def tokenize(request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+@router.post(
+    "/tokenize",
+    response_model=list[list[SimpleToken]],
+    summary="Tokenize with the model's tokenizer",
+)
+async def tokenize(
+    request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-    texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))  # texts stay texts
+    # texts stay texts
+    texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))
     gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
     limit = gw.service.tokenize_limit(served)
     characters = sum(map(len, texts))
-    if characters > limit * served.longest_token:  # more tokens than the limit for sure: refused before tokenizing
-        raise too_many_tokens(limit, f"{characters} characters, and no token of the model is longer than "
-                                     f"{served.longest_token}")
-    return await gw.service.tokenizer_work(len(texts), _tokens, served.require_tokenizer(), texts,
-                                           request.add_special_tokens, limit)
+    if (
+        characters > limit * served.longest_token
+    ):  # more tokens than the limit for sure: refused before tokenizing
+        raise too_many_tokens(
+            limit,
+            f"{characters} characters, and no token of the model is longer than "
+            f"{served.longest_token}",
+        )
+    return await gw.service.tokenizer_work(
+        len(texts), _tokens, served.require_tokenizer(), texts, request.add_special_tokens, limit
+    )
 
 
 @router.post("/decode", response_model=list[str], summary="Token ids back to text")
-async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
+async def decode(
+    request: DecodeRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
     batch = [request.ids] if not request.ids or isinstance(request.ids[0], int) else request.ids
@@ -398,20 +597,41 @@ async def decode(request: DecodeRequest, http: GatewayRequest, model: ModelParam
     limit, ids = gw.service.tokenize_limit(served), sum(map(len, batch))
     if ids > limit:
         raise too_many_tokens(limit, f"{ids} ids")
-    return await gw.service.tokenizer_work(len(batch), _decoded, served.require_tokenizer(), batch,
-                                           served.token_id_limit, request.skip_special_tokens)
+    return await gw.service.tokenizer_work(
+        len(batch),
+        _decoded,
+        served.require_tokenizer(),
+        batch,
+        served.token_id_limit,
+        request.skip_special_tokens,
+    )
 
 
 def model_info(model: ServedModel) -> dict[str, object]:
     labels = {str(i): label for i, label in enumerate(model.id2label)}
     kinds = {"rerank": "reranker", "classify": "classifier"}
-    model_type = ({kinds[model.task]: {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
-                  if model.task in kinds else
-                  {"embedding": {"pooling": "splade" if model.task == "splade" else model.pooling}})
-    return {"model_id": model.source, "model_sha": model.revision or None, "model_dtype": model.dtype,
-            "served_model_name": model.name, "model_type": model_type, "task": model.task,
-            "max_input_length": model.max_length, "max_batch_tokens": model.max_batch_tokens,
-            "max_batch_requests": model.max_batch_size, "prompts": model.prompts}
+    model_type = (
+        {
+            kinds[model.task]: {
+                "id2label": labels,
+                "label2id": {v: int(k) for k, v in labels.items()},
+            }
+        }
+        if model.task in kinds
+        else {"embedding": {"pooling": "splade" if model.task == "splade" else model.pooling}}
+    )
+    return {
+        "model_id": model.source,
+        "model_sha": model.revision or None,
+        "model_dtype": model.dtype,
+        "served_model_name": model.name,
+        "model_type": model_type,
+        "task": model.task,
+        "max_input_length": model.max_length,
+        "max_batch_tokens": model.max_batch_tokens,
+        "max_batch_requests": model.max_batch_size,
+        "prompts": model.prompts,
+    }
 
 
 @router.get("/info", response_model=Info, summary="Model and server limits")
@@ -419,19 +639,24 @@ async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
     gw = http.gateway
     served = await gw.registry.pick(None, model)
     settings = gw.settings
-    return json_response({
-        **model_info(served),
-        "max_concurrent_requests": settings.max_concurrent_requests,
-        "max_client_batch_size": settings.max_client_batch_size,
-        "auto_truncate": settings.auto_truncate,
-        "tokenization_workers": None,
-        "version": PRENSA_VERSION,
-        "models": [model_info(m) for m in gw.registry.models.values()],
-    })
+    return json_response(
+        {
+            **model_info(served),
+            "max_concurrent_requests": settings.max_concurrent_requests,
+            "max_client_batch_size": settings.max_client_batch_size,
+            "auto_truncate": settings.auto_truncate,
+            "tokenization_workers": None,
+            "version": PRENSA_VERSION,
+            "models": [model_info(m) for m in gw.registry.models.values()],
+        }
+    )
 
 
-@open_router.get("/health", summary="200 when Triton and every stage of every served model are ready, else 503 "
-                                    "naming what is not")
+@open_router.get(
+    "/health",
+    summary="200 when Triton and every stage of every served model are ready, else 503 "
+    "naming what is not",
+)
 @open_router.get("/", include_in_schema=False)
 @open_router.get("/ping", include_in_schema=False)
 @open_router.get("/v1/health/ready", include_in_schema=False)  # NIM's readiness route
@@ -446,8 +671,11 @@ async def health(http: GatewayRequest) -> Response:
         return Response(status_code=200)
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
     setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
-    return Response(error_body(error, request_id=http.state.request_id), status_code=error.status,
-                    media_type="application/json")
+    return Response(
+        error_body(error, request_id=http.state.request_id),
+        status_code=error.status,
+        media_type="application/json",
+    )
 
 
 @open_router.get("/v1/health/live", include_in_schema=False)

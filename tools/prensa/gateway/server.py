@@ -62,9 +62,15 @@ class DescriptorLimit:
         def shown(value: int) -> str:
             return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
-        change = f"{shown(self.before)} -> {shown(self.soft)}" if self.before != self.soft else shown(self.soft)
-        return (f"file descriptors: soft limit {change} (hard {shown(self.hard)}); the gateway takes up to "
-                f"{connection_ceiling()} connections")
+        change = (
+            f"{shown(self.before)} -> {shown(self.soft)}"
+            if self.before != self.soft
+            else shown(self.soft)
+        )
+        return (
+            f"file descriptors: soft limit {change} (hard {shown(self.hard)}); the gateway takes up to "
+            f"{connection_ceiling()} connections"
+        )
 
 
 def raise_descriptor_limit() -> DescriptorLimit:
@@ -76,7 +82,9 @@ def raise_descriptor_limit() -> DescriptorLimit:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as exc:  # e.g. a hard limit the kernel caps lower (nr_open)
-            log.warning("could not raise the file-descriptor limit from %s to %s: %s", before, hard, exc)
+            log.warning(
+                "could not raise the file-descriptor limit from %s to %s: %s", before, hard, exc
+            )
     return DescriptorLimit(before, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
 
 
@@ -92,8 +100,11 @@ def connection_cap(requested: int | None) -> int:
     limit would let accept() fail before the cap refuses anyone)."""
     ceiling = connection_ceiling()
     if requested is not None and requested > ceiling:
-        log.warning("--max-connections %d is above what the file-descriptor limit (ulimit -n) allows; using %d",
-                    requested, ceiling)
+        log.warning(
+            "--max-connections %d is above what the file-descriptor limit (ulimit -n) allows; using %d",
+            requested,
+            ceiling,
+        )
     return ceiling if requested is None else min(requested, ceiling)
 
 
@@ -106,8 +117,12 @@ class ConnectionLimits:
 
     @classmethod
     def of(cls, settings: GatewaySettings) -> ConnectionLimits:
-        return cls(settings.request_read_timeout_s, settings.write_timeout_s, settings.max_header_size,
-                   connection_cap(settings.max_connections))
+        return cls(
+            settings.request_read_timeout_s,
+            settings.write_timeout_s,
+            settings.max_header_size,
+            connection_cap(settings.max_connections),
+        )
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -165,10 +180,16 @@ class GatewayProtocol(HttpToolsProtocol):
             self.read_deadline = None
         if self.cycle is None or self.cycle.response_complete:
             body = reason.encode("ascii")
-            head = [STATUS_LINE[status], *(name + b": " + value + b"\r\n" for name, value in
-                                           self.server_state.default_headers),
-                    b"content-type: text/plain; charset=utf-8\r\n",
-                    b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n"]
+            head = [
+                STATUS_LINE[status],
+                *(
+                    name + b": " + value + b"\r\n"
+                    for name, value in self.server_state.default_headers
+                ),
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: %d\r\n" % len(body),
+                b"connection: close\r\n\r\n",
+            ]
             self.transport.write(b"".join(head) + body)
         self.transport.close()
 
@@ -181,7 +202,9 @@ class GatewayProtocol(HttpToolsProtocol):
         self.read_deadline = None
         if self.transport.is_closing():
             return
-        log.debug("closing a connection whose request did not arrive in %g s", self.limits.read_timeout_s)
+        log.debug(
+            "closing a connection whose request did not arrive in %g s", self.limits.read_timeout_s
+        )
         if self.awaiting_headers:
             self.refuse(408, "Request timeout.")
         else:  # the app has the request and sees the disconnect
@@ -246,8 +269,11 @@ class GatewayProtocol(HttpToolsProtocol):
         unsent = self.transport.get_write_buffer_size()
         if unsent >= self.unsent:
             self.write_watch = None
-            log.debug("dropping a client that read nothing of its answer in %g s (%d bytes unsent)",
-                      self.limits.write_timeout_s, unsent)
+            log.debug(
+                "dropping a client that read nothing of its answer in %g s (%d bytes unsent)",
+                self.limits.write_timeout_s,
+                unsent,
+            )
             self.transport.abort()
             return
         self.unsent = unsent
@@ -272,7 +298,9 @@ class GatewayServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         tei_grpc = getattr(getattr(self.config.app, "state", None), "tei_grpc", None)
-        if tei_grpc is not None:  # TEI's gRPC calls drain alongside the HTTP requests, in the same --graceful-timeout
+        if (
+            tei_grpc is not None
+        ):  # TEI's gRPC calls drain alongside the HTTP requests, in the same --graceful-timeout
             tei_grpc.begin_stop(self.config.timeout_graceful_shutdown)
         await super().shutdown(sockets=sockets)
         gc.unfreeze()  # the app can be collected again (several gateways come and go in a test process)
@@ -287,17 +315,37 @@ class Serving(Protocol):
     def run(self) -> None: ...
 
 
-def worker_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
-                  backend: BackendFactory | None = None, shared_permits: SharedPermits | None = None) -> GatewayServer:
+def worker_server(
+    settings: GatewaySettings,
+    host: str,
+    port: int,
+    other_metrics: Sequence[CollectorRegistry] = (),
+    backend: BackendFactory | None = None,
+    shared_permits: SharedPermits | None = None,
+) -> GatewayServer:
     """One process's uvicorn server for the gateway (`gateway_server`'s, or one worker's)."""
     from prensa.gateway.app import create_app
 
-    app = create_app(settings, other_metrics=other_metrics, backend=backend, shared_permits=shared_permits, host=host)
-    return GatewayServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                        # uvicorn hands both to asyncio as they are: fractions of a second hold
-                                        access_log=False, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
-                                        http=protocol_class(ConnectionLimits.of(settings)),
-                                        timeout_graceful_shutdown=settings.graceful_timeout_s))  # type: ignore[arg-type]
+    app = create_app(
+        settings,
+        other_metrics=other_metrics,
+        backend=backend,
+        shared_permits=shared_permits,
+        host=host,
+    )
+    return GatewayServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            # uvicorn hands both to asyncio as they are: fractions of a second hold
+            access_log=False,
+            timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+            http=protocol_class(ConnectionLimits.of(settings)),
+            timeout_graceful_shutdown=settings.graceful_timeout_s,  # type: ignore[arg-type]
+        )
+    )
 
 
 def run_server(server: Serving, sockets: list[socket.socket] | None = None) -> bool:

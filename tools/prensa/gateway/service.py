@@ -25,7 +25,15 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.gateway.backend import Backend
-from prensa.gateway.chunking import Chunking, Windows, concatenated, max_per_id, mean_by_tokens, split_items, summed
+from prensa.gateway.chunking import (
+    Chunking,
+    Windows,
+    concatenated,
+    max_per_id,
+    mean_by_tokens,
+    split_items,
+    summed,
+)
 from prensa.gateway.dispatch import Dispatcher, ModelDispatch
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows
@@ -79,7 +87,9 @@ class Timings:
         if not self.inputs:
             past_stage("parse and validate", self.received)
         self.model, self.inputs = model, self.inputs + len(items)
-        self.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(map(len, pairs or ()))
+        self.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(
+            map(len, pairs or ())
+        )
 
     def tokenized(self, seconds: float) -> None:
         self.tokenization_s += seconds
@@ -110,9 +120,11 @@ class Inferred:
 
 @dataclass
 class Embeddings:
-    rows: list[npt.NDArray[Any]] | npt.NDArray[Any]  # [n, dim], or one array per input (sparse ids, token vectors)
+    # [n, dim], or one array per input (sparse ids, token vectors)
+    rows: list[npt.NDArray[Any]] | npt.NDArray[Any]
     num_tokens: npt.NDArray[Any]  # [n], special tokens included
-    weights: list[npt.NDArray[Any]] = field(default_factory=list)  # sparse only: the weight of each id in `rows`
+    # sparse only: the weight of each id in `rows`
+    weights: list[npt.NDArray[Any]] = field(default_factory=list)
 
 
 def concat_rows(arrays: list[npt.NDArray[Any]], pad: float) -> npt.NDArray[Any]:
@@ -121,8 +133,12 @@ def concat_rows(arrays: list[npt.NDArray[Any]], pad: float) -> npt.NDArray[Any]:
         return arrays[0]
     if arrays[0].ndim > 1:
         width = max(a.shape[1] for a in arrays)
-        arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=pad)
-                  for a in arrays]
+        arrays = [
+            np.pad(
+                a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2), constant_values=pad
+            )
+            for a in arrays
+        ]
     return np.concatenate(arrays)
 
 
@@ -132,21 +148,44 @@ async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
 
 
-def needs_token_ids(model: ServedModel, items: Sequence[Item], pairs: Sequence[str] | None, encoder_only: bool,
-                    prompt_tokens: Sequence[int]) -> bool:
+def needs_token_ids(
+    model: ServedModel,
+    items: Sequence[Item],
+    pairs: Sequence[str] | None,
+    encoder_only: bool,
+    prompt_tokens: Sequence[int],
+) -> bool:
     """Whether only the token path answers: encoder outputs, token-id inputs, a reranker's lone
     texts, or prompts the pooling leaves out, none of which the ensemble's text input can carry."""
-    return (encoder_only or not all(isinstance(item, str) for item in items)
-            or (pairs is None and model.needs_pairs) or any(prompt_tokens))
+    return (
+        encoder_only
+        or not all(isinstance(item, str) for item in items)
+        or (pairs is None and model.needs_pairs)
+        or any(prompt_tokens)
+    )
 
 
-def gateway_tokenizes(model: ServedModel, items: Sequence[Item], pairs: Sequence[str] | None,
-                      truncation: Truncation, needs_tokens: bool) -> bool:
+def gateway_tokenizes(
+    model: ServedModel,
+    items: Sequence[Item],
+    pairs: Sequence[str] | None,
+    truncation: Truncation,
+    needs_tokens: bool,
+) -> bool:
     """Whether the gateway tokenizes: for the token path, or because Triton's tokenize stage could
     answer otherwise (it truncates right, refuses nothing, and refuses a pair whose first text leaves
     no room for the second)."""
-    return needs_tokens or not truncation.enabled or truncation.direction == "left" or (
-        pairs is not None and first_fills_pair(model.require_tokenizer(), cast("list[str]", items), model.max_length))
+    return (
+        needs_tokens
+        or not truncation.enabled
+        or truncation.direction == "left"
+        or (
+            pairs is not None
+            and first_fills_pair(
+                model.require_tokenizer(), cast("list[str]", items), model.max_length
+            )
+        )
+    )
 
 
 def check_batch(size: int, batch_limit: int, split: bool) -> None:
@@ -154,7 +193,9 @@ def check_batch(size: int, batch_limit: int, split: bool) -> None:
     if not size:
         raise GatewayError(ErrorKind.EMPTY, "`inputs` cannot be empty")
     if size > batch_limit and not split:
-        raise GatewayError(ErrorKind.VALIDATION, f"batch size {size} > maximum allowed batch size {batch_limit}")
+        raise GatewayError(
+            ErrorKind.VALIDATION, f"batch size {size} > maximum allowed batch size {batch_limit}"
+        )
 
 
 def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
@@ -165,12 +206,15 @@ def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
 
 
 class Service:
-    def __init__(self, settings: GatewaySettings, client: Backend, metrics: GatewayMetrics, permits: Permits) -> None:
+    def __init__(
+        self, settings: GatewaySettings, client: Backend, metrics: GatewayMetrics, permits: Permits
+    ) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
         self.permits = permits
-        self.dispatch = Dispatcher(settings, client, metrics.merged_calls.observe)  # cut, merge, bound: per model
+        # cut, merge, bound: per model
+        self.dispatch = Dispatcher(settings, client, metrics.merged_calls.observe)
 
     def chunking(self, enabled: bool | None, overlap: int) -> Chunking | None:
         """A request's chunking of long inputs: what it asks (`enabled`, `overlap`), else (`enabled`
@@ -195,17 +239,26 @@ class Service:
         if self.settings.allow_any_dimensions:
             return
         if model.matryoshka is None:
-            raise GatewayError(ErrorKind.UNSUPPORTED, f"model `{model.name}` declares no Matryoshka dimensions: its "
-                               f"vectors cut to {dimensions} would be poor ones; ask for its full size or none, or "
-                               "start the gateway with --allow-any-dimensions")
+            raise GatewayError(
+                ErrorKind.UNSUPPORTED,
+                f"model `{model.name}` declares no Matryoshka dimensions: its "
+                f"vectors cut to {dimensions} would be poor ones; ask for its full size or none, or "
+                "start the gateway with --allow-any-dimensions",
+            )
         if model.matryoshka and dimensions not in model.matryoshka:
             sizes = ", ".join(map(str, model.matryoshka))
-            raise GatewayError(ErrorKind.UNSUPPORTED, f"model `{model.name}` is trained to be cut to {sizes} "
-                               f"dimensions, not {dimensions}")
+            raise GatewayError(
+                ErrorKind.UNSUPPORTED,
+                f"model `{model.name}` is trained to be cut to {sizes} "
+                f"dimensions, not {dimensions}",
+            )
 
     def tokenize_limit(self, model: ServedModel) -> int:
         """Tokens one /tokenize (ids one /decode) may hold: the flag's, else a full batch of full-length texts."""
-        limit: int = self.settings.max_tokenize_tokens or self.settings.max_client_batch_size * model.max_length
+        limit: int = (
+            self.settings.max_tokenize_tokens
+            or self.settings.max_client_batch_size * model.max_length
+        )
         return limit
 
     async def tokenizer_work(self, inputs: int, work: Callable[..., T], *args: Any) -> T:
@@ -215,35 +268,66 @@ class Service:
         with self.permits.hold(inputs):
             return await asyncio.to_thread(work, *args)
 
-    async def _token_call(self, model: ServedModel, rows: TokenRows, outputs: tuple[str, ...],
-                          encoder_only: bool, request_id: str) -> dict[str, npt.NDArray[Any]]:
+    async def _token_call(
+        self,
+        model: ServedModel,
+        rows: TokenRows,
+        outputs: tuple[str, ...],
+        encoder_only: bool,
+        request_id: str,
+    ) -> dict[str, npt.NDArray[Any]]:
         ids, mask, types = rows.padded(model.pad_id)
-        tokens = {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask, contract.TOKEN_TYPE_IDS: types}
+        tokens = {
+            contract.INPUT_IDS: ids,
+            contract.ATTENTION_MASK: mask,
+            contract.TOKEN_TYPE_IDS: types,
+        }
         encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
         if encoder_only or model.fused:  # a fused model pools too: one call
             return await self.client.infer(model.encode_model, encoder_inputs, outputs, request_id)
-        encoded = await self.client.infer(model.encode_model, encoder_inputs, model.encode_outputs, request_id)
+        encoded = await self.client.infer(
+            model.encode_model, encoder_inputs, model.encode_outputs, request_id
+        )
         available = {**tokens, **encoded}
-        return await self.client.infer(model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs,
-                                       request_id)
+        return await self.client.infer(
+            model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs, request_id
+        )
 
-    async def infer(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
-                    outputs: tuple[str, ...], timings: Timings, encoder_only: bool = False) -> Inferred:
+    async def infer(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        pairs: list[str] | None,
+        truncation: Truncation,
+        outputs: tuple[str, ...],
+        timings: Timings,
+        encoder_only: bool = False,
+    ) -> Inferred:
         """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
         timings.began(model.name, items, pairs)
         # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts
         # (none for the models that pool their prompts, nearly all: no pass over the inputs then).
-        prompt_tokens = [] if model.include_prompt else [
-            model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0 for item in items]
+        prompt_tokens = (
+            []
+            if model.include_prompt
+            else [
+                model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0
+                for item in items
+            ]
+        )
         items, pairs = await self._bounded(model, items, pairs, truncation, timings)
         needs_tokens = needs_token_ids(model, items, pairs, encoder_only, prompt_tokens)
-        rows = await self._tokenized(model, items, pairs, truncation, prompt_tokens, timings) \
-            if gateway_tokenizes(model, items, pairs, truncation, needs_tokens) else None
+        rows = (
+            await self._tokenized(model, items, pairs, truncation, prompt_tokens, timings)
+            if gateway_tokenizes(model, items, pairs, truncation, needs_tokens)
+            else None
+        )
         token_rows = rows if rows is not None and (needs_tokens or rows.cut) else None
         dispatch = self.dispatch(model)
         chunks = dispatch.chunks(len(items))
-        merged, seconds = await self._calls(model, dispatch, items, pairs, token_rows, chunks, outputs, encoder_only,
-                                            timings)
+        merged, seconds = await self._calls(
+            model, dispatch, items, pairs, token_rows, chunks, outputs, encoder_only, timings
+        )
         if encoder_only:
             assert rows is not None  # `encoder_only` needs tokens
             num_tokens = np.asarray(rows.lengths, dtype=np.int64)
@@ -257,28 +341,57 @@ class Service:
         mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
         return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
 
-    async def _bounded(self, model: ServedModel, items: list[Item], pairs: list[str] | None, truncation: Truncation,
-                       timings: Timings) -> tuple[list[Item], list[str] | None]:
+    async def _bounded(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        pairs: list[str] | None,
+        truncation: Truncation,
+        timings: Timings,
+    ) -> tuple[list[Item], list[str] | None]:
         """Texts longer than the model's window cut to what it reads, before anything (or Triton's
         tokenize stage) tokenizes a text per input or per pair."""
-        if not truncation.enabled or model.tokenizer is None or not has_long_texts(items, pairs, model.max_length):
+        if (
+            not truncation.enabled
+            or model.tokenizer is None
+            or not has_long_texts(items, pairs, model.max_length)
+        ):
             return items, pairs
         started = time.perf_counter()
         with stage("cut long texts", inputs=len(items)):
-            bounded = await asyncio.to_thread(bound_texts, model.tokenizer, items, pairs, model.max_length,
-                                              truncation.direction)
+            bounded = await asyncio.to_thread(
+                bound_texts, model.tokenizer, items, pairs, model.max_length, truncation.direction
+            )
         timings.tokenized(time.perf_counter() - started)
         return bounded
 
-    async def _tokenized(self, model: ServedModel, items: list[Item], pairs: list[str] | None,
-                         truncation: Truncation, prompt_tokens: list[int], timings: Timings) -> TokenRows:
+    async def _tokenized(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        pairs: list[str] | None,
+        truncation: Truncation,
+        prompt_tokens: list[int],
+        timings: Timings,
+    ) -> TokenRows:
         """The gateway's own tokens of `items` (and `pairs`), as the tokenize stage would make them."""
-        tokenizer = model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
+        tokenizer = (
+            model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
+        )
         started = time.perf_counter()
         with stage("tokenize", inputs=len(items)):
-            rows = await asyncio.to_thread(tokenize_items, tokenizer, items, pairs, model.max_length, truncation,
-                                           model.token_id_limit)
-            if model.pair_template is not None:  # an LLM reranker's filled-in pairs, framed by its prompt
+            rows = await asyncio.to_thread(
+                tokenize_items,
+                tokenizer,
+                items,
+                pairs,
+                model.max_length,
+                truncation,
+                model.token_id_limit,
+            )
+            if (
+                model.pair_template is not None
+            ):  # an LLM reranker's filled-in pairs, framed by its prompt
                 rows = rows.framed(*model.template_edges)
             if any(prompt_tokens):
                 rows.prompt_tokens = prompt_tokens
@@ -287,9 +400,18 @@ class Service:
         self.metrics.tokenization_duration.observe(elapsed)
         return rows
 
-    async def _calls(self, model: ServedModel, dispatch: ModelDispatch, items: list[Item], pairs: list[str] | None,
-                     rows: TokenRows | None, chunks: list[slice], outputs: tuple[str, ...], encoder_only: bool,
-                     timings: Timings) -> tuple[dict[str, npt.NDArray[Any]], float]:
+    async def _calls(
+        self,
+        model: ServedModel,
+        dispatch: ModelDispatch,
+        items: list[Item],
+        pairs: list[str] | None,
+        rows: TokenRows | None,
+        chunks: list[slice],
+        outputs: tuple[str, ...],
+        encoder_only: bool,
+        timings: Timings,
+    ) -> tuple[dict[str, npt.NDArray[Any]], float]:
         """One Triton call per chunk, concurrently: token ids when `rows` are given, else texts to the
         model's dispatch (merged with other requests'); their outputs concatenated in order, and the
         seconds they took."""
@@ -297,16 +419,28 @@ class Service:
         if (queued := timings.dispatched(started)) is not None:
             self.metrics.queue_duration.observe(queued)
         if rows is not None:
-            calls = [self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id) for c in chunks]
+            calls = [
+                self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id)
+                for c in chunks
+            ]
         else:
             texts = cast("list[str]", items)  # no token ids: every input is a text
-            calls = [dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id) for c in chunks]
+            calls = [
+                dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id)
+                for c in chunks
+            ]
         parts = await gather(calls)
         elapsed = time.perf_counter() - started
-        pads = {name: contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0 for name in outputs}
-        return {name: concat_rows([part[name] for part in parts], pads[name]) for name in outputs}, elapsed
+        pads = {
+            name: contract.SPARSE_PAD_ID if name == contract.SPARSE_IDS else 0 for name in outputs
+        }
+        return {
+            name: concat_rows([part[name] for part in parts], pads[name]) for name in outputs
+        }, elapsed
 
-    def _observe_calls(self, chunks: list[slice], num_tokens: npt.NDArray[Any], seconds: float) -> None:
+    def _observe_calls(
+        self, chunks: list[slice], num_tokens: npt.NDArray[Any], seconds: float
+    ) -> None:
         """What one dispatch's calls took and carried: seconds, rows and tokens per call, tokens per input."""
         self.metrics.inference_duration.observe(seconds)
         for chunk in chunks:
@@ -315,25 +449,42 @@ class Service:
         for count in num_tokens.tolist():
             self.metrics.input_length.observe(count)
 
-    async def chunk_windows(self, model: ServedModel, items: list[Item], chunking: Chunking | None,
-                            timings: Timings) -> Windows | None:
+    async def chunk_windows(
+        self, model: ServedModel, items: list[Item], chunking: Chunking | None, timings: Timings
+    ) -> Windows | None:
         """`items` with each text longer than the model's window cut into windows (`chunking`), or
         None when chunking is off or no input needs it."""
-        if chunking is None or model.tokenizer is None or not has_long_texts(items, None, model.max_length):
+        if (
+            chunking is None
+            or model.tokenizer is None
+            or not has_long_texts(items, None, model.max_length)
+        ):
             return None
         started = time.perf_counter()
         with stage("chunk long texts", inputs=len(items)):
-            windows = await asyncio.to_thread(split_items, model.tokenizer, items, model.max_length, chunking)
+            windows = await asyncio.to_thread(
+                split_items, model.tokenizer, items, model.max_length, chunking
+            )
         timings.chunked(windows.counts, time.perf_counter() - started)
         if len(windows.items) == len(items):
             return None
         if any(isinstance(item, PromptedText) for item in items):
-            raise validation(f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
-                             "which chunked inputs cannot do; send this input without chunking or without a prompt")
+            raise validation(
+                f"model `{model.name}` leaves its prompt out of the pooling (include_prompt: false), "
+                "which chunked inputs cannot do; send this input without chunking or without a prompt"
+            )
         return windows
 
-    async def dense(self, model: ServedModel, items: list[Item], truncation: Truncation, normalize: bool,
-                    dimensions: int | None, timings: Timings, chunking: Chunking | None = None) -> Embeddings:
+    async def dense(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        truncation: Truncation,
+        normalize: bool,
+        dimensions: int | None,
+        timings: Timings,
+        chunking: Chunking | None = None,
+    ) -> Embeddings:
         """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked. With
         `chunking`, a long text's vector is its windows' mean weighted by tokens (see `chunking`)."""
         self.check(items)
@@ -341,60 +492,108 @@ class Service:
         if dimensions is not None and dimensions <= 0:
             raise validation("`dimensions` should be positive")
         if dimensions is not None and dimensions > dim:
-            raise validation(f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}")
+            raise validation(
+                f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}"
+            )
         if dimensions is not None and dimensions != dim:
             self.check_matryoshka(model, dimensions)
         windows = await self.chunk_windows(model, items, chunking, timings)
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
-            if not normalize and model.normalize and contract.SENTENCE_EMBEDDING in model.encode_outputs:
+            if (
+                not normalize
+                and model.normalize
+                and contract.SENTENCE_EMBEDDING in model.encode_outputs
+            ):
                 # Triton's pool stage normalises: take the graph's own pooled vector before it does
-                result = await self.infer(model, run, None, truncation, (contract.SENTENCE_EMBEDDING,), timings, True)
+                result = await self.infer(
+                    model, run, None, truncation, (contract.SENTENCE_EMBEDDING,), timings, True
+                )
                 vectors = result.outputs[contract.SENTENCE_EMBEDDING]
             elif not normalize and model.normalize:  # the same, pooling the raw encoder output here
-                result = await self.infer(model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
-                vectors = POOL_STAGE.pool_tokens(result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling)
+                result = await self.infer(
+                    model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True
+                )
+                vectors = POOL_STAGE.pool_tokens(
+                    result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling
+                )
             else:
-                result = await self.infer(model, run, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings)
+                result = await self.infer(
+                    model, run, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings
+                )
                 vectors = result.outputs[contract.DENSE]
         num_tokens = result.num_tokens
         if windows:
-            vectors, num_tokens = mean_by_tokens(vectors, num_tokens, windows), summed(num_tokens, windows)
+            vectors, num_tokens = (
+                mean_by_tokens(vectors, num_tokens, windows),
+                summed(num_tokens, windows),
+            )
         if dimensions is not None:
             vectors = vectors[:, :dimensions]
         if normalize and (dimensions is not None or not model.normalize or windows):
             vectors = POOL_STAGE.l2_normalize(vectors)
         return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), num_tokens)
 
-    async def sparse(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+    async def sparse(
+        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+    ) -> Embeddings:
         """Per input, its non-zero vocabulary ids (ascending) and their weights."""
         self.check(items)
         with self.permits.hold(len(items)):
-            result = await self.infer(model, items, None, truncation,
-                                      (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS), timings)
+            result = await self.infer(
+                model,
+                items,
+                None,
+                truncation,
+                (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS),
+                timings,
+            )
         ids, weights = result.outputs[contract.SPARSE_IDS], result.outputs[contract.SPARSE_WEIGHTS]
         keep = ids >= 0
-        return Embeddings([ids[i][keep[i]] for i in range(len(items))], result.num_tokens,
-                          [weights[i][keep[i]] for i in range(len(items))])
+        return Embeddings(
+            [ids[i][keep[i]] for i in range(len(items))],
+            result.num_tokens,
+            [weights[i][keep[i]] for i in range(len(items))],
+        )
 
-    async def colbert(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+    async def colbert(
+        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+    ) -> Embeddings:
         """bge-m3 multi-vectors: `num_tokens - 1` vectors per input (CLS dropped)."""
         self.check(items)
         with self.permits.hold(len(items)):
-            result = await self.infer(model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS), timings)
+            result = await self.infer(
+                model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS), timings
+            )
         vectors = result.outputs[contract.COLBERT]
-        return Embeddings([vectors[i, : n - 1] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
+        return Embeddings(
+            [vectors[i, : n - 1] for i, n in enumerate(result.num_tokens.tolist())],
+            result.num_tokens,
+        )
 
-    async def hidden(self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings) -> Embeddings:
+    async def hidden(
+        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+    ) -> Embeddings:
         """The encoder's last hidden state, one vector per token, no pooling."""
         self.check(items)
         with self.permits.hold(len(items)):
-            result = await self.infer(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True)
+            result = await self.infer(
+                model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True
+            )
         hidden = result.outputs[contract.LAST_HIDDEN_STATE]
-        return Embeddings([hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens)
+        return Embeddings(
+            [hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens
+        )
 
-    async def m3(self, model: ServedModel, items: list[Item], truncation: Truncation, wanted: frozenset[str],
-                 timings: Timings, chunking: Chunking | None = None) -> M3Rows:
+    async def m3(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        truncation: Truncation,
+        wanted: frozenset[str],
+        timings: Timings,
+        chunking: Chunking | None = None,
+    ) -> M3Rows:
         """Any of bge-m3's dense, sparse and ColBERT outputs (`contract` names) for `items`, from one
         forward pass: one Triton call per chunk, whatever the subset. With `chunking`, a long
         text's windows combine as `chunking` says."""
@@ -408,38 +607,72 @@ class Service:
         ids = got.get(contract.SPARSE_IDS)
         keep = ids >= 0 if ids is not None else None
         rows = M3Rows(
-            dense=np.ascontiguousarray(got[contract.DENSE], dtype=np.float32) if contract.DENSE in got else None,
-            sparse_ids=[ids[i][keep[i]] for i in range(len(run))] if ids is not None and keep is not None else None,
+            dense=np.ascontiguousarray(got[contract.DENSE], dtype=np.float32)
+            if contract.DENSE in got
+            else None,
+            sparse_ids=[ids[i][keep[i]] for i in range(len(run))]
+            if ids is not None and keep is not None
+            else None,
             sparse_weights=[got[contract.SPARSE_WEIGHTS][i][keep[i]] for i in range(len(run))]
-            if keep is not None else None,
-            colbert=[got[contract.COLBERT][i, : n - 1] for i, n in enumerate(counts)] if contract.COLBERT in got else None,
-            num_tokens=result.num_tokens)
+            if keep is not None
+            else None,
+            colbert=[got[contract.COLBERT][i, : n - 1] for i, n in enumerate(counts)]
+            if contract.COLBERT in got
+            else None,
+            num_tokens=result.num_tokens,
+        )
         if not windows:
             return rows
-        sparse = max_per_id(rows.sparse_ids, rows.sparse_weights, windows) \
-            if rows.sparse_ids is not None and rows.sparse_weights is not None else None
+        sparse = (
+            max_per_id(rows.sparse_ids, rows.sparse_weights, windows)
+            if rows.sparse_ids is not None and rows.sparse_weights is not None
+            else None
+        )
         return M3Rows(
             dense=POOL_STAGE.l2_normalize(mean_by_tokens(rows.dense, rows.num_tokens, windows))
-            if rows.dense is not None else None,
-            sparse_ids=sparse[0] if sparse else None, sparse_weights=sparse[1] if sparse else None,
+            if rows.dense is not None
+            else None,
+            sparse_ids=sparse[0] if sparse else None,
+            sparse_weights=sparse[1] if sparse else None,
             colbert=concatenated(rows.colbert, windows) if rows.colbert is not None else None,
-            num_tokens=summed(rows.num_tokens, windows), chunks=windows.counts)
+            num_tokens=summed(rows.num_tokens, windows),
+            chunks=windows.counts,
+        )
 
-    async def relevance(self, model: ServedModel, query: str, texts: list[str], truncation: Truncation,
-                        raw_scores: bool, timings: Timings, weights: Sequence[float] | None = None,
-                        instruction: str | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    async def relevance(
+        self,
+        model: ServedModel,
+        query: str,
+        texts: list[str],
+        truncation: Truncation,
+        raw_scores: bool,
+        timings: Timings,
+        weights: Sequence[float] | None = None,
+        instruction: str | None = None,
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """One score per text against `query` and the tokens read per text: a cross-encoder's
         (sigmoid, or the logit with `raw_scores`), or for bge-m3 the `colbert+sparse+dense` hybrid
         of `hybrid.scores` (query and texts encoded in one call; the query's tokens are counted
         with the first text's). `instruction` is an LLM reranker's, in place of its own."""
         if not model.is_m3:
             if weights is not None:
-                raise validation(f"`weights` applies to bge-m3 models; `{model.name}` is a cross-encoder")
-            values, tokens = await self.scores(model, [query] * len(texts), list(texts), truncation, raw_scores, timings,
-                                               instruction)
+                raise validation(
+                    f"`weights` applies to bge-m3 models; `{model.name}` is a cross-encoder"
+                )
+            values, tokens = await self.scores(
+                model,
+                [query] * len(texts),
+                list(texts),
+                truncation,
+                raw_scores,
+                timings,
+                instruction,
+            )
             return values[:, 0], tokens
         if instruction is not None:
-            raise validation(f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3")
+            raise validation(
+                f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3"
+            )
         rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), timings)
         try:
             hybrid = scores_of(rows, DEFAULT_WEIGHTS if weights is None else weights)[HYBRID]
@@ -450,9 +683,16 @@ class Service:
             tokens[0] += rows.num_tokens[0]
         return np.asarray(hybrid, dtype=np.float32), tokens
 
-    async def scores(self, model: ServedModel, texts: list[str], pairs: Sequence[str | None], truncation: Truncation,
-                     raw_scores: bool, timings: Timings,
-                     instruction: str | None = None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    async def scores(
+        self,
+        model: ServedModel,
+        texts: list[str],
+        pairs: Sequence[str | None],
+        truncation: Truncation,
+        raw_scores: bool,
+        timings: Timings,
+        instruction: str | None = None,
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed. An LLM
         reranker scores pairs only, each written into its prompt with `instruction` (or its own)."""
         self.check(texts)
@@ -460,25 +700,49 @@ class Service:
             raise validation("`inputs` cannot be empty")
         if model.pair_template is not None:
             if any(pair is None for pair in pairs):
-                raise validation(f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs")
-            texts = [model.pair_template.text(text, cast(str, pair), instruction) for text, pair in zip(texts, pairs)]
+                raise validation(
+                    f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs"
+                )
+            texts = [
+                model.pair_template.text(text, cast(str, pair), instruction)
+                for text, pair in zip(texts, pairs)
+            ]
             pairs = [None] * len(texts)
         elif instruction is not None:
-            raise validation(f"`instruction` applies to LLM rerankers; model `{model.name}` is a cross-encoder")
+            raise validation(
+                f"`instruction` applies to LLM rerankers; model `{model.name}` is a cross-encoder"
+            )
         singles = [i for i, pair in enumerate(pairs) if pair is None]
         doubles = [i for i, pair in enumerate(pairs) if pair is not None]
         if doubles and not model.takes_pairs:
-            raise validation(f"model `{model.name}` classifies single texts; give one text per input")
+            raise validation(
+                f"model `{model.name}` classifies single texts; give one text per input"
+            )
         name = contract.LOGITS if raw_scores else contract.SCORES
-        groups = [(rows, group_pairs) for rows, group_pairs in ((singles, None), (doubles, [pairs[i] for i in doubles]))
-                  if rows]
+        groups = [
+            (rows, group_pairs)
+            for rows, group_pairs in ((singles, None), (doubles, [pairs[i] for i in doubles]))
+            if rows
+        ]
         with self.permits.hold(len(texts)):
-            results = await gather([
-                self.infer(model, [texts[i] for i in rows], cast("list[str] | None", group_pairs),  # `doubles`: no None
-                           truncation, (name, contract.NUM_TOKENS), timings)
-                for rows, group_pairs in groups])
+            results = await gather(
+                [
+                    self.infer(
+                        model,
+                        [texts[i] for i in rows],
+                        cast("list[str] | None", group_pairs),  # `doubles`: no None
+                        truncation,
+                        (name, contract.NUM_TOKENS),
+                        timings,
+                    )
+                    for rows, group_pairs in groups
+                ]
+            )
         width = results[0].outputs[name].shape[1]
-        values, tokens = np.zeros((len(texts), width), dtype=np.float32), np.zeros(len(texts), dtype=np.int64)
+        values, tokens = (
+            np.zeros((len(texts), width), dtype=np.float32),
+            np.zeros(len(texts), dtype=np.int64),
+        )
         for (rows, _), result in zip(groups, results):
             values[rows], tokens[rows] = result.outputs[name], result.num_tokens
         return values, tokens

@@ -21,98 +21,171 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 @dataclass(frozen=True)
 class GatewaySettings:
     triton_url: str = setting(
-        TRITON_GRPC_URL, "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
-        "requests, health-checked).", gateway_only=True)
-    repo: Path = setting(DEFAULT_REPO, "Triton's model repository, read for tokenizer files.", gateway_only=True)
-    default_model: str | None = setting(None, "Model for requests naming none (if it fits the route).")
+        TRITON_GRPC_URL,
+        "Triton gRPC address; several replicas as a comma-separated list (least outstanding "
+        "requests, health-checked).",
+        gateway_only=True,
+    )
+    repo: Path = setting(
+        DEFAULT_REPO, "Triton's model repository, read for tokenizer files.", gateway_only=True
+    )
+    default_model: str | None = setting(
+        None, "Model for requests naming none (if it fits the route)."
+    )
     # Permits, one per input, taken by try-acquire (TEI).
     max_concurrent_requests: int = setting(512, "Inputs in flight before requests get 429.")
     max_client_batch_size: int = setting(32, "Inputs per request before 422.")
-    split_large_batches: bool = setting(False, "Split larger requests into Triton calls instead of 422.")
-    coalesce_requests: bool = setting(True, "Merge concurrent requests' texts into one Triton call while the "
-                                      "model is busy (a lone request is sent at once).")
-    payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")  # checked before JSON parsing
+    split_large_batches: bool = setting(
+        False, "Split larger requests into Triton calls instead of 422."
+    )
+    coalesce_requests: bool = setting(
+        True,
+        "Merge concurrent requests' texts into one Triton call while the "
+        "model is busy (a lone request is sent at once).",
+    )
+    # checked before JSON parsing
+    payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")
     max_tokenize_tokens: int | None = setting(
-        None, "Tokens a /tokenize request may hold, and ids a /decode request, before 413; default: "
-        "--max-client-batch-size x the model's max length.")
-    auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")  # `truncate: null`
-    chunk_long_inputs: bool = setting(False, "Embed inputs over the model's max length as overlapping windows "
-                                      "combined into one answer, when a request does not say (`chunking`).")
+        None,
+        "Tokens a /tokenize request may hold, and ids a /decode request, before 413; default: "
+        "--max-client-batch-size x the model's max length.",
+    )
+    # `truncate: null`
+    auto_truncate: bool = setting(True, "Truncate too long inputs when a request does not say.")
+    chunk_long_inputs: bool = setting(
+        False,
+        "Embed inputs over the model's max length as overlapping windows "
+        "combined into one answer, when a request does not say (`chunking`).",
+    )
     allow_any_dimensions: bool = setting(
-        False, "Serve `dimensions` on models that declare no Matryoshka sizes (their cut vectors are poor ones); "
-        "otherwise such a request gets 400.")
+        False,
+        "Serve `dimensions` on models that declare no Matryoshka sizes (their cut vectors are poor ones); "
+        "otherwise such a request gets 400.",
+    )
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on inference routes.")
-    cors_allow_origins: tuple[str, ...] = setting((), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin")
+    cors_allow_origins: tuple[str, ...] = setting(
+        (), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin"
+    )
     # Per inference call; health and metadata calls use min(2 s, this).
-    triton_timeout_s: float = setting(30.0, "Seconds a Triton inference call may take before 503.",
-                                      flag="--triton-timeout")
+    triton_timeout_s: float = setting(
+        30.0, "Seconds a Triton inference call may take before 503.", flag="--triton-timeout"
+    )
     # Idle HTTP connections stay open this long. Longer than clients keep theirs (httpx and the OpenAI
     # SDK: 5 s) and than proxies' idle timeouts (60 s), so the client closes first: a server closing
     # the same moment a client reuses the connection loses that request with no response.
     keep_alive_s: float = setting(
-        75.0, "Seconds an idle client connection stays open; keep it above your clients' and proxies' idle "
-        "timeouts.", flag="--keep-alive")
+        75.0,
+        "Seconds an idle client connection stays open; keep it above your clients' and proxies' idle "
+        "timeouts.",
+        flag="--keep-alive",
+    )
     default_prompt_name: str | None = setting(
-        None, "Prompt (from the model's sentence-transformers config) prepended to inputs of requests that name "
-        "none; models without it get none.")
+        None,
+        "Prompt (from the model's sentence-transformers config) prepended to inputs of requests that name "
+        "none; models without it get none.",
+    )
     default_prompt: str | None = setting(
-        None, "Text prepended to every embedding input of requests that name no prompt; exclusive with "
-        "--default-prompt-name.")
+        None,
+        "Text prepended to every embedding input of requests that name no prompt; exclusive with "
+        "--default-prompt-name.",
+    )
     # Slow or hostile clients (prensa.gateway.server): each connection holds a file descriptor and
     # its buffers, and uvicorn bounds neither how long a request may take to arrive nor how long
     # an unread answer may sit in memory.
     request_read_timeout_s: float = setting(
-        30.0, "Seconds a request (line, headers and body) may take to arrive, counted from the connection opening "
-        "or the request's first byte; slower clients get 408 or are disconnected.", flag="--request-read-timeout")
+        30.0,
+        "Seconds a request (line, headers and body) may take to arrive, counted from the connection opening "
+        "or the request's first byte; slower clients get 408 or are disconnected.",
+        flag="--request-read-timeout",
+    )
     write_timeout_s: float = setting(
-        30.0, "Seconds a client may read nothing of its answer before it is disconnected and the answer freed.",
-        flag="--write-timeout")
+        30.0,
+        "Seconds a client may read nothing of its answer before it is disconnected and the answer freed.",
+        flag="--write-timeout",
+    )
     max_header_size: int = setting(65_536, "Max bytes of a request's URL and headers (431 above).")
     max_connections: int | None = setting(
-        None, "Open client connections before new ones get 503 and are closed; default and ceiling: the "
+        None,
+        "Open client connections before new ones get 503 and are closed; default and ceiling: the "
         "file-descriptor limit (ulimit -n, whose soft value prensa raises to the hard one at start) less 64 kept "
-        "for the gateway's own files and sockets.")
+        "for the gateway's own files and sockets.",
+    )
     log_level: str = setting("info", "Level of prensa's log: debug, info, warning or error.")
     json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")
-    access_log: bool = setting(True, "One log line per request: route, status, model, inputs, tokens, each stage's "
-                                     "milliseconds, request id and the reason of an error.")
+    access_log: bool = setting(
+        True,
+        "One log line per request: route, status, model, inputs, tokens, each stage's "
+        "milliseconds, request id and the reason of an error.",
+    )
     # Tracing (prensa.gateway.tracing): TEI's two flags, the exporter's protocol and a sampling rate.
     otlp_endpoint: str | None = setting(
-        None, "OpenTelemetry collector that receives traces, e.g. http://127.0.0.1:4317 (gRPC, as TEI's flag); "
-        "`prensa serve` points Triton's own tracing at it too. Unset: no tracing, at no cost.")
-    otlp_service_name: str = setting("prensa", "service.name of the gateway's spans (Triton's: NAME-triton).")
+        None,
+        "OpenTelemetry collector that receives traces, e.g. http://127.0.0.1:4317 (gRPC, as TEI's flag); "
+        "`prensa serve` points Triton's own tracing at it too. Unset: no tracing, at no cost.",
+    )
+    otlp_service_name: str = setting(
+        "prensa", "service.name of the gateway's spans (Triton's: NAME-triton)."
+    )
     otlp_protocol: str = setting("grpc", "How spans reach --otlp-endpoint: grpc or http/protobuf.")
     otlp_sample_rate: float = setting(
-        1.0, "Share of requests traced when the client's traceparent does not decide (0 to 1); a client's "
-        "sampled traceparent is always traced.")
+        1.0,
+        "Share of requests traced when the client's traceparent does not decide (0 to 1); a client's "
+        "sampled traceparent is always traced.",
+    )
     # Processes accepting on one listening socket (prensa.gateway.workers); None: `default_workers()`.
     workers: int | None = setting(
-        None, "Gateway processes serving the one port, each with its own Triton channels; --max-concurrent-requests "
-        "and /metrics count them all together. Default: one per four CPU cores (a container CPU limit counts), at least one.")
+        None,
+        "Gateway processes serving the one port, each with its own Triton channels; --max-concurrent-requests "
+        "and /metrics count them all together. Default: one per four CPU cores (a container CPU limit counts), at least one.",
+    )
     # TEI's gRPC API (prensa.gateway.tei_grpc) beside the HTTP one, in the same event loop and on the
     # same host; off by default. prensa's own --grpc-port is Triton's.
     tei_grpc_port: int | None = setting(
-        None, "Serve TEI's gRPC API (package tei.v1, with server reflection) on this port, on the gateway's host; "
-        "with several --workers each binds it (SO_REUSEPORT). Unset: no gRPC server.")
+        None,
+        "Serve TEI's gRPC API (package tei.v1, with server reflection) on this port, on the gateway's host; "
+        "with several --workers each binds it (SO_REUSEPORT). Unset: no gRPC server.",
+    )
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
-        5.0, "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
-        flag="--graceful-timeout")
+        5.0,
+        "Seconds in-flight requests get to finish on shutdown before they are cancelled.",
+        flag="--graceful-timeout",
+    )
 
     def __post_init__(self) -> None:
         if self.log_level.lower() not in LOG_LEVELS:
-            raise InvalidSetting("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level}")
+            raise InvalidSetting(
+                "log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level}"
+            )
         if self.otlp_protocol not in OTLP_PROTOCOLS:
-            raise InvalidSetting("otlp_protocol", f"must be one of {', '.join(OTLP_PROTOCOLS)}, got {self.otlp_protocol}")
+            raise InvalidSetting(
+                "otlp_protocol",
+                f"must be one of {', '.join(OTLP_PROTOCOLS)}, got {self.otlp_protocol}",
+            )
         if not 0.0 <= self.otlp_sample_rate <= 1.0:
-            raise InvalidSetting("otlp_sample_rate", f"must be between 0 and 1, got {self.otlp_sample_rate}")
+            raise InvalidSetting(
+                "otlp_sample_rate", f"must be between 0 and 1, got {self.otlp_sample_rate}"
+            )
         if self.api_key is not None and not self.api_key.strip():
-            raise InvalidSetting("api_key", "an empty API key would turn authentication off; give a key, or leave "
-                                            "--api-key and PRENSA_API_KEY unset")
-        require_positive(self, "request_read_timeout_s", "write_timeout_s", "graceful_timeout_s", "max_header_size",
-                         "max_connections", "max_tokenize_tokens", "workers")
+            raise InvalidSetting(
+                "api_key",
+                "an empty API key would turn authentication off; give a key, or leave "
+                "--api-key and PRENSA_API_KEY unset",
+            )
+        require_positive(
+            self,
+            "request_read_timeout_s",
+            "write_timeout_s",
+            "graceful_timeout_s",
+            "max_header_size",
+            "max_connections",
+            "max_tokenize_tokens",
+            "workers",
+        )
         if self.tei_grpc_port is not None and not 0 < self.tei_grpc_port < 65536:
-            raise InvalidSetting("tei_grpc_port", f"must be a port number (1 to 65535), got {self.tei_grpc_port}")
+            raise InvalidSetting(
+                "tei_grpc_port", f"must be a port number (1 to 65535), got {self.tei_grpc_port}"
+            )
 
     @property
     def triton_urls(self) -> list[str]:

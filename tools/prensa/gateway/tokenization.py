@@ -69,7 +69,9 @@ class TokenRows:
     ids: list[list[int]]
     type_ids: list[list[int]]
     cut: bool  # some row was truncated
-    prompt_tokens: list[int] | None = None  # per row, leading tokens the pooling leaves out (a prompt's)
+    prompt_tokens: list[int] | None = (
+        None  # per row, leading tokens the pooling leaves out (a prompt's)
+    )
 
     def select(self, rows: slice) -> TokenRows:
         prompts = self.prompt_tokens[rows] if self.prompt_tokens else None
@@ -103,7 +105,11 @@ def token_id_limit(tokenizer: Tokenizer | None) -> int:
 def longest_token(tokenizer: Tokenizer | None) -> int:
     """Characters of the vocabulary's longest token (byte-level tokens counted as written): no text
     of N tokens is longer than N times this. Walks the vocabulary: once per model."""
-    return max(map(len, tokenizer.get_vocab(True)), default=1) if tokenizer is not None else CHARS_PER_TOKEN
+    return (
+        max(map(len, tokenizer.get_vocab(True)), default=1)
+        if tokenizer is not None
+        else CHARS_PER_TOKEN
+    )
 
 
 def check_token_ids(ids: list[int], limit: int) -> None:
@@ -178,9 +184,9 @@ def _resume(text: str, offsets: list[tuple[int, int]], words: list[int | None], 
     words earlier, whose changed start (a prefix space, a contraction cut off) does not reach it.
     0 when there is no such place."""
     start = offsets[token][0]
-    if text[start:start + 1] == " ":
+    if text[start : start + 1] == " ":
         return start
-    if text[start - 1:start] == " ":
+    if text[start - 1 : start] == " ":
         return start - 1
     for _ in range(2):
         if token == 0:
@@ -207,7 +213,9 @@ def _word_cut(piece: str, encoding: Encoding, keep: int, direction: str) -> int 
     return encoding.offsets[last + 1][0] if last + 1 < len(words) else None
 
 
-def _same_tokens(tokenizer: Tokenizer, text: str, reference: Encoding, keep: int, direction: str) -> bool:
+def _same_tokens(
+    tokenizer: Tokenizer, text: str, reference: Encoding, keep: int, direction: str
+) -> bool:
     """Whether `text` gives the `keep` tokens of `reference` the model reads (all of them when fewer)."""
     ids: list[int] = _content(tokenizer, text).ids
     expected: list[int] = reference.ids
@@ -242,8 +250,13 @@ def keep_tokens(tokenizer: Tokenizer, text: str, keep: int, direction: str) -> s
     return piece
 
 
-def bound_texts(tokenizer: Tokenizer, items: list[Item], pairs: list[str] | None, max_length: int,
-                direction: str) -> tuple[list[Item], list[str] | None]:
+def bound_texts(
+    tokenizer: Tokenizer,
+    items: list[Item],
+    pairs: list[str] | None,
+    max_length: int,
+    direction: str,
+) -> tuple[list[Item], list[str] | None]:
     """`items` and `pairs` with every text longer than the window cut to what a window of
     `max_length` tokens reads (`keep_tokens`), once per distinct text; one token more than the
     window holds is kept, so a cut text is truncated where the whole one is."""
@@ -253,7 +266,9 @@ def bound_texts(tokenizer: Tokenizer, items: list[Item], pairs: list[str] | None
     def cut(item: Item) -> Item:
         return cut_once(item) if isinstance(item, str) and len(item) > limit else item
 
-    return [cut(item) for item in items], [cast(str, cut(pair)) for pair in pairs] if pairs is not None else None
+    return [cut(item) for item in items], [
+        cast(str, cut(pair)) for pair in pairs
+    ] if pairs is not None else None
 
 
 def has_long_texts(items: Sequence[Item], pairs: Sequence[str] | None, max_length: int) -> bool:
@@ -262,7 +277,9 @@ def has_long_texts(items: Sequence[Item], pairs: Sequence[str] | None, max_lengt
     return any(isinstance(item, str) and len(item) > limit for item in chain(items, pairs or ()))
 
 
-def _content_pieces(tokenizer: Tokenizer, text: str, window: int) -> Iterator[tuple[int, Encoding, range]]:
+def _content_pieces(
+    tokenizer: Tokenizer, text: str, window: int
+) -> Iterator[tuple[int, Encoding, range]]:
     """The content tokens of `text` a piece of about `window` characters at a time, with the memory
     of tokenizing one piece: (where the piece starts, its encoding, which of its tokens come next in
     the whole text's). A piece gives the tokens before its last word, which may run on; the next one
@@ -271,10 +288,12 @@ def _content_pieces(tokenizer: Tokenizer, text: str, window: int) -> Iterator[tu
     origin, given, size = 0, 0, window  # the tokens starting before `given` are given
     while True:
         whole = len(text) - origin <= size
-        piece = text[origin:] if whole else text[origin:origin + size]
+        piece = text[origin:] if whole else text[origin : origin + size]
         encoding = _content(tokenizer, piece)
         offsets, words = encoding.offsets, encoding.word_ids
-        first = next((i for i, (start, _) in enumerate(offsets) if origin + start >= given), len(offsets))
+        first = next(
+            (i for i, (start, _) in enumerate(offsets) if origin + start >= given), len(offsets)
+        )
         if whole:
             yield origin, encoding, range(first, len(offsets))
             return
@@ -292,7 +311,9 @@ def count_tokens(tokenizer: Tokenizer, text: str, window: int) -> int:
     return sum(len(tokens) for _, _, tokens in _content_pieces(tokenizer, text, window))
 
 
-def _refuse_too_long(tokenizer: Tokenizer, firsts: list[str], seconds: list[str] | None, max_length: int) -> None:
+def _refuse_too_long(
+    tokenizer: Tokenizer, firsts: list[str], seconds: list[str] | None, max_length: int
+) -> None:
     """Refuse the first input (or pair) with more tokens than `max_length`, naming its count, when
     some text is longer than the window: each distinct text is counted once, in pieces."""
     window = window_chars(max_length)
@@ -310,8 +331,14 @@ def _cut(encoding: Encoding, keep: int, direction: str) -> None:
     encoding.truncate(max(keep, 0), direction=direction)
 
 
-def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[str] | None, max_length: int,
-                   truncation: Truncation, id_limit: int) -> TokenRows:
+def tokenize_items(
+    tokenizer: Tokenizer | None,
+    items: list[Item],
+    pairs: list[str] | None,
+    max_length: int,
+    truncation: Truncation,
+    id_limit: int,
+) -> TokenRows:
     """Token ids per input, special tokens added to texts (not to token-id inputs, which must lie in
     [0, `id_limit`)), truncated or refused. Texts that may be truncated come cut by `bound_texts`."""
     texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
@@ -330,10 +357,18 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
         return TokenRows(ids, type_ids, cut)
     assert tokenizer is not None, "callers require a tokenizer for text inputs"
     if not truncation.enabled:
-        _refuse_too_long(tokenizer, [text for _, text in texts], [pairs[i] for i, _ in texts] if pairs else None,
-                         max_length)
+        _refuse_too_long(
+            tokenizer,
+            [text for _, text in texts],
+            [pairs[i] for i, _ in texts] if pairs else None,
+            max_length,
+        )
     firsts = tokenizer.encode_batch([text for _, text in texts], add_special_tokens=False)
-    seconds = tokenizer.encode_batch([pairs[i] for i, _ in texts], add_special_tokens=False) if pairs else None
+    seconds = (
+        tokenizer.encode_batch([pairs[i] for i, _ in texts], add_special_tokens=False)
+        if pairs
+        else None
+    )
     specials = tokenizer.num_special_tokens_to_add(pairs is not None)
     room = max_length - specials
     for row, (i, _) in enumerate(texts):
@@ -351,60 +386,92 @@ def tokenize_items(tokenizer: Tokenizer | None, items: list[Item], pairs: list[s
     return TokenRows(ids, type_ids, cut)
 
 
-TOKENIZE_WINDOW = 65_536  # characters: `/tokenize` tokenizes a longer text in pieces of about this size
+TOKENIZE_WINDOW = (
+    65_536  # characters: `/tokenize` tokenizes a longer text in pieces of about this size
+)
 
 
 def _specials(tokenizer: Tokenizer) -> tuple[list[tuple[int, str, tuple[int, int], bool]], ...]:
     """The special tokens the post-processor puts before and after a text's content."""
     encoding = tokenizer.encode("a", add_special_tokens=True)
-    rows = list(zip(encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask)))
+    rows = list(
+        zip(
+            encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask)
+        )
+    )
     content = [i for i, (*_, special) in enumerate(rows) if not special]
-    return rows[: content[0]], rows[content[-1] + 1:]
+    return rows[: content[0]], rows[content[-1] + 1 :]
 
 
-def _encoded(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> Iterator[tuple[int, str, tuple[int, int], bool]]:
+def _encoded(
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool
+) -> Iterator[tuple[int, str, tuple[int, int], bool]]:
     """(id, token, character offsets, special) of each token of `text`'s encoding. A text longer than
     `TOKENIZE_WINDOW` is tokenized in pieces (`_content_pieces`): a whole 2 MB text takes the
     tokenizer some 300 MB. Not for tokenizers that trim offsets, whose pieces would not say them."""
     if len(text) <= TOKENIZE_WINDOW or _measuring(tokenizer) is not tokenizer:
         encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        yield from zip(encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask))
+        yield from zip(
+            encoding.ids, encoding.tokens, encoding.offsets, map(bool, encoding.special_tokens_mask)
+        )
         return
     before, after = _specials(tokenizer) if add_special_tokens else ([], [])
     yield from before
     for origin, encoding, tokens in _content_pieces(tokenizer, text, TOKENIZE_WINDOW):
-        ids, names, offsets, specials = encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask
+        ids, names, offsets, specials = (
+            encoding.ids,
+            encoding.tokens,
+            encoding.offsets,
+            encoding.special_tokens_mask,
+        )
         for i in tokens:
-            yield ids[i], names[i], (origin + offsets[i][0], origin + offsets[i][1]), bool(specials[i])
+            yield (
+                ids[i],
+                names[i],
+                (origin + offsets[i][0], origin + offsets[i][1]),
+                bool(specials[i]),
+            )
     yield from after
 
 
-def simple_tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> Iterator[dict[str, object]]:
+def simple_tokens(
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool
+) -> Iterator[dict[str, object]]:
     """TEI's `/tokenize` items, one at a time: byte offsets into the UTF-8 input; special tokens
     carry no offsets."""
     data = text.encode("utf-8")
-    byte_at = np.cumsum([0, *(len(c.encode("utf-8")) for c in text)]) if not text.isascii() else None
+    byte_at = (
+        np.cumsum([0, *(len(c.encode("utf-8")) for c in text)]) if not text.isascii() else None
+    )
     for token_id, token, (start, stop), special in _encoded(tokenizer, text, add_special_tokens):
         if special:
             yield {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
             continue
         if byte_at is not None:
             start, stop = int(byte_at[start]), int(byte_at[stop])
-        yield {"id": token_id, "text": data[start:stop].decode("utf-8", errors="replace"), "special": False,
-               "start": start, "stop": stop}
+        yield {
+            "id": token_id,
+            "text": data[start:stop].decode("utf-8", errors="replace"),
+            "special": False,
+            "start": start,
+            "stop": stop,
+        }
 
 
 TOKENS_PER_SLICE = 4096
 
 
 def too_many_tokens(limit: int, held: str) -> GatewayError:
-    return GatewayError(ErrorKind.PAYLOAD_TOO_LARGE,
-                        f"/tokenize and /decode take at most {limit} tokens a request (--max-tokenize-tokens; default "
-                        f"--max-client-batch-size x the model's max length); this one holds {held}")
+    return GatewayError(
+        ErrorKind.PAYLOAD_TOO_LARGE,
+        f"/tokenize and /decode take at most {limit} tokens a request (--max-tokenize-tokens; default "
+        f"--max-client-batch-size x the model's max length); this one holds {held}",
+    )
 
 
-def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool,
-                limit: int | None = None) -> orjson.Fragment:
+def tokens_json(
+    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int | None = None
+) -> orjson.Fragment:
     """`/tokenize`'s answer as JSON, serialized a slice of tokens at a time: a dict for every token
     of a 2 MB body at once would take several times the memory of the JSON itself. Past `limit`
     tokens in all it stops with 413, having tokenized no more than that."""
@@ -419,7 +486,8 @@ def tokens_json(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool
                 raise too_many_tokens(limit, f"more ({count} by text {n})")
             if body[-1:] != b"[":
                 body += b","
-            body += orjson.dumps(chunk)[1:-1]  # the slice's items, without the brackets of its own array
+            # the slice's items, without the brackets of its own array
+            body += orjson.dumps(chunk)[1:-1]
         body += b"]"
     body += b"]"
     return orjson.Fragment(bytes(body))

@@ -48,20 +48,32 @@ def provider(settings: GatewaySettings) -> TracerProvider:
     assert settings.otlp_endpoint, "tracing needs an endpoint"
     endpoint = settings.otlp_endpoint.rstrip("/")
     if settings.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
-        exporter: Any = GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"))
+        exporter: Any = GrpcExporter(
+            endpoint=endpoint, insecure=not endpoint.startswith("https://")
+        )
     else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
 
-        exporter = HttpExporter(endpoint=endpoint if endpoint.endswith(TRACES_PATH) else endpoint + TRACES_PATH)
-    traces = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.otlp_service_name}),
-                            sampler=ParentBased(TraceIdRatioBased(settings.otlp_sample_rate)))
+        exporter = HttpExporter(
+            endpoint=endpoint if endpoint.endswith(TRACES_PATH) else endpoint + TRACES_PATH
+        )
+    traces = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: settings.otlp_service_name}),
+        sampler=ParentBased(TraceIdRatioBased(settings.otlp_sample_rate)),
+    )
     traces.add_span_processor(BatchSpanProcessor(exporter))
     return traces
 
 
-def stage(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> AbstractContextManager[Any]:
+def stage(
+    name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any
+) -> AbstractContextManager[Any]:
     """A child span of the current one around a stage of a sampled request; nothing otherwise."""
     tracer = ACTIVE.get()
     if tracer is None:
@@ -69,16 +81,20 @@ def stage(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> A
     return tracer.start_as_current_span(name, kind=kind, attributes=attributes)
 
 
-def model_call(name: str, model: str, inputs: Mapping[str, Any], kind: SpanKind,
-               **attributes: Any) -> AbstractContextManager[Any]:
+def model_call(
+    name: str, model: str, inputs: Mapping[str, Any], kind: SpanKind, **attributes: Any
+) -> AbstractContextManager[Any]:
     """`stage` around one call of a backend's model: every call of every request passes here, so
     the span's attributes are built only for a sampled request."""
     tracer = ACTIVE.get()
     if tracer is None:
         return nullcontext()
     rows = len(next(iter(inputs.values()))) if inputs else 0
-    return tracer.start_as_current_span(name, kind=kind, attributes={"prensa.triton_model": model, "prensa.rows": rows,
-                                                                     **attributes})
+    return tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes={"prensa.triton_model": model, "prensa.rows": rows, **attributes},
+    )
 
 
 def wall_ns(since: float) -> int:
@@ -95,7 +111,9 @@ def past_stage(name: str, since: float, **attributes: Any) -> None:
     # `since` may precede the request's own span by a few hundred nanoseconds (it is read first, and
     # the two clocks convert with jitter): a child never starts before its parent.
     parent_start = getattr(get_current_span(), "start_time", None) or 0
-    tracer.start_span(name, start_time=max(wall_ns(since), parent_start), attributes=attributes).end()
+    tracer.start_span(
+        name, start_time=max(wall_ns(since), parent_start), attributes=attributes
+    ).end()
 
 
 def sampled() -> bool:
@@ -125,14 +143,22 @@ class Traced:
         if scope["type"] != "http" or scope["path"] in self.untraced:
             await self.app(scope, receive, send)
             return
-        carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
-                   if name in (b"traceparent", b"tracestate")}
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in (b"traceparent", b"tracestate")
+        }
         method, path = scope["method"], scope["path"]
         state = scope.setdefault("state", {})
         arrived = wall_ns(state[RECEIVED_KEY]) if RECEIVED_KEY in state else None
-        with self.tracer.start_as_current_span(f"{method} {path}", context=PROPAGATOR.extract(carrier), start_time=arrived,
-                                               kind=SpanKind.SERVER, record_exception=False,
-                                               set_status_on_exception=False) as span:
+        with self.tracer.start_as_current_span(
+            f"{method} {path}",
+            context=PROPAGATOR.extract(carrier),
+            start_time=arrived,
+            kind=SpanKind.SERVER,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
@@ -153,10 +179,22 @@ class Traced:
                 with_route = scope.get("route")
                 route = getattr(with_route, "path", path)
                 span.update_name(f"{method} {route}")
-                span.set_attributes({"http.request.method": method, "url.path": path, "http.route": route,
-                                     "http.response.status_code": status, "prensa.request_id": state.get(ID_KEY, "")})
+                span.set_attributes(
+                    {
+                        "http.request.method": method,
+                        "url.path": path,
+                        "http.route": route,
+                        "http.response.status_code": status,
+                        "prensa.request_id": state.get(ID_KEY, ""),
+                    }
+                )
                 if (timings := state.get(TIMINGS_KEY)) is not None:
-                    span.set_attributes({"prensa.model": timings.model, "prensa.inputs": timings.inputs,
-                                         "prensa.tokens": timings.tokens})
+                    span.set_attributes(
+                        {
+                            "prensa.model": timings.model,
+                            "prensa.inputs": timings.inputs,
+                            "prensa.tokens": timings.tokens,
+                        }
+                    )
                 if status >= 500:
                     span.set_status(StatusCode.ERROR, str(state.get(ERROR_KEY, "")))

@@ -50,8 +50,10 @@ CHANNEL_OPTIONS = [
 TRACEBACK = re.compile(r"\s*(Traceback \(most recent call last\)|At:\s*\n).*", re.DOTALL)
 FILE_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+-]+){2,}/?")
 # A stage that cannot answer for now: its stub process died, or the model is unloaded for a reload.
-STAGE_DOWN = re.compile(r"Stub process '(?P<stub>[^']+)' is not healthy|"
-                        r"unknown model: '(?P<model>[^']+)' has no available versions")
+STAGE_DOWN = re.compile(
+    r"Stub process '(?P<stub>[^']+)' is not healthy|"
+    r"unknown model: '(?P<model>[^']+)' has no available versions"
+)
 
 
 # Retry-After of a 503 for a model that was never down before: about what a reload takes.
@@ -92,21 +94,33 @@ def public_message(message: str) -> str:
     return FILE_PATH.sub("<path>", TRACEBACK.sub("", message)).strip()
 
 
-def translate_error(exc: InferenceServerException, url: str, timeout_s: float,
-                    retry_after: Callable[[], int] | None = None) -> GatewayError:
+def translate_error(
+    exc: InferenceServerException,
+    url: str,
+    timeout_s: float,
+    retry_after: Callable[[], int] | None = None,
+) -> GatewayError:
     """A tritonclient error as the gateway's error kind (see the module docstring); `retry_after`
     gives the seconds a 503 for a stage or a Triton that is down tells the client to wait."""
     status, message = exc.status() or "", public_message(exc.message() or str(exc))
     if status.endswith("DEADLINE_EXCEEDED"):
-        return GatewayError(ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s")
+        return GatewayError(
+            ErrorKind.UNHEALTHY, f"Triton at {url} did not answer within {timeout_s:g} s"
+        )
     if "maximum queue size" in message:  # a stage's bounded queue rejected the request
         return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
     down = STAGE_DOWN.search(message)
     if down or status.endswith("UNAVAILABLE"):
         wait = retry_after() if retry_after else None
-        what = (f"Triton's {down['stub'] or down['model']} cannot answer now (its process died, or it is being "
-                "reloaded)" if down else f"Triton is unreachable at {url}")
-        return GatewayError(ErrorKind.UNHEALTHY, what + (f"; retry in {wait} s" if wait else ""), wait)
+        what = (
+            f"Triton's {down['stub'] or down['model']} cannot answer now (its process died, or it is being "
+            "reloaded)"
+            if down
+            else f"Triton is unreachable at {url}"
+        )
+        return GatewayError(
+            ErrorKind.UNHEALTHY, what + (f"; retry in {wait} s" if wait else ""), wait
+        )
     return GatewayError(ErrorKind.BACKEND, f"Backend error: {message}")
 
 
@@ -122,25 +136,42 @@ class TritonClient:
         self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_OPTIONS)
         self.outages = Outages()
 
-    async def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str],
-                    request_id: str = "") -> dict[str, npt.NDArray[Any]]:
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        outputs: Sequence[str],
+        request_id: str = "",
+    ) -> dict[str, npt.NDArray[Any]]:
         tensors = []
         for name, array in inputs.items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        with model_call(f"triton {model}", model, inputs, SpanKind.CLIENT, **{
-                "rpc.system": "grpc", "rpc.method": "ModelInfer", "server.address": self.url}):
+        with model_call(
+            f"triton {model}",
+            model,
+            inputs,
+            SpanKind.CLIENT,
+            **{"rpc.system": "grpc", "rpc.method": "ModelInfer", "server.address": self.url},
+        ):
             for attempt in (1, 2):
                 try:
-                    result = await self._client.infer(model, tensors, outputs=[InferRequestedOutput(n) for n in outputs],
-                                                      request_id=request_id, client_timeout=self.timeout_s,
-                                                      headers=triton_headers())
+                    result = await self._client.infer(
+                        model,
+                        tensors,
+                        outputs=[InferRequestedOutput(n) for n in outputs],
+                        request_id=request_id,
+                        client_timeout=self.timeout_s,
+                        headers=triton_headers(),
+                    )
                     break
                 except InferenceServerException as exc:
                     if attempt == 1 and met_a_dead_stub(exc):
                         continue
-                    raise translate_error(exc, self.url, self.timeout_s, lambda: self.outages.down(model)) from None
+                    raise translate_error(
+                        exc, self.url, self.timeout_s, lambda: self.outages.down(model)
+                    ) from None
         if self.outages.since:
             self.outages.up(model)
         return {name: result.as_numpy(name) for name in outputs}
@@ -148,11 +179,17 @@ class TritonClient:
     async def model_states(self) -> dict[str, tuple[str, str]]:
         """Every model in Triton's repository index: its state (READY, LOADING, UNAVAILABLE, ...) and
         Triton's reason for it."""
-        index = await self._probe(self._client.get_model_repository_index(client_timeout=self.probe_timeout_s))
+        index = await self._probe(
+            self._client.get_model_repository_index(client_timeout=self.probe_timeout_s)
+        )
         return {model.name: (model.state, model.reason) for model in index.models}
 
     async def config(self, model: str) -> model_config_pb2.ModelConfig:
-        return (await self._probe(self._client.get_model_config(model, client_timeout=self.probe_timeout_s))).config
+        return (
+            await self._probe(
+                self._client.get_model_config(model, client_timeout=self.probe_timeout_s)
+            )
+        ).config
 
     async def unready(self, models: Sequence[str]) -> list[str] | None:
         """Those of `models` Triton cannot serve now, from one index call; None while Triton

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("prensa.gateway")
 
 CORES_PER_WORKER = 4  # the default: one worker per this many cores, at least one
-NEVER_STARTED = 3  # a worker's exit code when its server did not start (uvicorn's own for a failed start-up)
+NEVER_STARTED = (
+    3  # a worker's exit code when its server did not start (uvicorn's own for a failed start-up)
+)
 QUICK_DEATH_S = 5.0  # a worker that dies younger than this is replaced after a pause, not at once
 REPLACE_PAUSE_S = 1.0
 STOP_MARGIN_S = 5.0  # beyond --graceful-timeout, before a worker still running is killed
@@ -67,7 +69,9 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD", or
 def available_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
     """The cores this process may use: its CPU affinity, capped by a container's CPU limit (a pod
     limited to 2 CPUs on a 64-core node gets 2, not 64)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     try:
         quota, period = cpu_max.read_text().split()[:2]
         if quota != "max":
@@ -124,11 +128,20 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_worker(settings: GatewaySettings, host: str, port: int, sock: socket.socket, slot: int, counts: Any,
-                 backend: BackendFactory | None) -> None:
+def serve_worker(
+    settings: GatewaySettings,
+    host: str,
+    port: int,
+    sock: socket.socket,
+    slot: int,
+    counts: Any,
+    backend: BackendFactory | None,
+) -> None:
     """A worker process's life: one gateway on the shared socket, permits in slot `slot` of `counts`."""
     configure_logging(settings.log_level, settings.json_output)
-    server = worker_server(settings, host, port, backend=backend, shared_permits=SharedPermits(counts, slot))
+    server = worker_server(
+        settings, host, port, backend=backend, shared_permits=SharedPermits(counts, slot)
+    )
     if not run_server(server, sockets=[sock]):
         sys.exit(NEVER_STARTED)
 
@@ -145,12 +158,16 @@ class WorkerPool:
     until a signal, `should_exit`, or a worker that cannot start. uvicorn.Server's interface, so
     `server.run_server` runs either."""
 
-    def __init__(self, settings: GatewaySettings, host: str, port: int, backend: BackendFactory | None = None) -> None:
+    def __init__(
+        self, settings: GatewaySettings, host: str, port: int, backend: BackendFactory | None = None
+    ) -> None:
         self.settings, self.host, self.port, self.backend = settings, host, port, backend
         self.count = worker_count(settings)
         self.should_exit = False
         self.started = False
-        self.signal: int | None = None  # the one that stopped the pool, raised again once the workers are down
+        self.signal: int | None = (
+            None  # the one that stopped the pool, raised again once the workers are down
+        )
         self.context = multiprocessing.get_context("spawn")
         self.counts: Any = self.context.Array("q", self.count)  # permits held, per slot
         self.workers: dict[int, Worker] = {}
@@ -158,8 +175,11 @@ class WorkerPool:
     def _start(self, slot: int, sock: socket.socket) -> None:
         self.counts[slot] = 0  # what a dead worker held is nobody's now
         process = self.context.Process(
-            target=serve_worker, name=f"prensa-gateway-{slot}", daemon=False,
-            args=(self.settings, self.host, self.port, sock, slot, self.counts, self.backend))
+            target=serve_worker,
+            name=f"prensa-gateway-{slot}",
+            daemon=False,
+            args=(self.settings, self.host, self.port, sock, slot, self.counts, self.backend),
+        )
         process.start()
         self.workers[slot] = Worker(slot, process, time.monotonic())
 
@@ -205,12 +225,20 @@ class WorkerPool:
                 if self.should_exit:
                     break
                 if code == NEVER_STARTED:
-                    log.error("gateway worker %d did not start (its log is above); stopping the gateway", worker.slot)
+                    log.error(
+                        "gateway worker %d did not start (its log is above); stopping the gateway",
+                        worker.slot,
+                    )
                     return False
                 multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
                 lived = time.monotonic() - worker.started_at
-                log.warning("gateway worker %d (pid %s) ended with %s after %.0f s; starting another", worker.slot,
-                            pid, describe_exit(code or 0), lived)
+                log.warning(
+                    "gateway worker %d (pid %s) ended with %s after %.0f s; starting another",
+                    worker.slot,
+                    pid,
+                    describe_exit(code or 0),
+                    lived,
+                )
                 if lived < QUICK_DEATH_S:
                     time.sleep(REPLACE_PAUSE_S)
                 self._start(worker.slot, sock)
@@ -231,8 +259,13 @@ class WorkerPool:
                 worker.process.join()
 
 
-def gateway_server(settings: GatewaySettings, host: str, port: int, other_metrics: Sequence[CollectorRegistry] = (),
-                   backend: BackendFactory | None = None) -> Serving:
+def gateway_server(
+    settings: GatewaySettings,
+    host: str,
+    port: int,
+    other_metrics: Sequence[CollectorRegistry] = (),
+    backend: BackendFactory | None = None,
+) -> Serving:
     """The gateway on host:port: one uvicorn server (`GatewayServer`), or a pool of worker
     processes each running one (`settings.workers`, see `workers.worker_count`). `run()` blocks,
     `should_exit = True` stops it, giving in-flight requests `graceful_timeout_s` before cancelling

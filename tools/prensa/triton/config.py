@@ -48,8 +48,11 @@ def dynamic_batching(queue_delay_us: int, max_queue_size: int) -> ConfigDict:
     the policy (docs/performance.md, "Bounded queue stall")."""
     batching: ConfigDict = {"max_queue_delay_microseconds": queue_delay_us}
     if max_queue_size > 0:
-        batching["default_queue_policy"] = {"timeout_action": "REJECT", "max_queue_size": max_queue_size,
-                                            "allow_timeout_override": True}
+        batching["default_queue_policy"] = {
+            "timeout_action": "REJECT",
+            "max_queue_size": max_queue_size,
+            "allow_timeout_override": True,
+        }
     return batching
 
 

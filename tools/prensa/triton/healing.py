@@ -67,8 +67,13 @@ def live_instances(triton_pid: int) -> dict[str, set[str]]:
 class StageWatch:
     """Compares the stubs of one ready Triton with those it started with; `check()` heals."""
 
-    def __init__(self, triton: TritonProcess, say: Callable[[str], None], stopping: Callable[[], bool],
-                 reload_counter: Counter | None = None) -> None:
+    def __init__(
+        self,
+        triton: TritonProcess,
+        say: Callable[[str], None],
+        stopping: Callable[[], bool],
+        reload_counter: Counter | None = None,
+    ) -> None:
         assert triton.process is not None, "start Triton first"
         self.triton = triton
         self.pid = triton.process.pid
@@ -81,7 +86,11 @@ class StageWatch:
     def missing(self) -> dict[str, set[str]]:
         """Per model, the instances whose stub has died."""
         live = live_instances(self.pid)
-        return {model: gone for model, instances in self.expected.items() if (gone := instances - live.get(model, set()))}
+        return {
+            model: gone
+            for model, instances in self.expected.items()
+            if (gone := instances - live.get(model, set()))
+        }
 
     def check(self) -> None:
         """Reload every model that lost a stub; restart Triton when that cannot be done."""
@@ -92,9 +101,12 @@ class StageWatch:
             recent = [at for at in self.reloads.get(model, []) if started - at < RELOAD_WINDOW_S]
             self.reloads[model] = recent
             reloadable = self.triton.options.reloadable and len(recent) < MAX_RELOADS
-            self.say(f"the stub of {', '.join(sorted(gone))} died"
-                     + (f" ({len(recent) + 1} times in {RELOAD_WINDOW_S:g} s)" if recent else "") + "; "
-                     + ("reloading " + model if reloadable else "restarting tritonserver"))
+            self.say(
+                f"the stub of {', '.join(sorted(gone))} died"
+                + (f" ({len(recent) + 1} times in {RELOAD_WINDOW_S:g} s)" if recent else "")
+                + "; "
+                + ("reloading " + model if reloadable else "restarting tritonserver")
+            )
             recent.append(started)
             phases = self.reload(model) if reloadable else None
             if phases is None:
@@ -103,15 +115,21 @@ class StageWatch:
                 return
             if self.reload_counter is not None:
                 self.reload_counter.labels(model).inc()
-            self.say(f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead "
-                     f"(unload {phases[0]:.1f} s, load {phases[1]:.1f} s)")
-        for model, instances in live_instances(self.pid).items():  # a reload may start more instances
+            self.say(
+                f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead "
+                f"(unload {phases[0]:.1f} s, load {phases[1]:.1f} s)"
+            )
+        for model, instances in live_instances(
+            self.pid
+        ).items():  # a reload may start more instances
             self.expected.setdefault(model, set()).update(instances)
 
     def reload(self, model: str) -> tuple[float, float] | None:
         """Unload `model` (Triton reports it unavailable at once), then load it with fresh stubs; the
         seconds each took, or None when either failed."""
-        client = httpclient.InferenceServerClient(self.triton.http_url, network_timeout=RELOAD_TIMEOUT_S)
+        client = httpclient.InferenceServerClient(
+            self.triton.http_url, network_timeout=RELOAD_TIMEOUT_S
+        )
         try:
             started = time.monotonic()
             client.unload_model(model)

@@ -44,7 +44,9 @@ CONFIG_FILE = "config.pbtxt"
 FUSED = "fused"
 # gRPC status names as tritonclient reports them (`InferenceServerException.status()`).
 INTERNAL, INVALID_ARGUMENT, NOT_FOUND, CANCELLED, DOWN = (
-    f"StatusCode.{s}" for s in ("INTERNAL", "INVALID_ARGUMENT", "NOT_FOUND", "CANCELLED", "UNAVAILABLE"))
+    f"StatusCode.{s}"
+    for s in ("INTERNAL", "INVALID_ARGUMENT", "NOT_FOUND", "CANCELLED", "UNAVAILABLE")
+)
 READY, UNAVAILABLE = "READY", "UNAVAILABLE"
 
 
@@ -71,7 +73,16 @@ class StageUtils:
             return self._value
 
     class TritonError:
-        UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+        (
+            UNKNOWN,
+            INTERNAL,
+            NOT_FOUND,
+            INVALID_ARG,
+            UNAVAILABLE,
+            UNSUPPORTED,
+            ALREADY_EXISTS,
+            CANCELLED,
+        ) = range(8)
 
         def __init__(self, message: str, code: int = 1) -> None:
             self._message, self._code = message, code
@@ -144,8 +155,11 @@ def load_stage_code(stage: str) -> ModuleType:
     """`prensa.stages.load_stage(stage)` with `StageUtils` where its code (and its siblings') expects
     `triton_python_backend_utils`; the pure functions the gateway and tests call are unchanged."""
     module = load_stage(stage)
-    names = ["prensa_stage", stage_module_name(stage), *(stage_module_name(s) for s in PIPELINE_STAGES
-                                                          if stage == FUSED)]
+    names = [
+        "prensa_stage",
+        stage_module_name(stage),
+        *(stage_module_name(s) for s in PIPELINE_STAGES if stage == FUSED),
+    ]
     for name in names:
         if getattr(sys.modules[name], "pb_utils", None) is None:
             setattr(sys.modules[name], "pb_utils", StageUtils)  # noqa: B010 - ModuleType declares no pb_utils
@@ -177,8 +191,9 @@ def read_config(directory: Path) -> model_config_pb2.ModelConfig:
 def config_json(config: model_config_pb2.ModelConfig) -> str:
     """The config as Triton hands it to a Python model (`args["model_config"]`): every field, empty
     strings included (a parameter whose value is "" still has its `string_value`)."""
-    return json_format.MessageToJson(config, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    return json_format.MessageToJson(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def latest_version(directory: Path) -> str:
@@ -210,10 +225,17 @@ class PythonModel:
 
     def load(self) -> None:
         model = load_stage_code(self.stage).TritonPythonModel()
-        model.initialize({"model_config": config_json(self.config), "model_name": self.config.name,
-                          "model_repository": str(self.directory), "model_version": latest_version(self.directory),
-                          "model_instance_kind": "CPU", "model_instance_name": f"{self.config.name}_0",
-                          "model_instance_device_id": "0"})
+        model.initialize(
+            {
+                "model_config": config_json(self.config),
+                "model_name": self.config.name,
+                "model_repository": str(self.directory),
+                "model_version": latest_version(self.directory),
+                "model_instance_kind": "CPU",
+                "model_instance_name": f"{self.config.name}_0",
+                "model_instance_device_id": "0",
+            }
+        )
         self.instance = model
 
     def execute(self, requests: list[StageRequest]) -> list[Outcome]:
@@ -221,8 +243,13 @@ class PythonModel:
             try:
                 responses = self.instance.execute(requests)
             except Exception as exc:  # noqa: BLE001 - Triton fails every request of the batch with it
-                return [ModelError(f"Failed to process the request(s) for model '{self.config.name}', message: "
-                                   f"{type(exc).__name__}: {exc}") for _ in requests]
+                return [
+                    ModelError(
+                        f"Failed to process the request(s) for model '{self.config.name}', message: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                    for _ in requests
+                ]
         return [self._outcome(request, response) for request, response in zip(requests, responses)]
 
     def _outcome(self, request: StageRequest, response: StageUtils.InferenceResponse) -> Outcome:
@@ -260,8 +287,11 @@ class ModelRepository:
             self.states[config.name] = self._load(config, directory)
         for name, config in self.configs.items():  # an ensemble serves only while all its steps do
             if config.platform == "ensemble" and self.states[name][0] == READY:
-                down = [s.model_name for s in config.ensemble_scheduling.step
-                        if self.states.get(s.model_name, ("",))[0] != READY]
+                down = [
+                    s.model_name
+                    for s in config.ensemble_scheduling.step
+                    if self.states.get(s.model_name, ("",))[0] != READY
+                ]
                 if down:
                     self.states[name] = (UNAVAILABLE, f"ensemble step {down[0]} is not ready")
 
@@ -270,8 +300,10 @@ class ModelRepository:
             return READY, ""
         stage = stage_of(config) if config.backend == "python" else None
         if stage is None:
-            return UNAVAILABLE, (f"the in-process runner runs prensa's Python stages and ensembles only, not "
-                                 f"{config.backend or config.platform}")
+            return UNAVAILABLE, (
+                f"the in-process runner runs prensa's Python stages and ensembles only, not "
+                f"{config.backend or config.platform}"
+            )
         model = PythonModel(config, directory, stage)
         try:
             model.load()
@@ -285,20 +317,25 @@ class ModelRepository:
             raise ModelError(f"Request for unknown model: '{name}' is not found", NOT_FOUND)
         return self.configs[name]
 
-    def infer(self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str]) -> dict[str, npt.NDArray[Any]]:
+    def infer(
+        self, model: str, inputs: Mapping[str, npt.NDArray[Any]], outputs: Sequence[str]
+    ) -> dict[str, npt.NDArray[Any]]:
         """One request; raises its `ModelError`."""
         result = self.infer_many(model, [inputs], outputs)[0]
         if isinstance(result, ModelError):
             raise result
         return result
 
-    def infer_many(self, model: str, requests: Sequence[Mapping[str, npt.NDArray[Any]]],
-                   outputs: Sequence[str]) -> list[Outcome]:
+    def infer_many(
+        self, model: str, requests: Sequence[Mapping[str, npt.NDArray[Any]]], outputs: Sequence[str]
+    ) -> list[Outcome]:
         """Several requests of `model` at once, each step one `execute` of all of them; each gets
         its outputs or its own error."""
         config = self.config(model)
         if self.states[model][0] != READY:
-            raise ModelError(f"Request for unknown model: '{model}' has no available versions", DOWN)
+            raise ModelError(
+                f"Request for unknown model: '{model}' has no available versions", DOWN
+            )
         checked: list[Outcome | None] = [self._check(config, r, outputs) for r in requests]
         live = [i for i, error in enumerate(checked) if error is None]
         if config.platform == "ensemble":
@@ -309,8 +346,12 @@ class ModelRepository:
             checked[index] = result
         return cast(list[Outcome], checked)  # every slot is filled
 
-    def _ensemble(self, config: model_config_pb2.ModelConfig, requests: list[Mapping[str, npt.NDArray[Any]]],
-                  outputs: Sequence[str]) -> list[Outcome]:
+    def _ensemble(
+        self,
+        config: model_config_pb2.ModelConfig,
+        requests: list[Mapping[str, npt.NDArray[Any]]],
+        outputs: Sequence[str],
+    ) -> list[Outcome]:
         tensors: list[dict[str, npt.NDArray[Any]] | ModelError] = [dict(r) for r in requests]
         for step in config.ensemble_scheduling.step:
             live = [i for i, t in enumerate(tensors) if not isinstance(t, ModelError)]
@@ -319,41 +360,65 @@ class ModelRepository:
             inputs = []
             for i in live:
                 current = tensors[i]
-                assert not isinstance(current, ModelError)  # live holds only the requests not failed
-                inputs.append({name: current[source] for name, source in step.input_map.items() if source in current})
+                # live holds only the requests not failed
+                assert not isinstance(current, ModelError)
+                inputs.append(
+                    {
+                        name: current[source]
+                        for name, source in step.input_map.items()
+                        if source in current
+                    }
+                )
             results = self.infer_many(step.model_name, inputs, list(step.output_map))
             for index, result in zip(live, results):
                 if isinstance(result, ModelError):  # Triton's ensemble scheduler names the ensemble
-                    tensors[index] = ModelError(f"in ensemble '{config.name}', {result.message}", result.status)
+                    tensors[index] = ModelError(
+                        f"in ensemble '{config.name}', {result.message}", result.status
+                    )
                 else:
                     current = tensors[index]
-                    assert not isinstance(current, ModelError)  # live holds only the requests not failed
+                    # live holds only the requests not failed
+                    assert not isinstance(current, ModelError)
                     current.update({step.output_map[name]: value for name, value in result.items()})
-        return [t if isinstance(t, ModelError) else {name: t[name] for name in outputs} for t in tensors]
+        return [
+            t if isinstance(t, ModelError) else {name: t[name] for name in outputs} for t in tensors
+        ]
 
     @staticmethod
-    def _check(config: model_config_pb2.ModelConfig, inputs: Mapping[str, npt.NDArray[Any]],
-               outputs: Sequence[str]) -> ModelError | None:
+    def _check(
+        config: model_config_pb2.ModelConfig,
+        inputs: Mapping[str, npt.NDArray[Any]],
+        outputs: Sequence[str],
+    ) -> ModelError | None:
         """Triton's checks before a request reaches a model."""
         name = config.name
         declared = {i.name: i for i in config.input}
         for given in inputs:
             if given not in declared:
-                return ModelError(f"unexpected inference input '{given}' for model '{name}'", INVALID_ARGUMENT)
+                return ModelError(
+                    f"unexpected inference input '{given}' for model '{name}'", INVALID_ARGUMENT
+                )
         for wanted in declared.values():
             if not wanted.optional and wanted.name not in inputs:
-                return ModelError(f"expected {len(declared)} inputs but got {len(inputs)} inputs for model '{name}'. "
-                                  f"Got input(s) {sorted(inputs)}, but missing required input(s) "
-                                  f"['{wanted.name}']", INVALID_ARGUMENT)
+                return ModelError(
+                    f"expected {len(declared)} inputs but got {len(inputs)} inputs for model '{name}'. "
+                    f"Got input(s) {sorted(inputs)}, but missing required input(s) "
+                    f"['{wanted.name}']",
+                    INVALID_ARGUMENT,
+                )
         known = {o.name for o in config.output}
         for wanted_output in outputs:
             if wanted_output not in known:
-                return ModelError(f"unexpected inference output '{wanted_output}' for model '{name}'",
-                                  INVALID_ARGUMENT)
+                return ModelError(
+                    f"unexpected inference output '{wanted_output}' for model '{name}'",
+                    INVALID_ARGUMENT,
+                )
         rows = {int(np.shape(value)[0]) for value in inputs.values() if np.ndim(value)}
         if config.max_batch_size and any(r > config.max_batch_size for r in rows):
-            return ModelError(f"inference request batch-size must be <= {config.max_batch_size} for '{name}'",
-                              INVALID_ARGUMENT)
+            return ModelError(
+                f"inference request batch-size must be <= {config.max_batch_size} for '{name}'",
+                INVALID_ARGUMENT,
+            )
         return None
 
     def close(self) -> None:

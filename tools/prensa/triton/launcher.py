@@ -45,7 +45,9 @@ from prensa.triton.tracing import TritonTracing
 # Lines Triton logs as errors on every machine without a GPU.
 CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
 CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
-PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a process gets when the thread that forked it ends
+PR_SET_PDEATHSIG = (
+    1  # prctl(2) option: the signal a process gets when the thread that forked it ends
+)
 LIBC = ctypes.CDLL(None, use_errno=True)
 # Triton's local cache refuses to start on a few hundred bytes, and one that cannot hold a response
 # logs an error per request; a size below this is a unit mistake (`--cache-size 512` meant MiB).
@@ -54,8 +56,9 @@ MIN_CACHE_BYTES = 1 << 20
 
 def is_error_line(line: str) -> bool:
     """An error Triton logged (a model load failure, a stage's exception), not CPU-only noise."""
-    return (((line.startswith("E") and line[1:5].isdigit()) or line.startswith("error:"))
-            and not any(noise in line for noise in CPU_NOISE))
+    return (
+        (line.startswith("E") and line[1:5].isdigit()) or line.startswith("error:")
+    ) and not any(noise in line for noise in CPU_NOISE)
 
 
 class TritonStartError(RuntimeError):
@@ -80,12 +83,16 @@ class TritonOptions:
     strict_readiness: bool = True
     exit_timeout_s: int = 5  # in-flight requests get this long after SIGTERM (Triton's default: 30)
     tracing: TritonTracing | None = None  # Triton's OpenTelemetry tracing; off by default
-    cache_bytes: int = 0  # Triton's local response cache, shared by the models that turn it on; 0: none
+    cache_bytes: int = (
+        0  # Triton's local response cache, shared by the models that turn it on; 0: none
+    )
 
     def __post_init__(self) -> None:
         if self.cache_bytes != 0 and self.cache_bytes < MIN_CACHE_BYTES:
-            raise ValueError(f"the response cache size is in bytes: {self.cache_bytes} is below {MIN_CACHE_BYTES} "
-                             f"(1 MiB); e.g. {256 << 20} for 256 MiB")
+            raise ValueError(
+                f"the response cache size is in bytes: {self.cache_bytes} is below {MIN_CACHE_BYTES} "
+                f"(1 MiB); e.g. {256 << 20} for 256 MiB"
+            )
 
     @property
     def reloadable(self) -> bool:
@@ -96,7 +103,9 @@ class TritonOptions:
 def _pytriton_root() -> Path:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise TritonStartError("nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0`")
+        raise TritonStartError(
+            "nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0`"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -119,7 +128,9 @@ def backend_directory() -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
-        raise TritonStartError(f"the nvidia-pytriton wheel has no Python backend stub for Python {version}")
+        raise TritonStartError(
+            f"the nvidia-pytriton wheel has no Python backend stub for Python {version}"
+        )
     key = hashlib.sha256(str(server).encode()).hexdigest()[:12]
     target = CACHE_DIR / "triton-backends" / f"{key}-py{version}"
     python_dir = target / "python"
@@ -136,7 +147,9 @@ def backend_directory() -> Path:
 def triton_environment() -> dict[str, str]:
     env = dict(os.environ)
     libs = _pytriton_root().parent / "nvidia_pytriton.libs"
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p
+    )
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
     return env
 
@@ -165,8 +178,14 @@ def triton_command(options: TritonOptions) -> list[str]:
         "--allow-sagemaker=false",
         "--allow-vertex-ai=false",
         *(options.tracing.args() if options.tracing else []),
-        *([f"--cache-config=local,size={options.cache_bytes}", f"--cache-directory={cache_directory()}"]
-          if options.cache_bytes else []),
+        *(
+            [
+                f"--cache-config=local,size={options.cache_bytes}",
+                f"--cache-directory={cache_directory()}",
+            ]
+            if options.cache_bytes
+            else []
+        ),
     ]
 
 
@@ -174,7 +193,8 @@ def port_holder(host: str, port: int) -> str | None:
     """Who listens on `host:port` ("tritonserver (pid 123)"), "another process" when it cannot be
     told, or None when the port is free."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
+        # TIME_WAIT leftovers do not count
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
             return None
@@ -183,7 +203,11 @@ def port_holder(host: str, port: int) -> str | None:
                 raise
     for connection in psutil.net_connections("inet"):
         # A listening inet socket always has a local address: never psutil's empty tuple.
-        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:  # type: ignore[union-attr]
+        if (
+            connection.status == psutil.CONN_LISTEN
+            and connection.laddr.port == port  # type: ignore[union-attr]
+            and connection.pid
+        ):
             try:
                 return f"{psutil.Process(connection.pid).name()} (pid {connection.pid})"
             except psutil.NoSuchProcess:
@@ -231,9 +255,14 @@ class TritonProcess:
         ports = self.options.ports
         for role, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
             if holder := port_holder(self.options.host, port):
-                orphan = (" - a Triton left running by a prensa that was killed? Stop it, then start again"
-                          if holder.startswith("tritonserver") else "")
-                raise TritonStartError(f"Triton's {role} port {self.options.host}:{port} is taken by {holder}{orphan}")
+                orphan = (
+                    " - a Triton left running by a prensa that was killed? Stop it, then start again"
+                    if holder.startswith("tritonserver")
+                    else ""
+                )
+                raise TritonStartError(
+                    f"Triton's {role} port {self.options.host}:{port} is taken by {holder}{orphan}"
+                )
 
     def start(self) -> None:
         """Start tritonserver, which dies with the thread calling this (see the module docstring):
@@ -274,7 +303,7 @@ class TritonProcess:
                 chunk = log.read()
         except FileNotFoundError:
             return ""
-        whole = chunk[:chunk.rfind(b"\n") + 1]
+        whole = chunk[: chunk.rfind(b"\n") + 1]
         self._log_read += len(whole)
         return "\n".join(filter(is_error_line, whole.decode(errors="replace").splitlines()))
 
@@ -310,7 +339,9 @@ class TritonProcess:
         finally:
             client.close()
         self.stop()
-        raise TritonStartError(f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        raise TritonStartError(
+            f"tritonserver was not ready after {timeout_s:.0f} s:\n{self.log_tail()}"
+        )
 
     def terminate(self) -> None:
         """Ask Triton to drain and exit; safe inside a signal handler (no waiting)."""

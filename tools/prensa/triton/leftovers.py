@@ -80,13 +80,15 @@ def regions_in_use(processes: list[psutil.Process] | None = None) -> set[str]:
             continue  # it exited meanwhile
         except PermissionError as exc:
             raise Uninspectable(f"pid {process.pid}") from exc
-        used.update(region_name(line) for line in (*maps.splitlines(), *targets) if REGION_PREFIX in line)
+        used.update(
+            region_name(line) for line in (*maps.splitlines(), *targets) if REGION_PREFIX in line
+        )
     return used
 
 
 def region_name(path: str) -> str:
     """The region in a mapping's line or a descriptor's target ("... /dev/shm/<name> (deleted)")."""
-    return path[path.index(REGION_PREFIX):].split(" ", 1)[0]
+    return path[path.index(REGION_PREFIX) :].split(" ", 1)[0]
 
 
 def clear(stale_after_s: float = STALE_AFTER_S) -> Cleared:
@@ -99,18 +101,31 @@ def clear(stale_after_s: float = STALE_AFTER_S) -> Cleared:
     try:
         used = regions_in_use(live)
     except Uninspectable as exc:
-        log.warning("left Triton's shared-memory regions in %s alone: cannot read the mappings of %s", SHM_DIR, exc)
+        log.warning(
+            "left Triton's shared-memory regions in %s alone: cannot read the mappings of %s",
+            SHM_DIR,
+            exc,
+        )
         return Cleared(len(orphans), 0, 0)
     uid, now, regions, size = os.getuid(), time.time(), 0, 0
     for region in SHM_DIR.glob(f"{REGION_PREFIX}*"):
         with contextlib.suppress(FileNotFoundError):
             status = region.stat()
-            if status.st_uid != uid or now - max(status.st_mtime, status.st_ctime) < stale_after_s \
-                    or region.name in used:
+            if (
+                status.st_uid != uid
+                or now - max(status.st_mtime, status.st_ctime) < stale_after_s
+                or region.name in used
+            ):
                 continue
             region.unlink()
             regions, size = regions + 1, size + status.st_size
     if orphans or regions:
-        log.warning("cleared what Tritons that died abruptly left: %d orphaned Python-backend stubs, %d "
-                    "shared-memory regions (%.0f MB) in %s", len(orphans), regions, size / 1e6, SHM_DIR)
+        log.warning(
+            "cleared what Tritons that died abruptly left: %d orphaned Python-backend stubs, %d "
+            "shared-memory regions (%.0f MB) in %s",
+            len(orphans),
+            regions,
+            size / 1e6,
+            SHM_DIR,
+        )
     return Cleared(len(orphans), regions, size)

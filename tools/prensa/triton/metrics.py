@@ -81,7 +81,9 @@ class ModelStats:
         return self.cache_hits / self.cache_lookups if self.cache_lookups else None
 
     def __sub__(self, earlier: ModelStats) -> ModelStats:
-        return ModelStats(self.model, **{f: getattr(self, f) - getattr(earlier, f) for f in COUNTERS.values()})
+        return ModelStats(
+            self.model, **{f: getattr(self, f) - getattr(earlier, f) for f in COUNTERS.values()}
+        )
 
 
 def parse_metrics(text: str) -> dict[str, ModelStats]:
@@ -100,5 +102,7 @@ def scrape(metrics_url: str, timeout_s: float = 5.0) -> dict[str, ModelStats]:
         return parse_metrics(response.read().decode())
 
 
-def difference(after: dict[str, ModelStats], before: dict[str, ModelStats]) -> dict[str, ModelStats]:
+def difference(
+    after: dict[str, ModelStats], before: dict[str, ModelStats]
+) -> dict[str, ModelStats]:
     return {name: stats - before.get(name, ModelStats(name)) for name, stats in after.items()}

@@ -20,7 +20,9 @@ WARMUP_TOKENS = 16384  # rows x length of the largest warmup batch (see warmup_s
 def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int]:
     """Ascending pad lengths ending at `max_length`: the requested ones below it, or powers of two
     from 16. Few buckets mean more merging; each bucket wastes at most half its length on padding."""
-    base = requested or tuple(2**k for k in range(SMALLEST_BUCKET.bit_length() - 1, max_length.bit_length()))
+    base = requested or tuple(
+        2**k for k in range(SMALLEST_BUCKET.bit_length() - 1, max_length.bit_length())
+    )
     return [*sorted({b for b in base if 0 < b < max_length}), max_length]
 
 
@@ -30,21 +32,29 @@ def warmup_shapes(buckets: list[int], max_batch_size: int) -> list[tuple[int, in
     onnxruntime CUDA a shape's first run is several times slower than its steady ones; row counts
     left out still pay that once (docs/gpu.md, "Warmup and readiness")."""
     rows = sorted({min(4**k, max_batch_size) for k in range(max_batch_size.bit_length())} | {1})
-    return [(r, length) for length in buckets for r in rows if r == 1 or r * length <= WARMUP_TOKENS]
+    return [
+        (r, length) for length in buckets for r in rows if r == 1 or r * length <= WARMUP_TOKENS
+    ]
 
 
 def check_servable(manifest: Manifest, max_batch_size: int, onnx_tensorrt: bool) -> None:
     """Refuse, at build time, exports a native GPU encoder would serve wrongly or not load."""
     if onnx_tensorrt and not manifest.tensorrt and manifest.fused_ops:
-        raise ValueError(f"the graph holds onnxruntime's fused ops ({', '.join(manifest.fused_ops)}), which TensorRT "
-                         "cannot take; re-export it with --no-fuse-ops for --onnx-tensorrt")
+        raise ValueError(
+            f"the graph holds onnxruntime's fused ops ({', '.join(manifest.fused_ops)}), which TensorRT "
+            "cannot take; re-export it with --no-fuse-ops for --onnx-tensorrt"
+        )
     if manifest.dtype == "int8":
-        raise ValueError("int8 (dynamically quantised) graphs are a CPU format: their results depend on batch "
-                         "neighbours and their kernels run on the CPU; build them with --target cpu, or export fp32/fp16")
+        raise ValueError(
+            "int8 (dynamically quantised) graphs are a CPU format: their results depend on batch "
+            "neighbours and their kernels run on the CPU; build them with --target cpu, or export fp32/fp16"
+        )
     engine = manifest.tensorrt
     if engine and engine.profile.max_batch < max_batch_size:
-        raise ValueError(f"the TensorRT engine accepts at most {engine.profile.max_batch} rows, the repository "
-                         f"--max-batch-size is {max_batch_size}: lower it or re-export with --trt-max-batch")
+        raise ValueError(
+            f"the TensorRT engine accepts at most {engine.profile.max_batch} rows, the repository "
+            f"--max-batch-size is {max_batch_size}: lower it or re-export with --trt-max-batch"
+        )
 
 
 def _shapes(inputs: list[str], batch: int, length: int) -> str:
@@ -66,17 +76,32 @@ def tensorrt_accelerator(manifest: Manifest, max_batch_size: int, cache_path: st
         "trt_profile_opt_shapes": _shapes(manifest.inputs, opt_batch, opt_length),
         "trt_profile_max_shapes": _shapes(manifest.inputs, max_batch_size, manifest.max_length),
     }
-    return {"execution_accelerators": {"gpu_execution_accelerator": [{"name": "tensorrt", "parameters": parameters}]}}
+    return {
+        "execution_accelerators": {
+            "gpu_execution_accelerator": [{"name": "tensorrt", "parameters": parameters}]
+        }
+    }
 
 
-def encoder_config(name: str, manifest: Manifest, max_batch_size: int, queue_delay_us: int, max_queue_size: int,
-                   instances: int, warmup: list[ConfigDict], accelerator_cache: str | None) -> ConfigDict:
+def encoder_config(
+    name: str,
+    manifest: Manifest,
+    max_batch_size: int,
+    queue_delay_us: int,
+    max_queue_size: int,
+    instances: int,
+    warmup: list[ConfigDict],
+    accelerator_cache: str | None,
+) -> ConfigDict:
     """`accelerator_cache` set: onnxruntime graphs get the TensorRT accelerator, caching engines there."""
     config: ConfigDict = {
         "name": name,
         "max_batch_size": max_batch_size,
         "input": [Tensor(n, contract.triton_type(n), [-1]).as_input() for n in manifest.inputs],
-        "output": [Tensor(o.name, contract.ENCODER_OUTPUT_TYPE.triton, o.dims).as_output() for o in manifest.outputs],
+        "output": [
+            Tensor(o.name, contract.ENCODER_OUTPUT_TYPE.triton, o.dims).as_output()
+            for o in manifest.outputs
+        ],
         "dynamic_batching": dynamic_batching(queue_delay_us, max_queue_size),
         "instance_group": [{"count": instances, "kind": "KIND_GPU"}],
         # Warm before READY: the plan's context (or onnxruntime's CUDA/TensorRT session) is set up
@@ -88,5 +113,7 @@ def encoder_config(name: str, manifest: Manifest, max_batch_size: int, queue_del
     else:
         config.update(backend="onnxruntime", default_model_filename=manifest.onnx_file)
         if accelerator_cache:
-            config["optimization"] = tensorrt_accelerator(manifest, max_batch_size, accelerator_cache)
+            config["optimization"] = tensorrt_accelerator(
+                manifest, max_batch_size, accelerator_cache
+            )
     return config

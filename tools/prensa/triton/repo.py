@@ -50,7 +50,9 @@ from prensa.triton.config import (
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton  # the exported graph's outputs, named by its manifest
+ENCODER_OUTPUT = (
+    contract.ENCODER_OUTPUT_TYPE.triton
+)  # the exported graph's outputs, named by its manifest
 
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
@@ -74,7 +76,9 @@ CACHED_TASKS = (Task.EMBED, Task.SPLADE)
 
 
 class Pipeline(str, Enum):
-    ENSEMBLE = "ensemble"  # tokenize -> encode -> pool models: stages run in parallel, each inspectable
+    ENSEMBLE = (
+        "ensemble"  # tokenize -> encode -> pool models: stages run in parallel, each inspectable
+    )
     FUSED = "fused"  # one Python model: the same stages without two process hops (CPU target only)
 
 
@@ -96,11 +100,18 @@ def served_pipeline(config: model_config_pb2.ModelConfig) -> Pipeline | None:
 
 class Target(str, Enum):
     CPU = "cpu"  # Python-backend encoder: onnxruntime over ragged, token-budget sub-batches
-    CONTAINER = "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
+    CONTAINER = (
+        "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
+    )
 
 
-EXECUTION_PROVIDERS = ("cpu", "cuda")  # the cpu target's Python encoder: onnxruntime's CPU or CUDA provider
-DEFAULT_REPO = Path("model_repo")  # where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
+EXECUTION_PROVIDERS = (
+    "cpu",
+    "cuda",
+)  # the cpu target's Python encoder: onnxruntime's CPU or CUDA provider
+DEFAULT_REPO = Path(
+    "model_repo"
+)  # where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
 
 
 def length_list(text: str) -> tuple[int, ...]:
@@ -115,59 +126,99 @@ def length_list(text: str) -> tuple[int, ...]:
 class ServingOptions:
     """How `repo build` renders each model; the fields are `prensa repo build`'s options."""
 
-    max_batch_size: int = setting(DEFAULT_MAX_BATCH_SIZE, "Rows per Triton batch (and per client request).")
+    max_batch_size: int = setting(
+        DEFAULT_MAX_BATCH_SIZE, "Rows per Triton batch (and per client request)."
+    )
     # Under load requests queue behind a busy encoder anyway; a lone query must not wait.
     queue_delay_us: int = setting(
-        0, "Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy "
-        "encoder).")
+        0,
+        "Dynamic batcher max queue delay, microseconds (0: batch what is queued; requests pile up behind a busy "
+        "encoder).",
+    )
     max_queue_size: int = setting(
-        0, "Requests queued per stage before Triton rejects; 0 (default): unbounded, the gateway's "
+        0,
+        "Requests queued per stage before Triton rejects; 0 (default): unbounded, the gateway's "
         "--max-concurrent-requests answers 429 instead. A bound costs latency: Triton then now and then leaves a "
-        "request in the queue for half a second (docs/performance.md).")
+        "request in the queue for half a second (docs/performance.md).",
+    )
     encode_instances: int = setting(
-        DEFAULT_ENCODER_INSTANCES, "Encoder instances (processes); one uses every core (its onnxruntime threads "
-        "spin only when it is alone).", flag="--instances")
-    cpu_threads: int = setting(0, "onnxruntime intra-op threads per encoder instance; 0 = all cores.")
+        DEFAULT_ENCODER_INSTANCES,
+        "Encoder instances (processes); one uses every core (its onnxruntime threads "
+        "spin only when it is alone).",
+        flag="--instances",
+    )
+    cpu_threads: int = setting(
+        0, "onnxruntime intra-op threads per encoder instance; 0 = all cores."
+    )
     max_batch_tokens: int = setting(
-        DEFAULT_MAX_BATCH_TOKENS, "Token budget of one encoder forward pass (rows x padded length).")
+        DEFAULT_MAX_BATCH_TOKENS, "Token budget of one encoder forward pass (rows x padded length)."
+    )
     length_ratio: float = setting(
-        DEFAULT_LENGTH_RATIO, "Start a new sub-batch when a row is this many times longer than the shortest.")
+        DEFAULT_LENGTH_RATIO,
+        "Start a new sub-batch when a row is this many times longer than the shortest.",
+    )
     instance_kind: str = internal("KIND_CPU")
     execution_provider: str = setting(
-        "cpu", "cpu target: onnxruntime provider of the Python encoder, cpu or cuda (cuda needs onnxruntime-gpu "
-        "where Triton runs).")
+        "cpu",
+        "cpu target: onnxruntime provider of the Python encoder, cpu or cuda (cuda needs onnxruntime-gpu "
+        "where Triton runs).",
+    )
     pooling: Pooling | None = setting(None, "Override the exported pooling for dense outputs.")
     target: Target = setting(
-        Target.CPU, "cpu: Python-backend encoder (pip Triton, `prensa serve`); container: native GPU encoder for "
-        "the official Triton container (compose.yaml, docs/gpu.md).")
+        Target.CPU,
+        "cpu: Python-backend encoder (pip Triton, `prensa serve`); container: native GPU encoder for "
+        "the official Triton container (compose.yaml, docs/gpu.md).",
+    )
     length_buckets: tuple[int, ...] = setting(
-        (), "container target: comma-separated pad lengths (the max length is always the last); default powers of "
-        "two from 16.", parse=length_list)
+        (),
+        "container target: comma-separated pad lengths (the max length is always the last); default powers of "
+        "two from 16.",
+        parse=length_list,
+    )
     onnx_tensorrt: bool = setting(
-        False, "container target, exports without model.plan: run the onnxruntime backend with TensorRT as its "
-        "accelerator (fp16, engine cache).")
+        False,
+        "container target, exports without model.plan: run the onnxruntime backend with TensorRT as its "
+        "accelerator (fp16, engine cache).",
+    )
     trt_cache_dir: str = setting(
-        "/cache/trt", "container target with --onnx-tensorrt: engine cache directory inside the container.")
+        "/cache/trt",
+        "container target with --onnx-tensorrt: engine cache directory inside the container.",
+    )
     pipeline: Pipeline = setting(
-        Pipeline.ENSEMBLE, "ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two "
-        "process hops fewer per request (cpu target only; `prensa bench` compares both).")
+        Pipeline.ENSEMBLE,
+        "ensemble: tokenize -> encode -> pool models; fused: one Python model per export, two "
+        "process hops fewer per request (cpu target only; `prensa bench` compares both).",
+    )
     response_cache: bool = setting(
-        False, "Turn Triton's response cache on for embedding and SPLADE ensembles: an exact repeat is answered "
+        False,
+        "Turn Triton's response cache on for embedding and SPLADE ensembles: an exact repeat is answered "
         "without the encoder. Needs `prensa serve --cache-size`; other models are listed and left uncached "
-        "(docs/operations.md#response-cache).")
+        "(docs/operations.md#response-cache).",
+    )
 
     def __post_init__(self) -> None:
         """The combinations no repository can serve, refused here so that `build_repository` called
         from Python refuses them as `prensa repo build` does (messages name the flags)."""
-        require_positive(self, "max_batch_size", "encode_instances", "max_batch_tokens", "length_ratio")
-        require_positive(self, "queue_delay_us", "max_queue_size", "cpu_threads",
-                         allow_zero=("queue_delay_us", "max_queue_size", "cpu_threads"))
+        require_positive(
+            self, "max_batch_size", "encode_instances", "max_batch_tokens", "length_ratio"
+        )
+        require_positive(
+            self,
+            "queue_delay_us",
+            "max_queue_size",
+            "cpu_threads",
+            allow_zero=("queue_delay_us", "max_queue_size", "cpu_threads"),
+        )
         if self.execution_provider not in EXECUTION_PROVIDERS:
-            raise ValueError(f"--execution-provider must be {' or '.join(EXECUTION_PROVIDERS)}, "
-                             f"got {self.execution_provider}")
+            raise ValueError(
+                f"--execution-provider must be {' or '.join(EXECUTION_PROVIDERS)}, "
+                f"got {self.execution_provider}"
+            )
         if self.target is Target.CONTAINER and self.execution_provider != "cpu":
-            raise ValueError("--execution-provider applies to the cpu target; the container target's encoder "
-                             "runs on the GPU")
+            raise ValueError(
+                "--execution-provider applies to the cpu target; the container target's encoder "
+                "runs on the GPU"
+            )
         if self.target is Target.CPU and (self.length_buckets or self.onnx_tensorrt):
             raise ValueError("--length-buckets and --onnx-tensorrt apply to --target container")
 
@@ -175,11 +226,15 @@ class ServingOptions:
 def cache_refusal(task: Task, pipeline: Pipeline) -> str | None:
     """Why `--response-cache` leaves a model uncached, or None when its answers can be cached."""
     if pipeline is Pipeline.FUSED:
-        return ("a fused model also takes token ids, and Triton's cache key has no input shapes nor requested "
-                "outputs: the token path would get answers cached for other rows or other outputs")
+        return (
+            "a fused model also takes token ids, and Triton's cache key has no input shapes nor requested "
+            "outputs: the token path would get answers cached for other rows or other outputs"
+        )
     if task not in CACHED_TASKS:
-        return (f"{task.value} models are asked for different outputs of the same texts, and Triton's cache key "
-                "has no requested outputs: a cached answer would lack the outputs a later request asks for")
+        return (
+            f"{task.value} models are asked for different outputs of the same texts, and Triton's cache key "
+            "has no requested outputs: a cached answer would lack the outputs a later request asks for"
+        )
     return None
 
 
@@ -208,8 +263,15 @@ def _string_file(values: list[str]) -> bytes:
     return b"".join(struct.pack("<I", len(v.encode())) + v.encode() for v in values)
 
 
-def _python_stage(name: str, options: ServingOptions, inputs: list[Tensor], outputs: list[Tensor],
-                  parameters: Mapping[str, object], warmup: dict[str, ConfigDict], instances: int = 1) -> ConfigDict:
+def _python_stage(
+    name: str,
+    options: ServingOptions,
+    inputs: list[Tensor],
+    outputs: list[Tensor],
+    parameters: Mapping[str, object],
+    warmup: dict[str, ConfigDict],
+    instances: int = 1,
+) -> ConfigDict:
     return {
         "name": name,
         "backend": "python",
@@ -240,15 +302,20 @@ def encoder_token_budget(manifest: Manifest, options: ServingOptions) -> int:
     if manifest.task is not Task.SPLADE:
         return options.max_batch_tokens
     vocab = next(o.dims[0] for o in manifest.outputs if o.name == contract.SPLADE_WEIGHTS)
-    return max(manifest.max_length, min(options.max_batch_tokens, SPLADE_LOGITS_BYTES // (4 * vocab)))
+    return max(
+        manifest.max_length, min(options.max_batch_tokens, SPLADE_LOGITS_BYTES // (4 * vocab))
+    )
 
 
 def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, str]:
     """The pool stage's config parameters; `prensa embed-corpus --export` pools with the same."""
     pooling = options.pooling or manifest.pooling
-    return {"pooling": pooling.value if pooling else "none", "normalize": str(manifest.normalize).lower(),
-            "drop_ids": ",".join(map(str, manifest.special_ids)),
-            "activation": "sigmoid" if len(manifest.id2label) <= 1 else "softmax"}
+    return {
+        "pooling": pooling.value if pooling else "none",
+        "normalize": str(manifest.normalize).lower(),
+        "drop_ids": ",".join(map(str, manifest.special_ids)),
+        "activation": "sigmoid" if len(manifest.id2label) <= 1 else "softmax",
+    }
 
 
 def client_outputs(manifest: Manifest) -> list[Tensor]:
@@ -260,12 +327,23 @@ def client_outputs(manifest: Manifest) -> list[Tensor]:
         dim = pooled.dims[0] if pooled else graph[contract.LAST_HIDDEN_STATE].dims[1]
         outputs.append(Tensor(contract.DENSE, contract.triton_type(contract.DENSE), [dim]))
     if manifest.task in (Task.M3, Task.SPLADE):
-        outputs += [Tensor(n, contract.triton_type(n), [-1]) for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)]
+        outputs += [
+            Tensor(n, contract.triton_type(n), [-1])
+            for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)
+        ]
     if manifest.task is Task.M3:
-        outputs.append(Tensor(contract.COLBERT, contract.triton_type(contract.COLBERT), [-1, graph[contract.COLBERT_VECS].dims[1]]))
+        outputs.append(
+            Tensor(
+                contract.COLBERT,
+                contract.triton_type(contract.COLBERT),
+                [-1, graph[contract.COLBERT_VECS].dims[1]],
+            )
+        )
     if manifest.task in PAIR_TASKS:
         labels = graph[contract.LOGITS].dims
-        outputs += [Tensor(n, contract.triton_type(n), labels) for n in (contract.LOGITS, contract.SCORES)]
+        outputs += [
+            Tensor(n, contract.triton_type(n), labels) for n in (contract.LOGITS, contract.SCORES)
+        ]
     outputs.append(Tensor(contract.NUM_TOKENS, contract.triton_type(contract.NUM_TOKENS), [1]))
     return outputs
 
@@ -291,23 +369,36 @@ class ModelRenderer:
         if self.native_encoder:  # warm up on a shape real requests will have
             native.check_servable(self.m, options.max_batch_size, options.onnx_tensorrt)
             self.buckets = native.length_buckets(self.m.max_length, options.length_buckets)
-            self.sample_tokens = self._fit_sample(next(b for b in self.buckets if b >= len(encoding.ids)))
+            self.sample_tokens = self._fit_sample(
+                next(b for b in self.buckets if b >= len(encoding.ids))
+            )
 
     def _fit_sample(self, width: int) -> dict[str, npt.NDArray[Any]]:
         """The warmup sample cut or padded to `width` tokens, as the bucketing tokenizer pads."""
         pad = contract.pad_values(self.m.pad_id)
-        return {n: np.pad(v[:width], (0, max(width - v.shape[0], 0)), constant_values=pad[n])
-                for n, v in self.sample_tokens.items()}
+        return {
+            n: np.pad(v[:width], (0, max(width - v.shape[0], 0)), constant_values=pad[n])
+            for n, v in self.sample_tokens.items()
+        }
 
     def encoder_inputs(self) -> list[str]:
         """What the encoder takes: the Python stage accepts all three, a native backend exactly the graph's."""
-        return [n for n in TOKEN_INPUTS if n in self.m.inputs] if self.native_encoder else list(TOKEN_INPUTS)
+        return (
+            [n for n in TOKEN_INPUTS if n in self.m.inputs]
+            if self.native_encoder
+            else list(TOKEN_INPUTS)
+        )
 
     def stage_dir(self, stage: str) -> Path:
         return self.repo / stage_model_name(self.model.name, stage)
 
-    def _write(self, directory: Path, config: ConfigDict, stage: str | None,
-               warmup_files: dict[str, bytes] | None = None) -> None:
+    def _write(
+        self,
+        directory: Path,
+        config: ConfigDict,
+        stage: str | None,
+        warmup_files: dict[str, bytes] | None = None,
+    ) -> None:
         version = directory / "1"
         version.mkdir(parents=True, exist_ok=True)
         (directory / "config.pbtxt").write_text(to_pbtxt(config))
@@ -319,59 +410,114 @@ class ModelRenderer:
             for file, data in warmup_files.items():
                 (directory / "warmup" / file).write_bytes(data)
 
-    def _token_warmup(self, names: tuple[str, ...]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
+    def _token_warmup(
+        self, names: tuple[str, ...]
+    ) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
         length = int(self.sample_tokens[contract.INPUT_IDS].shape[0])
-        spec = {n: {"data_type": contract.triton_type(n), "dims": [length], "input_data_file": n} for n in names}
+        spec = {
+            n: {"data_type": contract.triton_type(n), "dims": [length], "input_data_file": n}
+            for n in names
+        }
         return spec, {n: self.sample_tokens[n].tobytes() for n in names}
 
     def _bucket_warmup(self, names: tuple[str, ...]) -> tuple[list[ConfigDict], dict[str, bytes]]:
         """Warmup requests for a native encoder, one per `native.warmup_shapes` pair; Triton repeats
         a sample `batch_size` times, so each bucket needs one data file per input."""
-        entries = [{"name": f"{rows}x{bucket}", "batch_size": rows, "inputs": {
-            n: {"data_type": contract.triton_type(n), "dims": [bucket], "input_data_file": f"{n}_{bucket}"} for n in names}}
-            for rows, bucket in native.warmup_shapes(self.buckets, self.options.max_batch_size)]
-        files = {f"{n}_{bucket}": tokens.tobytes() for bucket in self.buckets
-                 for n, tokens in self._fit_sample(bucket).items() if n in names}
+        entries = [
+            {
+                "name": f"{rows}x{bucket}",
+                "batch_size": rows,
+                "inputs": {
+                    n: {
+                        "data_type": contract.triton_type(n),
+                        "dims": [bucket],
+                        "input_data_file": f"{n}_{bucket}",
+                    }
+                    for n in names
+                },
+            }
+            for rows, bucket in native.warmup_shapes(self.buckets, self.options.max_batch_size)
+        ]
+        files = {
+            f"{n}_{bucket}": tokens.tobytes()
+            for bucket in self.buckets
+            for n, tokens in self._fit_sample(bucket).items()
+            if n in names
+        }
         return entries, files
 
     def text_inputs(self, optional: bool = False) -> list[Tensor]:
         """`text`, and `text_pair` for pair tasks (optional for classifiers, which also take single texts,
         and LLM rerankers, which also take a pair already written into their prompt)."""
-        inputs = [Tensor(contract.TEXT, contract.triton_type(contract.TEXT), [1], optional=optional)]
+        inputs = [
+            Tensor(contract.TEXT, contract.triton_type(contract.TEXT), [1], optional=optional)
+        ]
         if self.m.task in PAIR_TASKS:
             alone = self.m.task is Task.CLASSIFY or self.m.pair_template is not None
-            inputs.append(Tensor(contract.TEXT_PAIR, contract.triton_type(contract.TEXT_PAIR), [1],
-                                 optional=optional or alone))
+            inputs.append(
+                Tensor(
+                    contract.TEXT_PAIR,
+                    contract.triton_type(contract.TEXT_PAIR),
+                    [1],
+                    optional=optional or alone,
+                )
+            )
         return inputs
 
     def _text_warmup(self, inputs: list[Tensor]) -> tuple[dict[str, ConfigDict], dict[str, bytes]]:
-        warmup = {t.name: {"data_type": contract.triton_type(t.name), "dims": [1], "input_data_file": t.name} for t in inputs}
+        warmup = {
+            t.name: {
+                "data_type": contract.triton_type(t.name),
+                "dims": [1],
+                "input_data_file": t.name,
+            }
+            for t in inputs
+        }
         return warmup, {t.name: _string_file([WARMUP_TEXT]) for t in inputs}
 
     def tokenize_parameters(self) -> dict[str, object]:
         parameters: dict[str, object] = {
-            "tokenizer_file": self.m.tokenizer_file, "max_length": self.m.max_length, "truncation_side": "right",
-            "pair_truncation": "only_second", "pad_id": self.m.pad_id}
+            "tokenizer_file": self.m.tokenizer_file,
+            "max_length": self.m.max_length,
+            "truncation_side": "right",
+            "pair_truncation": "only_second",
+            "pad_id": self.m.pad_id,
+        }
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
-        if self.m.pair_template:  # an LLM reranker: the stage and the gateway build its prompt the same way
-            parameters.update({f"pair_{field}": value for field, value in self.m.pair_template.items()})
+        if (
+            self.m.pair_template
+        ):  # an LLM reranker: the stage and the gateway build its prompt the same way
+            parameters.update(
+                {f"pair_{field}": value for field, value in self.m.pair_template.items()}
+            )
         return parameters
 
     def encode_parameters(self) -> dict[str, object]:
         if self.options.max_batch_tokens < self.m.max_length:
-            raise ValueError(f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
-                             "a full-length text would never fit a sub-batch")
+            raise ValueError(
+                f"max_batch_tokens {self.options.max_batch_tokens} < max length {self.m.max_length}: "
+                "a full-length text would never fit a sub-batch"
+            )
         parameters: dict[str, object] = {
-            "onnx_file": self.m.onnx_file, "max_batch_tokens": encoder_token_budget(self.m, self.options),
-            "max_rows": encoder_rows(self.m, self.options), "pad_id": self.m.pad_id,
-            "intra_op_threads": self.options.cpu_threads, "execution_provider": self.options.execution_provider,
+            "onnx_file": self.m.onnx_file,
+            "max_batch_tokens": encoder_token_budget(self.m, self.options),
+            "max_rows": encoder_rows(self.m, self.options),
+            "pad_id": self.m.pad_id,
+            "intra_op_threads": self.options.cpu_threads,
+            "execution_provider": self.options.execution_provider,
             "allow_spinning": str(self.options.encode_instances == 1).lower(),
-            "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token)}
-        if self.m.attention_heads:  # with the served max length, `prensa deploy k8s` sizes the encoder's memory
+            "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token),
+        }
+        if (
+            self.m.attention_heads
+        ):  # with the served max length, `prensa deploy k8s` sizes the encoder's memory
             parameters["attention_heads"] = self.m.attention_heads
-        if self.options.execution_provider == "cuda":  # on a live GPU: few fixed shapes, no length-ratio cut
-            parameters["max_length"] = self.m.max_length  # (the stage's GpuBatching; its CPU fallback cuts)
+        if (
+            self.options.execution_provider == "cuda"
+        ):  # on a live GPU: few fixed shapes, no length-ratio cut
+            # (the stage's GpuBatching; its CPU fallback cuts)
+            parameters["max_length"] = self.m.max_length
         else:
             parameters["length_ratio"] = self.options.length_ratio
         return parameters
@@ -382,11 +528,16 @@ class ModelRenderer:
         `include_prompt` only when it is false, `matryoshka_dimensions` only when the model declares some."""
         m = self.m
         parameters: dict[str, object] = {
-            "task": m.task.value, "source": m.source, "revision": m.revision, "max_length": m.max_length,
+            "task": m.task.value,
+            "source": m.source,
+            "revision": m.revision,
+            "max_length": m.max_length,
             "pooling": m.graph_pooling or (self.options.pooling or m.pooling or Pooling.CLS).value,
             "dtype": m.tensorrt.precision if self.native_encoder and m.tensorrt else m.dtype,
-            "normalize": str(m.normalize).lower(), "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
-            "pipeline": self.options.pipeline.value}
+            "normalize": str(m.normalize).lower(),
+            "id2label": ",".join(m.id2label[i] for i in sorted(m.id2label)),
+            "pipeline": self.options.pipeline.value,
+        }
         if m.prompts:
             parameters["prompts"] = json.dumps(m.prompts, sort_keys=True)
         if m.default_prompt_name:
@@ -401,7 +552,10 @@ class ModelRenderer:
         """The export's calibration file when its ranges describe the dense vectors served: they were
         taken with the manifest's pooling, which a `--pooling` override replaces. An export copied
         without the file is served without it, as models without dense vectors are."""
-        if not self.m.calibration_file or (self.options.pooling or self.m.pooling) is not self.m.pooling:
+        if (
+            not self.m.calibration_file
+            or (self.options.pooling or self.m.pooling) is not self.m.pooling
+        ):
             return None
         path = self.model.export_dir / self.m.calibration_file
         return path if path.is_file() else None
@@ -417,8 +571,12 @@ class ModelRenderer:
         inputs = self.text_inputs()
         warmup, files = self._text_warmup(inputs)
         config = _python_stage(
-            self.stage_dir("tokenize").name, self.options, inputs,
-            [Tensor(n, contract.triton_type(n), [-1]) for n in TOKEN_INPUTS], self.tokenize_parameters(), warmup,
+            self.stage_dir("tokenize").name,
+            self.options,
+            inputs,
+            [Tensor(n, contract.triton_type(n), [-1]) for n in TOKEN_INPUTS],
+            self.tokenize_parameters(),
+            warmup,
         )
         self._write(self.stage_dir("tokenize"), config, "tokenize", files)
         self.place_tokenizer(self.stage_dir("tokenize") / "1")
@@ -429,10 +587,13 @@ class ModelRenderer:
             return
         warmup, files = self._token_warmup(TOKEN_INPUTS)
         config = _python_stage(
-            self.stage_dir("encode").name, self.options,
+            self.stage_dir("encode").name,
+            self.options,
             [Tensor(n, contract.triton_type(n), [-1], ragged=True) for n in TOKEN_INPUTS],
             [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs],
-            self.encode_parameters(), warmup, instances=self.options.encode_instances,
+            self.encode_parameters(),
+            warmup,
+            instances=self.options.encode_instances,
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
         link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
@@ -442,11 +603,21 @@ class ModelRenderer:
         directory = self.stage_dir("encode")
         options = self.options
         cache = f"{options.trt_cache_dir}/{directory.name}" if options.onnx_tensorrt else None
-        config = native.encoder_config(directory.name, self.m, options.max_batch_size, options.queue_delay_us,
-                                       options.max_queue_size, self.options.encode_instances, warmup, cache)
+        config = native.encoder_config(
+            directory.name,
+            self.m,
+            options.max_batch_size,
+            options.queue_delay_us,
+            options.max_queue_size,
+            self.options.encode_instances,
+            warmup,
+            cache,
+        )
         self._write(directory, config, None, files)
         if self.m.tensorrt:
-            link_or_copy(self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file)
+            link_or_copy(
+                self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file
+            )
         else:
             link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
@@ -457,16 +628,28 @@ class ModelRenderer:
             dims = [length, *o.dims[1:]] if o.per_token else o.dims
             warmup[o.name] = {"data_type": ENCODER_OUTPUT, "dims": dims, "zero_data": True}
         config = _python_stage(
-            self.stage_dir("pool").name, self.options,
-            [*(Tensor(n, contract.triton_type(n), [-1], ragged=True) for n in (contract.INPUT_IDS, contract.ATTENTION_MASK)),
-             *(Tensor(o.name, ENCODER_OUTPUT, o.dims, ragged=True) for o in self.m.outputs)],
-            client_outputs(self.m), pool_parameters(self.m, self.options), warmup,
+            self.stage_dir("pool").name,
+            self.options,
+            [
+                *(
+                    Tensor(n, contract.triton_type(n), [-1], ragged=True)
+                    for n in (contract.INPUT_IDS, contract.ATTENTION_MASK)
+                ),
+                *(Tensor(o.name, ENCODER_OUTPUT, o.dims, ragged=True) for o in self.m.outputs),
+            ],
+            client_outputs(self.m),
+            pool_parameters(self.m, self.options),
+            warmup,
         )
         self._write(self.stage_dir("pool"), config, "pool", files)
 
     def ensemble(self) -> None:
         encoder_inputs = self.encoder_inputs()
-        used = [n for n in TOKEN_INPUTS if n in encoder_inputs or n in (contract.INPUT_IDS, contract.ATTENTION_MASK)]
+        used = [
+            n
+            for n in TOKEN_INPUTS
+            if n in encoder_inputs or n in (contract.INPUT_IDS, contract.ATTENTION_MASK)
+        ]
         tokens = {n: f"tokens_{n}" for n in used}
         encoded = {o.name: f"encoded_{o.name}" for o in self.m.outputs}
         inputs = self.text_inputs()
@@ -477,19 +660,38 @@ class ModelRenderer:
             "max_batch_size": self.options.max_batch_size,
             "input": [t.as_input() for t in inputs],
             "output": [t.as_output() for t in outputs],
-            "ensemble_scheduling": {"step": [
-                {"model_name": self.stage_dir("tokenize").name, "model_version": -1,
-                 "input_map": {t.name: t.name for t in inputs}, "output_map": tokens},
-                {"model_name": self.stage_dir("encode").name, "model_version": -1,
-                 "input_map": {n: tokens[n] for n in encoder_inputs}, "output_map": encoded},
-                {"model_name": self.stage_dir("pool").name, "model_version": -1,
-                 "input_map": {contract.INPUT_IDS: tokens[contract.INPUT_IDS],
-                               contract.ATTENTION_MASK: tokens[contract.ATTENTION_MASK], **encoded},
-                 "output_map": {t.name: t.name for t in outputs}},
-            ]},
+            "ensemble_scheduling": {
+                "step": [
+                    {
+                        "model_name": self.stage_dir("tokenize").name,
+                        "model_version": -1,
+                        "input_map": {t.name: t.name for t in inputs},
+                        "output_map": tokens,
+                    },
+                    {
+                        "model_name": self.stage_dir("encode").name,
+                        "model_version": -1,
+                        "input_map": {n: tokens[n] for n in encoder_inputs},
+                        "output_map": encoded,
+                    },
+                    {
+                        "model_name": self.stage_dir("pool").name,
+                        "model_version": -1,
+                        "input_map": {
+                            contract.INPUT_IDS: tokens[contract.INPUT_IDS],
+                            contract.ATTENTION_MASK: tokens[contract.ATTENTION_MASK],
+                            **encoded,
+                        },
+                        "output_map": {t.name: t.name for t in outputs},
+                    },
+                ]
+            },
             "parameters": string_parameters(self.served_parameters()),
         }
-        if self.options.response_cache and cache_refusal(self.m.task, self.options.pipeline) is None:
+        if (
+            self.options.response_cache
+            and cache_refusal(self.m.task, self.options.pipeline) is None
+        ):
             # Looked up per request before the ensemble schedules a step: a hit skips all three stages.
             config["response_cache"] = {"enable": True}
         self._write(self.repo / self.model.name, config, None)
@@ -499,20 +701,39 @@ class ModelRenderer:
         encoder's own outputs (`contract.ENCODER_ONLY`: the gateway's token path, which otherwise calls
         the stages)."""
         text_inputs = self.text_inputs(optional=True)  # a request sends texts or token ids
-        encoder_only = [Tensor(o.name, ENCODER_OUTPUT, o.dims) for o in self.m.outputs if o.name in contract.ENCODER_ONLY]
+        encoder_only = [
+            Tensor(o.name, ENCODER_OUTPUT, o.dims)
+            for o in self.m.outputs
+            if o.name in contract.ENCODER_ONLY
+        ]
         warmup, files = self._text_warmup(text_inputs)
-        parameters = {**self.served_parameters(), **self.tokenize_parameters(), **self.encode_parameters(),
-                      **pool_parameters(self.m, self.options)}  # the pool stage's `pooling` is what runs
+        parameters = {
+            **self.served_parameters(),
+            **self.tokenize_parameters(),
+            **self.encode_parameters(),
+            **pool_parameters(self.m, self.options),
+        }  # the pool stage's `pooling` is what runs
         config = _python_stage(
-            self.model.name, self.options,
-            [*text_inputs, *(Tensor(n, contract.triton_type(n), [-1], optional=True, ragged=True) for n in TOKEN_INPUTS)],
-            [*client_outputs(self.m), *encoder_only], parameters, warmup,
+            self.model.name,
+            self.options,
+            [
+                *text_inputs,
+                *(
+                    Tensor(n, contract.triton_type(n), [-1], optional=True, ragged=True)
+                    for n in TOKEN_INPUTS
+                ),
+            ],
+            [*client_outputs(self.m), *encoder_only],
+            parameters,
+            warmup,
             instances=self.options.encode_instances,
         )
         directory = self.repo / self.model.name
         self._write(directory, config, "fused", files)
         for stage in PIPELINE_STAGES:
-            shutil.copy2(stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py")
+            shutil.copy2(
+                stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py"
+            )
         self.place_tokenizer(directory / "1")
         link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
 
@@ -540,19 +761,26 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
     if len(set(names)) != len(names):
         raise ValueError(f"model names must be unique, got {names}")
     if options.pipeline is Pipeline.FUSED and options.target is not Target.CPU:
-        raise ValueError("the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target")
+        raise ValueError(
+            "the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target"
+        )
     for model in models:  # a graph missing its weights is named here, before anything is written
-        if not (options.target is Target.CONTAINER and model.manifest.tensorrt):  # an engine replaces the graph
+        if not (
+            options.target is Target.CONTAINER and model.manifest.tensorrt
+        ):  # an engine replaces the graph
             graph_data_files(model.export_dir / model.manifest.onnx_file)
         if options.pooling and model.manifest.graph_pooling:
-            raise ValueError(f"{model.name} pools inside its graph with its own sentence-transformers modules "
-                             f"({model.manifest.graph_pooling}, then any Dense layers): --pooling cannot change it")
+            raise ValueError(
+                f"{model.name} pools inside its graph with its own sentence-transformers modules "
+                f"({model.manifest.graph_pooling}, then any Dense layers): --pooling cannot change it"
+            )
     repo.mkdir(parents=True, exist_ok=True)
     written = []
     for model in models:
         renderer = ModelRenderer(model, repo, options)
         for directory in renderer.all_dirs():
-            shutil.rmtree(directory, ignore_errors=True)  # a rebuild may switch pipelines: no stale stages
+            # a rebuild may switch pipelines: no stale stages
+            shutil.rmtree(directory, ignore_errors=True)
         renderer.render()
         written += [directory.name for directory in renderer.model_dirs()]
     return written

@@ -28,7 +28,9 @@ from prensa.triton.launcher import TritonProcess, TritonStartError
 
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 WATCH_INTERVAL_S = 0.5  # how often the stubs are looked at: a dead one is found within this
-MAX_ERROR_LINES = 20  # Triton's error lines passed on per look; a flood of them is counted, not repeated
+MAX_ERROR_LINES = (
+    20  # Triton's error lines passed on per look; a flood of them is counted, not repeated
+)
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,17 @@ class SupervisorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.restarts = Counter("prensa_triton_restarts", "Times tritonserver was started again after it died "
-                                "(or was stopped to heal it)", registry=self.registry)
-        self.reloads = Counter("prensa_stage_reloads", "Models reloaded because a Python-backend stub died",
-                               ("model",), registry=self.registry)
+        self.restarts = Counter(
+            "prensa_triton_restarts",
+            "Times tritonserver was started again after it died (or was stopped to heal it)",
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "prensa_stage_reloads",
+            "Models reloaded because a Python-backend stub died",
+            ("model",),
+            registry=self.registry,
+        )
 
 
 def shortened(lines: list[str], log_path: Path, last: bool = False) -> str:
@@ -59,7 +68,9 @@ def shortened(lines: list[str], log_path: Path, last: bool = False) -> str:
     if more <= 0:
         return "\n".join(lines)
     rest = f"... {more} more error lines in {log_path}"
-    return "\n".join([rest, *lines[-MAX_ERROR_LINES:]] if last else [*lines[:MAX_ERROR_LINES], rest])
+    return "\n".join(
+        [rest, *lines[-MAX_ERROR_LINES:]] if last else [*lines[:MAX_ERROR_LINES], rest]
+    )
 
 
 def describe_exit(code: int) -> str:
@@ -71,8 +82,13 @@ def describe_exit(code: int) -> str:
 class Supervisor:
     """Waits on a started, ready `TritonProcess` and restarts it per the policy until `stop()`."""
 
-    def __init__(self, triton: TritonProcess, policy: RestartPolicy, say: Callable[[str], None],
-                 metrics: SupervisorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        triton: TritonProcess,
+        policy: RestartPolicy,
+        say: Callable[[str], None],
+        metrics: SupervisorMetrics | None = None,
+    ) -> None:
         self.triton = triton
         self.policy = policy
         self.say = say
@@ -113,7 +129,9 @@ class Supervisor:
         while True:
             code = self.watch()
             self.triton.reap_group()  # stubs of a killed Triton would live on beside the next one
-            if self._stopping.is_set():  # stopped as asked, even if it took a SIGKILL past its exit timeout
+            if (
+                self._stopping.is_set()
+            ):  # stopped as asked, even if it took a SIGKILL past its exit timeout
                 if code not in CLEAN_EXITS:
                     self.say(f"tritonserver stopped ({describe_exit(code)})")
                 return 0
@@ -123,22 +141,31 @@ class Supervisor:
             errors = self.triton.error_lines()
             if self.triton.log_path.exists():
                 self.triton.log_path.replace(kept)  # the next start writes a fresh log
-            self.say(f"tritonserver died ({describe_exit(code)}) after {ran_s:.0f} s; its log: {kept}"
-                     + (f"\n{shortened(errors.splitlines(), kept, last=True)}" if errors else ""))
+            self.say(
+                f"tritonserver died ({describe_exit(code)}) after {ran_s:.0f} s; its log: {kept}"
+                + (f"\n{shortened(errors.splitlines(), kept, last=True)}" if errors else "")
+            )
             if failures > self.policy.limit:
-                self.say("not restarting tritonserver (restart limit 0)" if self.policy.limit == 0 else
-                         f"giving up: tritonserver failed {failures} times in a row; no restart ran "
-                         f"{self.policy.healthy_after_s:g} s")
+                self.say(
+                    "not restarting tritonserver (restart limit 0)"
+                    if self.policy.limit == 0
+                    else f"giving up: tritonserver failed {failures} times in a row; no restart ran "
+                    f"{self.policy.healthy_after_s:g} s"
+                )
                 return code if code > 0 else 1
             delay = self.policy.delay(failures)
-            self.say(f"restarting tritonserver in {delay:g} s (quick failure {failures} of {self.policy.limit})")
+            self.say(
+                f"restarting tritonserver in {delay:g} s (quick failure {failures} of {self.policy.limit})"
+            )
             if self._stopping.wait(delay):
                 return 0
             started = time.monotonic()
             self.metrics.restarts.inc()
             try:
                 self.triton.start()
-                if self._stopping.is_set():  # a signal between the wait and the start: that Triton stops too
+                if (
+                    self._stopping.is_set()
+                ):  # a signal between the wait and the start: that Triton stops too
                     self.triton.terminate()
                 self.triton.wait_ready()
             except TritonStartError as exc:

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 TRACES_PATH = "/v1/traces"
 GRPC_PORT, HTTP_PORT = 4317, 4318  # an OpenTelemetry collector's OTLP ports by convention
-NEVER = 2**31 - 1  # Triton's one-in-N rate for requests without a traceparent: none of them (see above)
+NEVER = (
+    2**31 - 1
+)  # Triton's one-in-N rate for requests without a traceparent: none of them (see above)
 # The OpenTelemetry SDK's variable for how long spans wait before export; Triton is given it too.
 SCHEDULE_DELAY_VARIABLE = "OTEL_BSP_SCHEDULE_DELAY"
 
@@ -34,8 +36,14 @@ class TritonTracing:
 
     def args(self) -> list[str]:
         """tritonserver flags that turn its tracing on."""
-        settings = ["mode=opentelemetry", "level=TIMESTAMPS", f"rate={self.rate}", "count=-1",
-                    f"opentelemetry,url={self.url}", f"opentelemetry,resource=service.name={self.service_name}"]
+        settings = [
+            "mode=opentelemetry",
+            "level=TIMESTAMPS",
+            f"rate={self.rate}",
+            "count=-1",
+            f"opentelemetry,url={self.url}",
+            f"opentelemetry,resource=service.name={self.service_name}",
+        ]
         if delay := os.environ.get(SCHEDULE_DELAY_VARIABLE):
             settings.append(f"opentelemetry,bsp_schedule_delay={int(delay)}")
         return [f"--trace-config={setting}" for setting in settings]
@@ -55,7 +63,8 @@ def traces_url(endpoint: str, protocol: str, triton_endpoint: str | None) -> str
             raise TracingSetupError(
                 f"Triton sends traces over OTLP/HTTP only, and {endpoint} is a gRPC endpoint off the "
                 f"conventional port {GRPC_PORT}: give --triton-otlp-endpoint (the collector's OTLP/HTTP address) "
-                "or --otlp-protocol http/protobuf")
+                "or --otlp-protocol http/protobuf"
+            )
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
         base = urlunsplit((parts.scheme, f"{host}:{HTTP_PORT}", "", "", ""))
     base = base.rstrip("/")

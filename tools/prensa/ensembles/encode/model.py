@@ -48,7 +48,9 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def plan_sub_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, length_ratio: float, max_rows: int) -> list[npt.NDArray[Any]]:
+def plan_sub_batches(
+    lengths: npt.NDArray[Any], max_batch_tokens: int, length_ratio: float, max_rows: int
+) -> list[npt.NDArray[Any]]:
     """Indices of rows per sub-batch, ascending by length; never loops on an over-budget row."""
     order = np.argsort(lengths, kind="stable")
     batches: list[list[int]] = []
@@ -77,11 +79,17 @@ def bucket(value: int, buckets: Sequence[int]) -> int:
     return next((b for b in buckets if b >= value), value)
 
 
-def gpu_length_buckets(max_length: int | None, smallest: int = contract.GPU_SMALLEST_LENGTH_BUCKET) -> tuple[int, ...]:
+def gpu_length_buckets(
+    max_length: int | None, smallest: int = contract.GPU_SMALLEST_LENGTH_BUCKET
+) -> tuple[int, ...]:
     """Powers of two from `smallest` below `max_length`, then `max_length`; without a max length,
     powers of two up to the contract's GPU_UNTOLD_MAX_BUCKET (longer rows keep their own width)."""
     top = contract.GPU_UNTOLD_MAX_BUCKET if max_length is None else max_length
-    powers = [2**k for k in range(max(smallest, 1).bit_length() - 1, top.bit_length()) if smallest <= 2**k < top]
+    powers = [
+        2**k
+        for k in range(max(smallest, 1).bit_length() - 1, top.bit_length())
+        if smallest <= 2**k < top
+    ]
     return (*powers, top)
 
 
@@ -90,8 +98,9 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
     return (*(2**k for k in range(max_rows.bit_length()) if 2**k < max_rows), max(max_rows, 1))
 
 
-def plan_bucketed_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, max_rows: int,
-                          length_buckets: Sequence[int]) -> list[npt.NDArray[Any]]:
+def plan_bucketed_batches(
+    lengths: npt.NDArray[Any], max_batch_tokens: int, max_rows: int, length_buckets: Sequence[int]
+) -> list[npt.NDArray[Any]]:
     """Indices of rows per forward pass, longest rows first, with no length-ratio cut: each pass
     takes as many rows as fit `max_rows` and the budget at its longest row's length bucket (rows x
     bucket length <= `max_batch_tokens`); a row whose bucket alone passes the budget runs alone."""
@@ -101,7 +110,7 @@ def plan_bucketed_batches(lengths: npt.NDArray[Any], max_batch_tokens: int, max_
     while start < len(order):
         width = bucket(max(int(lengths[order[start]]), 1), length_buckets)
         take = max(1, min(max_rows, max_batch_tokens // width))
-        batches.append(order[start: start + take].astype(np.int64))
+        batches.append(order[start : start + take].astype(np.int64))
         start += take
     return batches
 
@@ -131,7 +140,9 @@ class GpuBatching:
     length_buckets: tuple[int, ...]
 
     def plan(self, lengths: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
-        return plan_bucketed_batches(lengths, self.max_batch_tokens, self.max_rows, self.length_buckets)
+        return plan_bucketed_batches(
+            lengths, self.max_batch_tokens, self.max_rows, self.length_buckets
+        )
 
     def row_cap(self, width: int) -> int:
         """The most rows one pass of `width` tokens takes."""
@@ -146,8 +157,13 @@ class GpuBatching:
 
     def shapes(self) -> list[tuple[int, int]]:
         """Every (rows, width) `shape` can return for rows within the length buckets."""
-        return sorted({(min(rows, self.row_cap(width)), width)
-                       for width in self.length_buckets for rows in row_buckets(self.max_rows)})
+        return sorted(
+            {
+                (min(rows, self.row_cap(width)), width)
+                for width in self.length_buckets
+                for rows in row_buckets(self.max_rows)
+            }
+        )
 
 
 Batching = CpuBatching | GpuBatching
@@ -161,15 +177,27 @@ def batching_policy(params: dict[str, str], max_rows: int, cuda_active: bool = T
     choice = params.get("batching", "auto")
     if choice not in BATCHING_CHOICES:
         raise ValueError(f"batching {choice!r}: one of {', '.join(BATCHING_CHOICES)}")
-    gpu = choice == "gpu" or (choice == "auto" and params.get("execution_provider", "cpu") == "cuda"
-                              and "length_ratio" not in params and cuda_active)
+    gpu = choice == "gpu" or (
+        choice == "auto"
+        and params.get("execution_provider", "cpu") == "cuda"
+        and "length_ratio" not in params
+        and cuda_active
+    )
     if not gpu:
-        return CpuBatching(int(params["max_batch_tokens"]),
-                           float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)), max_rows)
+        return CpuBatching(
+            int(params["max_batch_tokens"]),
+            float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)),
+            max_rows,
+        )
     max_length = int(params["max_length"]) if params.get("max_length") else None
-    buckets = tuple(contract.int_list(params.get("length_buckets", ""))) or gpu_length_buckets(max_length)
-    return GpuBatching(int(params.get("gpu_max_batch_tokens", contract.DEFAULT_GPU_MAX_BATCH_TOKENS)), max_rows,
-                       tuple(sorted(buckets)))
+    buckets = tuple(contract.int_list(params.get("length_buckets", ""))) or gpu_length_buckets(
+        max_length
+    )
+    return GpuBatching(
+        int(params.get("gpu_max_batch_tokens", contract.DEFAULT_GPU_MAX_BATCH_TOKENS)),
+        max_rows,
+        tuple(sorted(buckets)),
+    )
 
 
 @dataclass
@@ -179,7 +207,9 @@ class Row:
     length: int
 
 
-def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool = True) -> ort.InferenceSession:
+def create_session(
+    onnx_path: Path, threads: int, provider: str, spinning: bool = True
+) -> ort.InferenceSession:
     """`spinning`: onnxruntime's idle threads spin for more work (fastest for one busy session);
     off where several sessions share the cores, so an idle one does not slow the busy one."""
     options = ort.SessionOptions()
@@ -190,23 +220,40 @@ def create_session(onnx_path: Path, threads: int, provider: str, spinning: bool 
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if provider != "cuda":
         return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
+    if hasattr(
+        ort, "preload_dlls"
+    ):  # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
         ort.preload_dlls()
     available = ort.get_available_providers()
-    session = ort.InferenceSession(str(onnx_path), options, providers=[
-        p for p in (CUDA_PROVIDER, "CPUExecutionProvider") if p in available])
+    session = ort.InferenceSession(
+        str(onnx_path),
+        options,
+        providers=[p for p in (CUDA_PROVIDER, "CPUExecutionProvider") if p in available],
+    )
     if session.get_providers()[0] != CUDA_PROVIDER:
-        print(f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
-              f"onnxruntime {ort.__version__} has {available}", file=sys.stderr, flush=True)
+        print(
+            f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
+            f"onnxruntime {ort.__version__} has {available}",
+            file=sys.stderr,
+            flush=True,
+        )
     return session
 
 
 class TokenBudgetEncoder:
     """Runs one ONNX encoder over many padded requests with as little padding as possible."""
 
-    def __init__(self, session: ort.InferenceSession, pad_id: int, max_batch_tokens: int,
-                 length_ratio: float, max_rows: int, per_token_outputs: set[str], *,
-                 batching: Batching | None = None) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        pad_id: int,
+        max_batch_tokens: int,
+        length_ratio: float,
+        max_rows: int,
+        per_token_outputs: set[str],
+        *,
+        batching: Batching | None = None,
+    ) -> None:
         """`batching` None: the CPU rule with the budget, ratio and rows given here."""
         self.session = session
         self.input_names = {i.name for i in session.get_inputs()}
@@ -220,7 +267,9 @@ class TokenBudgetEncoder:
         self.padded_tokens = 0  # rows x padded width, summed over forward passes
         self.real_tokens = 0  # tokens under the attention mask
 
-    def encode(self, requests: list[dict[str, npt.NDArray[Any]]]) -> list[dict[str, npt.NDArray[Any]]]:
+    def encode(
+        self, requests: list[dict[str, npt.NDArray[Any]]]
+    ) -> list[dict[str, npt.NDArray[Any]]]:
         """Outputs per request; raises the error of the first request that fails."""
         results = self.encode_each(requests)
         failed = next((result for result in results if isinstance(result, Exception)), None)
@@ -228,8 +277,11 @@ class TokenBudgetEncoder:
             raise failed
         return cast(list[dict[str, npt.NDArray[Any]]], results)  # no Exception left: raised above
 
-    def encode_each(self, requests: list[dict[str, npt.NDArray[Any]]],
-                    cancelled: Callable[[int], bool] = lambda _: False) -> list[dict[str, npt.NDArray[Any]] | Exception]:
+    def encode_each(
+        self,
+        requests: list[dict[str, npt.NDArray[Any]]],
+        cancelled: Callable[[int], bool] = lambda _: False,
+    ) -> list[dict[str, npt.NDArray[Any]] | Exception]:
         """Outputs per request, or the exception that request alone raises (see `_run_isolated`), or
         `Cancelled` for a request that `cancelled(index)` reports before one of its sub-batches: its
         remaining rows are not computed."""
@@ -246,18 +298,23 @@ class TokenBudgetEncoder:
             for request in dict.fromkeys(rows[i].request for i in batch):
                 if not isinstance(results[request], Exception) and cancelled(request):
                     results[request] = contract.Cancelled()
-            members = [rows[i] for i in batch if not isinstance(results[rows[i].request], Exception)]
+            members = [
+                rows[i] for i in batch if not isinstance(results[rows[i].request], Exception)
+            ]
             for group, outputs in self._run_isolated(requests, members):
                 if isinstance(outputs, Exception):
                     for member in group:
                         results[member.request] = outputs
                     continue
                 for position, member in enumerate(group):
-                    self._scatter(requests, results, member, {k: v[position] for k, v in outputs.items()})
+                    self._scatter(
+                        requests, results, member, {k: v[position] for k, v in outputs.items()}
+                    )
         return results
 
-    def _run_isolated(self, requests: list[dict[str, npt.NDArray[Any]]],
-                      members: list[Row]) -> list[tuple[list[Row], dict[str, npt.NDArray[Any]] | Exception]]:
+    def _run_isolated(
+        self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]
+    ) -> list[tuple[list[Row], dict[str, npt.NDArray[Any]] | Exception]]:
         """Run a sub-batch; if it raises (an out-of-vocabulary id, say), run each request's rows of it
         on their own, so the error reaches only the requests that fail alone, not their neighbours."""
         if not members:
@@ -278,7 +335,9 @@ class TokenBudgetEncoder:
                 outcomes.append((group, exc))
         return outcomes
 
-    def _run(self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]) -> dict[str, npt.NDArray[Any]]:
+    def _run(
+        self, requests: list[dict[str, npt.NDArray[Any]]], members: list[Row]
+    ) -> dict[str, npt.NDArray[Any]]:
         """The outputs of `members`' rows, one per member: the pass runs at the policy's shape, and
         rows past the members repeat the last one (a real row: no all-masked row reaches the graph)."""
         height, width = self.batching.shape([m.length for m in members])
@@ -287,10 +346,12 @@ class TokenBudgetEncoder:
             for name, array in feed.items():
                 array[position, : m.length] = requests[m.request][name][m.row, : m.length]
         for array in feed.values():
-            array[len(members):] = array[len(members) - 1]
+            array[len(members) :] = array[len(members) - 1]
         self.padded_tokens += width * height
         self.real_tokens += sum(m.length for m in members)
-        values = self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
+        values = self.session.run(
+            self.output_names, {k: v for k, v in feed.items() if k in self.input_names}
+        )
         return {name: value[: len(members)] for name, value in zip(self.output_names, values)}
 
     def warm_up(self, shapes: Sequence[tuple[int, int]]) -> None:
@@ -298,11 +359,17 @@ class TokenBudgetEncoder:
         for height, width in shapes:
             feed = contract.token_arrays(height, width, self.pad_id)
             feed[contract.ATTENTION_MASK][:] = 1
-            self.session.run(self.output_names, {k: v for k, v in feed.items() if k in self.input_names})
+            self.session.run(
+                self.output_names, {k: v for k, v in feed.items() if k in self.input_names}
+            )
 
-    def _scatter(self, requests: list[dict[str, npt.NDArray[Any]]],
-                 results: list[dict[str, npt.NDArray[Any]] | Exception], member: Row,
-                 values: dict[str, npt.NDArray[Any]]) -> None:
+    def _scatter(
+        self,
+        requests: list[dict[str, npt.NDArray[Any]]],
+        results: list[dict[str, npt.NDArray[Any]] | Exception],
+        member: Row,
+        values: dict[str, npt.NDArray[Any]],
+    ) -> None:
         shape = requests[member.request][contract.ATTENTION_MASK].shape
         request_results = results[member.request]
         assert not isinstance(request_results, Exception)  # members exclude requests already failed
@@ -321,9 +388,15 @@ class TokenBudgetEncoder:
 def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncoder:
     """The encoder a model config's parameters describe (see the module docstring)."""
     params = contract.parameters(config)
-    max_rows = int(params.get("max_rows", str(config.get("max_batch_size", contract.DEFAULT_MAX_BATCH_SIZE))))
-    session = create_session(version_dir / params["onnx_file"], int(params.get("intra_op_threads", "0")),
-                             params.get("execution_provider", "cpu"), params.get("allow_spinning", "true") == "true")
+    max_rows = int(
+        params.get("max_rows", str(config.get("max_batch_size", contract.DEFAULT_MAX_BATCH_SIZE)))
+    )
+    session = create_session(
+        version_dir / params["onnx_file"],
+        int(params.get("intra_op_threads", "0")),
+        params.get("execution_provider", "cpu"),
+        params.get("allow_spinning", "true") == "true",
+    )
     batching = batching_policy(params, max_rows, session.get_providers()[0] == CUDA_PROVIDER)
     encoder = TokenBudgetEncoder(
         session,
@@ -335,15 +408,22 @@ def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncode
         batching=batching,
     )
     # Only where the max length is known: a bucket past the model's positions would not run.
-    if isinstance(batching, GpuBatching) and params.get("max_length") and params.get("warmup_buckets", "true") == "true":
+    if (
+        isinstance(batching, GpuBatching)
+        and params.get("max_length")
+        and params.get("warmup_buckets", "true") == "true"
+    ):
         encoder.warm_up(batching.shapes())
     return encoder
 
 
 def read_token_inputs(request: Any) -> dict[str, npt.NDArray[Any]]:
     """A request's token tensors, zero `token_type_ids` where it sent none; ValueError without a mask."""
-    given = {name: tensor.as_numpy() for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-             if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+    given = {
+        name: tensor.as_numpy()
+        for name in (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
+        if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None
+    }
     if contract.ATTENTION_MASK not in given:
         raise ValueError(f"{contract.INPUT_IDS} needs {contract.ATTENTION_MASK}")
     given.setdefault(contract.TOKEN_TYPE_IDS, np.zeros_like(given[contract.INPUT_IDS]))
@@ -363,17 +443,24 @@ class TokenCounters:
 
     def __init__(self, model_name: str) -> None:
         self.families = {
-            kind: pb_utils.MetricFamily(name=f"prensa_encoder_{kind}_tokens",
-                                        description=f"{kind} tokens in the encoder's forward passes",
-                                        kind=pb_utils.MetricFamily.COUNTER)
+            kind: pb_utils.MetricFamily(
+                name=f"prensa_encoder_{kind}_tokens",
+                description=f"{kind} tokens in the encoder's forward passes",
+                kind=pb_utils.MetricFamily.COUNTER,
+            )
             for kind in ("real", "padded")
         }
-        self.metrics = {kind: family.Metric(labels={"model": model_name}) for kind, family in self.families.items()}
+        self.metrics = {
+            kind: family.Metric(labels={"model": model_name})
+            for kind, family in self.families.items()
+        }
         self._pending = dict.fromkeys(self.metrics, 0)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
-        self._flusher = threading.Thread(target=self._flush_loop, name="prensa-token-counters", daemon=True)
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="prensa-token-counters", daemon=True
+        )
         self._flusher.start()
 
     @contextmanager
@@ -420,12 +507,16 @@ def encoder_response(result: dict[str, npt.NDArray[Any]] | Exception) -> Any:
         return contract.cancelled_response()
     if isinstance(result, Exception):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"encoder failed: {result}"))
-    return pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in result.items()])
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor(name, value) for name, value in result.items()]
+    )
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        self.encoder = load_encoder(json.loads(args["model_config"]), Path(args["model_repository"]) / args["model_version"])
+        self.encoder = load_encoder(
+            json.loads(args["model_config"]), Path(args["model_repository"]) / args["model_version"]
+        )
         self.token_metrics = TokenCounters(args["model_name"])
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -433,8 +524,12 @@ class TritonPythonModel:
         live = cancelled.live()
         tensors = [read_token_inputs(requests[i]) for i in live]  # the config requires ids and mask
         with self.token_metrics.counting(self.encoder):
-            results = dict(zip(live, self.encoder.encode_each(tensors, lambda j: cancelled(live[j]))))
-        return [encoder_response(results.get(i, contract.Cancelled())) for i in range(len(requests))]
+            results = dict(
+                zip(live, self.encoder.encode_each(tensors, lambda j: cancelled(live[j])))
+            )
+        return [
+            encoder_response(results.get(i, contract.Cancelled())) for i in range(len(requests))
+        ]
 
     def finalize(self) -> None:
         self.token_metrics.close()

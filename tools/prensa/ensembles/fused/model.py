@@ -36,10 +36,18 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
 Tensors = dict[str, npt.NDArray[Any]]
 
 
-def client_outputs(tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]) -> Tensors:
+def client_outputs(
+    tokens: Tensors, encoded: Tensors, requested: set[str], pooler: Callable[[Tensors], Tensors]
+) -> Tensors:
     """The outputs a request asked for: pooled ones from the pool stage, encoder ones as they are."""
     outputs = pooler({**tokens, **encoded})
-    outputs.update({name: value for name, value in encoded.items() if name in requested and name not in outputs})
+    outputs.update(
+        {
+            name: value
+            for name, value in encoded.items()
+            if name in requested and name not in outputs
+        }
+    )
     return {name: value for name, value in outputs.items() if name in requested}
 
 
@@ -63,9 +71,16 @@ class TritonPythonModel:
 
     def _tokens(self, requests: list[Any]) -> list[Tensors | Exception]:
         """Token tensors per request: its own ids, or its texts tokenized with every other request's."""
-        has_ids = [pb_utils.get_input_tensor_by_name(r, contract.INPUT_IDS) is not None for r in requests]
-        texts = iter(tokenize_stage.tokenize_requests(
-            self.text_encoder, [r for r, ids in zip(requests, has_ids) if not ids], self.encoder.pad_id))
+        has_ids = [
+            pb_utils.get_input_tensor_by_name(r, contract.INPUT_IDS) is not None for r in requests
+        ]
+        texts = iter(
+            tokenize_stage.tokenize_requests(
+                self.text_encoder,
+                [r for r, ids in zip(requests, has_ids) if not ids],
+                self.encoder.pad_id,
+            )
+        )
         return [_given_tokens(r) if ids else next(texts) for r, ids in zip(requests, has_ids)]
 
     def _wanted(self, request: Any) -> set[str]:
@@ -79,17 +94,26 @@ class TritonPythonModel:
         tokens = dict(zip(live, self._tokens([requests[i] for i in live])))
         valid = [i for i in live if not isinstance(tokens[i], Exception)]
         with self.token_metrics.counting(self.encoder):
-            results = self.encoder.encode_each([tokens[i] for i in valid], lambda j: cancelled(valid[j]))
+            results = self.encoder.encode_each(
+                [tokens[i] for i in valid], lambda j: cancelled(valid[j])
+            )
         encoded = dict(zip(valid, results))
-        return [self._response(request, tokens.get(i), encoded.get(i)) for i, request in enumerate(requests)]
+        return [
+            self._response(request, tokens.get(i), encoded.get(i))
+            for i, request in enumerate(requests)
+        ]
 
-    def _response(self, request: Any, tokens: Tensors | Exception | None, encoded: Tensors | Exception | None) -> Any:
+    def _response(
+        self, request: Any, tokens: Tensors | Exception | None, encoded: Tensors | Exception | None
+    ) -> Any:
         """One request's answer: CANCELLED when skipped (`tokens` None: before tokenizing), its own
         error, or its outputs."""
         if tokens is None or isinstance(encoded, contract.Cancelled):
             return contract.cancelled_response()
         if isinstance(tokens, Exception):
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {tokens}"))
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"invalid input: {tokens}")
+            )
         try:
             if isinstance(encoded, Exception):
                 raise RuntimeError(f"encoder failed: {encoded}")

@@ -39,20 +39,26 @@ def pool_tokens(hidden: npt.NDArray[Any], mask: npt.NDArray[Any], mode: str) -> 
         return cast(npt.NDArray[Any], hidden[rows, pooled.argmax(axis=1)])
     if mode == "mean":
         weights = pooled[..., None].astype(hidden.dtype)
-        return cast(npt.NDArray[Any], (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
+        return cast(
+            npt.NDArray[Any], (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        )
     if mode == "last":
         last = hidden.shape[1] - 1 - pooled[:, ::-1].argmax(axis=1)
         return cast(npt.NDArray[Any], hidden[rows, last] * pooled[rows, last][:, None])
     raise ValueError(f"unknown pooling {mode!r}")
 
 
-def dense_vectors(hidden: npt.NDArray[Any], mask: npt.NDArray[Any], pooling: str, normalize: bool) -> npt.NDArray[Any]:
+def dense_vectors(
+    hidden: npt.NDArray[Any], mask: npt.NDArray[Any], pooling: str, normalize: bool
+) -> npt.NDArray[Any]:
     """The `dense` output clients receive: pooled, then L2-normalised when the model normalises."""
     dense = pool_tokens(hidden, mask, pooling)
     return l2_normalize(dense) if normalize else dense
 
 
-def sparse_terms(ids: npt.NDArray[Any], weights: npt.NDArray[Any], drop_ids: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+def sparse_terms(
+    ids: npt.NDArray[Any], weights: npt.NDArray[Any], drop_ids: npt.NDArray[Any]
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """Max weight per token id over one row, ascending ids, dropped ids and weights <= 0 removed."""
     keep = (weights > 0) & ~np.isin(ids, drop_ids)
     unique, inverse = np.unique(ids[keep], return_inverse=True)
@@ -67,7 +73,9 @@ def vocab_terms(weights: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArra
     return ids.astype(np.int64), weights[ids].astype(np.float32)
 
 
-def pad_terms(rows: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+def pad_terms(
+    rows: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]],
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """Per-row (ids, weights) -> [rows, k] tensors padded with id -1 and weight 0."""
     width = max((ids.shape[0] for ids, _ in rows), default=0)
     ids_out = np.full((len(rows), width), contract.SPARSE_PAD_ID, dtype=np.int64)
@@ -92,8 +100,13 @@ def activate(logits: npt.NDArray[Any], activation: str) -> npt.NDArray[Any]:
     raise ValueError(f"unknown activation {activation!r}")
 
 
-def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: bool, drop_ids: npt.NDArray[Any],
-                 activation: str) -> dict[str, npt.NDArray[Any]]:
+def pool_request(
+    tensors: dict[str, npt.NDArray[Any]],
+    pooling: str,
+    normalize: bool,
+    drop_ids: npt.NDArray[Any],
+    activation: str,
+) -> dict[str, npt.NDArray[Any]]:
     """All client-facing outputs for one request, from whatever encoder outputs it carries."""
     mask = tensors[contract.ATTENTION_MASK]
     out = {contract.NUM_TOKENS: contract.token_counts(mask)[:, None].astype(np.int32)}
@@ -101,9 +114,14 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
         pooled = tensors[contract.SENTENCE_EMBEDDING]
         out[contract.DENSE] = l2_normalize(pooled) if normalize else pooled
     elif contract.LAST_HIDDEN_STATE in tensors:
-        out[contract.DENSE] = dense_vectors(tensors[contract.LAST_HIDDEN_STATE], mask, pooling, normalize)
+        out[contract.DENSE] = dense_vectors(
+            tensors[contract.LAST_HIDDEN_STATE], mask, pooling, normalize
+        )
     if contract.TOKEN_WEIGHTS in tensors:
-        ids, weights = tensors[contract.INPUT_IDS], tensors[contract.TOKEN_WEIGHTS] * contract.attended_tokens(mask)
+        ids, weights = (
+            tensors[contract.INPUT_IDS],
+            tensors[contract.TOKEN_WEIGHTS] * contract.attended_tokens(mask),
+        )
         out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(
             [sparse_terms(ids[i], weights[i], drop_ids) for i in range(ids.shape[0])]
         )
@@ -112,15 +130,26 @@ def pool_request(tensors: dict[str, npt.NDArray[Any]], pooling: str, normalize: 
             [vocab_terms(row) for row in tensors[contract.SPLADE_WEIGHTS]]
         )
     if contract.COLBERT_VECS in tensors:
-        out[contract.COLBERT] = colbert_vectors(tensors[contract.COLBERT_VECS], contract.attended_tokens(mask))
+        out[contract.COLBERT] = colbert_vectors(
+            tensors[contract.COLBERT_VECS], contract.attended_tokens(mask)
+        )
     if contract.LOGITS in tensors:
         out[contract.LOGITS] = tensors[contract.LOGITS]
         out[contract.SCORES] = activate(tensors[contract.LOGITS], activation)
-    return {name: value.astype(np.float32) if value.dtype == np.float64 else value for name, value in out.items()}
+    return {
+        name: value.astype(np.float32) if value.dtype == np.float64 else value
+        for name, value in out.items()
+    }
 
 
-ENCODER_OUTPUTS = (contract.LAST_HIDDEN_STATE, contract.SENTENCE_EMBEDDING, contract.TOKEN_WEIGHTS,
-                   contract.COLBERT_VECS, contract.LOGITS, contract.SPLADE_WEIGHTS)
+ENCODER_OUTPUTS = (
+    contract.LAST_HIDDEN_STATE,
+    contract.SENTENCE_EMBEDDING,
+    contract.TOKEN_WEIGHTS,
+    contract.COLBERT_VECS,
+    contract.LOGITS,
+    contract.SPLADE_WEIGHTS,
+)
 
 
 @dataclass(frozen=True)
@@ -134,9 +163,12 @@ class Pooler:
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> Pooler:
-        return cls(params.get("pooling", "cls"), params.get("normalize", "true") == "true",
-                   np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64),
-                   params.get("activation", "sigmoid"))
+        return cls(
+            params.get("pooling", "cls"),
+            params.get("normalize", "true") == "true",
+            np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64),
+            params.get("activation", "sigmoid"),
+        )
 
     def __call__(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
         return pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
@@ -157,7 +189,11 @@ class TritonPythonModel:
             try:
                 outputs = self.pool(tensors)
             except Exception as exc:  # noqa: BLE001 - e.g. inputs whose shapes disagree
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"pooling failed: {exc}")))
+                responses.append(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"pooling failed: {exc}"))
+                )
                 continue
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()]))
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+            )
         return responses

@@ -71,17 +71,27 @@ class PairTemplate:
     def from_parameters(cls, params: dict[str, str]) -> PairTemplate | None:
         if "pair_format" not in params:
             return None
-        return cls(params["pair_prefix"], params["pair_suffix"], params["pair_format"], params["pair_instruction"])
+        return cls(
+            params["pair_prefix"],
+            params["pair_suffix"],
+            params["pair_format"],
+            params["pair_instruction"],
+        )
 
     def text(self, query: str, document: str, instruction: str | None = None) -> str:
         """The middle part for one pair: the format filled in."""
-        return self.format.format(instruction=self.instruction if instruction is None else instruction,
-                                  query=query, document=document)
+        return self.format.format(
+            instruction=self.instruction if instruction is None else instruction,
+            query=query,
+            document=document,
+        )
 
     def edges(self, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
         """The prefix's and the suffix's token ids, each tokenized alone."""
-        return (tokenizer.encode(self.prefix, add_special_tokens=False).ids,
-                tokenizer.encode(self.suffix, add_special_tokens=False).ids)
+        return (
+            tokenizer.encode(self.prefix, add_special_tokens=False).ids,
+            tokenizer.encode(self.suffix, add_special_tokens=False).ids,
+        )
 
 
 class TextEncoder:
@@ -92,11 +102,19 @@ class TextEncoder:
     by request, so only the offending request gets the error.
     """
 
-    def __init__(self, path: Path, max_length: int, side: str, pair_strategy: str,
-                 template: PairTemplate | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_length: int,
+        side: str,
+        pair_strategy: str,
+        template: PairTemplate | None = None,
+    ) -> None:
         self.template = template
         if template is not None:
-            self.prefix, self.suffix = template.edges(load_tokenizer(path, max_length, side, "longest_first"))
+            self.prefix, self.suffix = template.edges(
+                load_tokenizer(path, max_length, side, "longest_first")
+            )
             max_length -= len(self.prefix) + len(self.suffix)  # what the middle part may take
         self.single = load_tokenizer(path, max_length, side, "longest_first")
         self.pair = load_tokenizer(path, max_length, side, pair_strategy)
@@ -104,9 +122,13 @@ class TextEncoder:
     @classmethod
     def from_parameters(cls, params: dict[str, str], version_dir: Path) -> TextEncoder:
         """The encoder a model config's parameters describe (see the module docstring)."""
-        return cls(version_dir / params["tokenizer_file"], int(params["max_length"]),
-                   params.get("truncation_side", "right"), params.get("pair_truncation", "only_second"),
-                   PairTemplate.from_parameters(params))
+        return cls(
+            version_dir / params["tokenizer_file"],
+            int(params["max_length"]),
+            params.get("truncation_side", "right"),
+            params.get("pair_truncation", "only_second"),
+            PairTemplate.from_parameters(params),
+        )
 
     def _encode(self, requests: Sequence[Sequence[Item]]) -> list[list[Encoding | Tokens]]:
         if self.template is not None:
@@ -120,16 +142,24 @@ class TextEncoder:
                     encoded[i] = encoding
         return _split(encoded, requests)
 
-    def _encode_templated(self, requests: Sequence[Sequence[Item]], template: PairTemplate) -> list[list[Encoding | Tokens]]:
+    def _encode_templated(
+        self, requests: Sequence[Sequence[Item]], template: PairTemplate
+    ) -> list[list[Encoding | Tokens]]:
         """Each pair filled into the template (a lone text is already), cut, between prefix and suffix."""
-        flat = [template.text(*item) if isinstance(item, tuple) else item for items in requests for item in items]
+        flat = [
+            template.text(*item) if isinstance(item, tuple) else item
+            for items in requests
+            for item in items
+        ]
         encoded: list[Encoding | Tokens | None] = []
         for encoding in self.single.encode_batch(flat):
             ids = [*self.prefix, *encoding.ids, *self.suffix]
             encoded.append(Tokens(ids, [0] * len(ids)))
         return _split(encoded, requests)
 
-    def encode_requests(self, requests: Sequence[Sequence[Item]]) -> Sequence[list[Encoding | Tokens] | Exception]:
+    def encode_requests(
+        self, requests: Sequence[Sequence[Item]]
+    ) -> Sequence[list[Encoding | Tokens] | Exception]:
         try:
             return self._encode(requests)
         except Exception:  # noqa: BLE001 - find which request failed; the others still succeed
@@ -142,7 +172,9 @@ class TextEncoder:
             return results
 
 
-def _split(encoded: list[Encoding | Tokens | None], requests: Sequence[Sequence[Item]]) -> list[list[Encoding | Tokens]]:
+def _split(
+    encoded: list[Encoding | Tokens | None], requests: Sequence[Sequence[Item]]
+) -> list[list[Encoding | Tokens]]:
     """The flat encodings back into one list per request (every slot is filled)."""
     split, start = [], 0
     for items in requests:
@@ -153,7 +185,10 @@ def _split(encoded: list[Encoding | Tokens | None], requests: Sequence[Sequence[
 
 def decode_texts(column: npt.NDArray[Any]) -> list[str]:
     """BYTES tensor -> str; raises UnicodeDecodeError for invalid UTF-8."""
-    return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in column.reshape(-1)]
+    return [
+        item.decode("utf-8") if isinstance(item, bytes) else str(item)
+        for item in column.reshape(-1)
+    ]
 
 
 def bucket_width(longest: int, buckets: list[int]) -> int:
@@ -161,11 +196,15 @@ def bucket_width(longest: int, buckets: list[int]) -> int:
     return next((b for b in buckets if b >= longest), longest)
 
 
-def pad_encodings(encodings: list[Encoding | Tokens], pad_id: int, buckets: list[int] | None = None) -> dict[str, npt.NDArray[Any]]:
+def pad_encodings(
+    encodings: list[Encoding | Tokens], pad_id: int, buckets: list[int] | None = None
+) -> dict[str, npt.NDArray[Any]]:
     """Right-pad one request's encodings to its longest row, or to that row's length bucket."""
     ids = [e.ids for e in encodings]
     width = bucket_width(max((len(row) for row in ids), default=0), buckets or [])
-    padded: dict[str, npt.NDArray[Any]] = contract.pad_token_rows(ids, [e.type_ids for e in encodings], pad_id, width)
+    padded: dict[str, npt.NDArray[Any]] = contract.pad_token_rows(
+        ids, [e.type_ids for e in encodings], pad_id, width
+    )
     return padded
 
 
@@ -180,12 +219,15 @@ def read_items(request: Any) -> Sequence[Item]:
         return texts
     pairs = decode_texts(pair_tensor.as_numpy())
     if len(pairs) != len(texts):
-        raise ValueError(f"{contract.TEXT_PAIR} has {len(pairs)} rows, {contract.TEXT} has {len(texts)}")
+        raise ValueError(
+            f"{contract.TEXT_PAIR} has {len(pairs)} rows, {contract.TEXT} has {len(texts)}"
+        )
     return list(zip(texts, pairs))
 
 
-def tokenize_requests(encoder: TextEncoder, requests: Sequence[Any], pad_id: int,
-                      buckets: list[int] | None = None) -> list[dict[str, npt.NDArray[Any]] | Exception]:
+def tokenize_requests(
+    encoder: TextEncoder, requests: Sequence[Any], pad_id: int, buckets: list[int] | None = None
+) -> list[dict[str, npt.NDArray[Any]] | Exception]:
     """Padded token tensors per request, every text in one `encode_batch`; a request that cannot be
     read or tokenized gets its own exception, the others their tensors."""
     readable: list[Sequence[Item]] = []
@@ -200,21 +242,25 @@ def tokenize_requests(encoder: TextEncoder, requests: Sequence[Any], pad_id: int
     results: list[dict[str, npt.NDArray[Any]] | Exception] = []
     for failed in outcome:
         result = failed or next(encoded)
-        results.append(result if isinstance(result, Exception) else pad_encodings(result, pad_id, buckets))
+        results.append(
+            result if isinstance(result, Exception) else pad_encodings(result, pad_id, buckets)
+        )
     return results
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = contract.parameters(args["model_config"])
-        self.encoder = TextEncoder.from_parameters(params, Path(args["model_repository"]) / args["model_version"])
+        self.encoder = TextEncoder.from_parameters(
+            params, Path(args["model_repository"]) / args["model_version"]
+        )
         self.pad_id = int(params["pad_id"])
         self.buckets = contract.int_list(params.get("length_buckets", ""))
 
     def execute(self, requests: list[Any]) -> list[Any]:
         return [
             pb_utils.InferenceResponse(error=pb_utils.TritonError(f"invalid input: {result}"))
-            if isinstance(result, Exception) else
-            pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()])
+            if isinstance(result, Exception)
+            else pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in result.items()])
             for result in tokenize_requests(self.encoder, requests, self.pad_id, self.buckets)
         ]

@@ -60,7 +60,9 @@ class WrongModel(GatewayError):
 
 
 def status(error: GatewayError) -> grpc.StatusCode:
-    return grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, WrongModel) else STATUS[error.kind]
+    return (
+        grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, WrongModel) else STATUS[error.kind]
+    )
 
 
 @dataclass
@@ -86,11 +88,17 @@ def mean_timings(call: Call, each: list[Timings]) -> Timings:
     """A client stream's timings as TEI reports them: characters and tokens summed over its messages,
     tokenization, queue and inference times their means."""
     count = max(len(each), 1)
-    return Timings(received=call.started, request_id=call.request_id, model=each[-1].model if each else "",
-                   inputs=sum(t.inputs for t in each), characters=sum(t.characters for t in each),
-                   tokens=sum(t.tokens for t in each), tokenization_s=sum(t.tokenization_s for t in each) / count,
-                   queue_s=sum(t.queue_s or 0.0 for t in each) / count,
-                   inference_s=sum(t.inference_s for t in each) / count)
+    return Timings(
+        received=call.started,
+        request_id=call.request_id,
+        model=each[-1].model if each else "",
+        inputs=sum(t.inputs for t in each),
+        characters=sum(t.characters for t in each),
+        tokens=sum(t.tokens for t in each),
+        tokenization_s=sum(t.tokenization_s for t in each) / count,
+        queue_s=sum(t.queue_s or 0.0 for t in each) / count,
+        inference_s=sum(t.inference_s for t in each) / count,
+    )
 
 
 def _done(task: asyncio.Future[Any]) -> None:
@@ -98,8 +106,9 @@ def _done(task: asyncio.Future[Any]) -> None:
         task.exception()  # retrieved: a stream that failed no longer awaits its other messages
 
 
-async def in_order(messages: AsyncIterator[Q], handle: Callable[[Q], Awaitable[R]],
-                   limit: int) -> AsyncGenerator[R, None]:
+async def in_order(
+    messages: AsyncIterator[Q], handle: Callable[[Q], Awaitable[R]], limit: int
+) -> AsyncGenerator[R, None]:
     """`handle(message)` of every message, up to `limit` at once, yielded in the messages' order.
     Messages are read while earlier ones run; with `limit` unanswered, reading waits (gRPC's flow
     control then holds the client back). When one fails, or the consumer stops, the rest are cancelled."""
@@ -151,10 +160,15 @@ class Calls:
         for key, value in context.invocation_metadata() or ():
             if isinstance(value, str):  # "-bin" keys carry bytes; none of them is read here
                 metadata.setdefault(key, value)
-        if self.settings.api_key and not key_matches(metadata.get(AUTH_KEY, ""), self.settings.api_key):
+        if self.settings.api_key and not key_matches(
+            metadata.get(AUTH_KEY, ""), self.settings.api_key
+        ):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
-        headers = [(key.encode(), metadata[key].encode("latin-1", "replace"))
-                   for key in (REQUEST_ID_HEADER.decode(), "traceparent") if key in metadata]
+        headers = [
+            (key.encode(), metadata[key].encode("latin-1", "replace"))
+            for key in (REQUEST_ID_HEADER.decode(), "traceparent")
+            if key in metadata
+        ]
         return Call(rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter())
 
     async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
@@ -172,24 +186,37 @@ class Calls:
         self.log(call, grpc.StatusCode.OK)
         return reply
 
-    async def stream(self, messages: AsyncIterator[Q], context: Any, rpc: str, method: str,
-                     work: Work[Q, R]) -> AsyncIterator[R]:
+    async def stream(
+        self, messages: AsyncIterator[Q], context: Any, rpc: str, method: str, work: Work[Q, R]
+    ) -> AsyncIterator[R]:
         """A bidirectional stream: one answer per message, in order."""
         call = await self.open(context, rpc)
         await context.send_initial_metadata(self._id(call))
-        replies = in_order(messages, lambda message: self._message(call, method, work, message),
-                           self.settings.max_client_batch_size)
+        replies = in_order(
+            messages,
+            lambda message: self._message(call, method, work, message),
+            self.settings.max_client_batch_size,
+        )
         with self.hang_up_logged(call):
             try:
-                async with aclosing(replies):  # closed now, its calls cancelled, when the client hangs up
+                async with aclosing(
+                    replies
+                ):  # closed now, its calls cancelled, when the client hangs up
                     async for reply in replies:
                         yield reply
             except GatewayError as error:
                 await self.fail(context, call, error)
         self.log(call, grpc.StatusCode.OK)
 
-    async def gathered(self, messages: AsyncIterator[Q], context: Any, rpc: str, method: str, work: Work[Q, R],
-                       combine: Callable[[list[R], Timings], Any]) -> Any:
+    async def gathered(
+        self,
+        messages: AsyncIterator[Q],
+        context: Any,
+        rpc: str,
+        method: str,
+        work: Work[Q, R],
+        combine: Callable[[list[R], Timings], Any],
+    ) -> Any:
         """A client stream answered once: `combine` of every message's result and of `mean_timings`,
         counted as one request."""
         call = await self.open(context, rpc)
@@ -197,7 +224,9 @@ class Calls:
         each: list[Timings] = []
 
         async def part(message: Q) -> R:
-            each.append(timings := Timings(received=time.perf_counter(), request_id=call.request_id))
+            each.append(
+                timings := Timings(received=time.perf_counter(), request_id=call.request_id)
+            )
             return await work(message, call.model, timings)
 
         results = in_order(messages, part, self.settings.max_client_batch_size)
@@ -247,13 +276,26 @@ class Calls:
 
     def log(self, call: Call, code: grpc.StatusCode, error: str = "") -> None:
         """The access log's line for the call, as `logs.RequestLog` writes one per HTTP request."""
-        level = logging.WARNING if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE) else logging.INFO
+        level = (
+            logging.WARNING
+            if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
+            else logging.INFO
+        )
         if not self.settings.access_log or not access.isEnabledFor(level):
             return
         total_ms = round((time.perf_counter() - call.started) * 1000, 2)
-        fields: dict[str, Any] = {"request_id": call.request_id, "method": "GRPC", "path": call.rpc,
-                                  "status": code.name, "total_ms": total_ms, "model": call.served,
-                                  "inputs": call.inputs, "tokens": call.tokens}
+        fields: dict[str, Any] = {
+            "request_id": call.request_id,
+            "method": "GRPC",
+            "path": call.rpc,
+            "status": code.name,
+            "total_ms": total_ms,
+            "model": call.served,
+            "inputs": call.inputs,
+            "tokens": call.tokens,
+        }
         if error:
             fields["error"] = error
-        access.log(level, "GRPC %s %s %.1f ms", call.rpc, code.name, total_ms, extra={"fields": fields})
+        access.log(
+            level, "GRPC %s %s %.1f ms", call.rpc, code.name, total_ms, extra={"fields": fields}
+        )

@@ -45,9 +45,11 @@ class TeiGrpcServer:
     async def start(cls, gateway: Gateway, host: str, port: int, reuse_port: bool) -> TeiGrpcServer:
         """Listening once this returns; a port it cannot bind is a RuntimeError naming it (the gateway
         then does not start, as with its HTTP port)."""
-        options = [("grpc.so_reuseport", int(reuse_port)),
-                   # a message is a request body: the same limit as HTTP's (gRPC answers RESOURCE_EXHAUSTED above it)
-                   ("grpc.max_receive_message_length", gateway.settings.payload_limit)]
+        options = [
+            ("grpc.so_reuseport", int(reuse_port)),
+            # a message is a request body: the same limit as HTTP's (gRPC answers RESOURCE_EXHAUSTED above it)
+            ("grpc.max_receive_message_length", gateway.settings.payload_limit),
+        ]
         server = grpc.aio.server(options=options)
         add_servicers(server, gateway)
         reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
@@ -55,7 +57,9 @@ class TeiGrpcServer:
         try:
             server.add_insecure_port(where)
         except RuntimeError as exc:
-            raise RuntimeError(f"--tei-grpc-port {port}: cannot listen on {where} (is the port taken?)") from exc
+            raise RuntimeError(
+                f"--tei-grpc-port {port}: cannot listen on {where} (is the port taken?)"
+            ) from exc
         await server.start()
         log.info("TEI gRPC API (%s) on %s", ", ".join(SERVICE_NAMES), where)
         return cls(server, where)

@@ -29,13 +29,29 @@ from prensa.gateway.service import Timings
 from prensa.gateway.tei_grpc import tei_pb2 as pb
 from prensa.gateway.tei_grpc import tei_pb2_grpc
 from prensa.gateway.tei_grpc.calls import Calls, WrongModel
-from prensa.gateway.tokenization import Item, Truncation, check_token_ids, simple_tokens, too_many_tokens
+from prensa.gateway.tokenization import (
+    Item,
+    Truncation,
+    check_token_ids,
+    simple_tokens,
+    too_many_tokens,
+)
 
-PRENSA_VERSION = version("prensa")  # read once: importlib.metadata scans site-packages on every call
+PRENSA_VERSION = version(
+    "prensa"
+)  # read once: importlib.metadata scans site-packages on every call
 SERVICES = ("Info", "Embed", "Predict", "Rerank", "Tokenize")
-SERVICE_NAMES = tuple(pb.DESCRIPTOR.services_by_name[name].full_name for name in SERVICES)  # "tei.v1.Embed", ...
-MODEL_TYPES = {"rerank": pb.MODEL_TYPE_RERANKER, "classify": pb.MODEL_TYPE_CLASSIFIER}  # any other task: embedding
-DIRECTIONS: dict[int, str] = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
+SERVICE_NAMES = tuple(
+    pb.DESCRIPTOR.services_by_name[name].full_name for name in SERVICES
+)  # "tei.v1.Embed", ...
+MODEL_TYPES = {
+    "rerank": pb.MODEL_TYPE_RERANKER,
+    "classify": pb.MODEL_TYPE_CLASSIFIER,
+}  # any other task: embedding
+DIRECTIONS: dict[int, str] = {
+    pb.TRUNCATION_DIRECTION_RIGHT: "right",
+    pb.TRUNCATION_DIRECTION_LEFT: "left",
+}
 # TEI's messages (core/src/tokenization.rs, router/src/grpc/server.rs).
 EMPTY_INPUTS = "Input validation error: `inputs` cannot be empty"
 EMPTY_IDS = "Input validation error: `input_ids` cannot be empty"
@@ -52,10 +68,14 @@ def _ns(seconds: float | None) -> int:
 
 def metadata(timings: Timings) -> pb.Metadata:
     """TEI's `Metadata` of an answer, from the request's timings."""
-    return pb.Metadata(compute_chars=timings.characters, compute_tokens=timings.tokens,
-                       total_time_ns=_ns(time.perf_counter() - timings.received),
-                       tokenization_time_ns=_ns(timings.tokenization_s), queue_time_ns=_ns(timings.queue_s),
-                       inference_time_ns=_ns(timings.inference_s))
+    return pb.Metadata(
+        compute_chars=timings.characters,
+        compute_tokens=timings.tokens,
+        total_time_ns=_ns(time.perf_counter() - timings.received),
+        tokenization_time_ns=_ns(timings.tokenization_s),
+        queue_time_ns=_ns(timings.queue_s),
+        inference_time_ns=_ns(timings.inference_s),
+    )
 
 
 def optional(message: Any, name: str) -> Any:
@@ -65,11 +85,15 @@ def optional(message: Any, name: str) -> Any:
 
 def ranks(scores: npt.NDArray[Any], texts: Sequence[str] | None) -> list[pb.Rank]:
     """Best first, ties in input order (as `/rerank`); each with its text when asked."""
-    return [pb.Rank(index=i, score=float(scores[i]), text=texts[i] if texts is not None else None)
-            for i in np.argsort(-scores, kind="stable").tolist()]
+    return [
+        pb.Rank(index=i, score=float(scores[i]), text=texts[i] if texts is not None else None)
+        for i in np.argsort(-scores, kind="stable").tolist()
+    ]
 
 
-def token_messages(tokenizer: Tokenizer, text: str, add_special_tokens: bool, limit: int) -> list[pb.SimpleToken]:
+def token_messages(
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool, limit: int
+) -> list[pb.SimpleToken]:
     """`Tokenize`'s tokens, built in a thread (a long text takes a while); past `limit` tokens it stops with
     the limit's error, as `/tokenize` does."""
     tokens: list[pb.SimpleToken] = []
@@ -115,100 +139,187 @@ class Handlers:
             raise GatewayError(ErrorKind.EMPTY, EMPTY_INPUTS)
         return prompted(served, self.settings, [text], prompt_name)
 
-    async def info(self, request: pb.InfoRequest, model: str | None, timings: Timings) -> pb.InfoResponse:
+    async def info(
+        self, request: pb.InfoRequest, model: str | None, timings: Timings
+    ) -> pb.InfoResponse:
         served = await self.pick(None, model)
         timings.model = served.name
+        # tokenization runs in Triton's tokenize stage (HTTP /info: null)
         return pb.InfoResponse(
-            version=PRENSA_VERSION, model_id=served.source, model_sha=served.revision or None,
-            model_dtype=served.dtype, model_type=MODEL_TYPES.get(served.task, pb.MODEL_TYPE_EMBEDDING),
-            max_concurrent_requests=self.settings.max_concurrent_requests, max_input_length=served.max_length,
-            max_batch_tokens=served.max_batch_tokens or 0, max_batch_requests=served.max_batch_size,
+            version=PRENSA_VERSION,
+            model_id=served.source,
+            model_sha=served.revision or None,
+            model_dtype=served.dtype,
+            model_type=MODEL_TYPES.get(served.task, pb.MODEL_TYPE_EMBEDDING),
+            max_concurrent_requests=self.settings.max_concurrent_requests,
+            max_input_length=served.max_length,
+            max_batch_tokens=served.max_batch_tokens or 0,
+            max_batch_requests=served.max_batch_size,
             max_client_batch_size=self.settings.max_client_batch_size,
-            tokenization_workers=0)  # tokenization runs in Triton's tokenize stage (HTTP /info: null)
+            tokenization_workers=0,
+        )
 
-    async def embed(self, request: pb.EmbedRequest, model: str | None, timings: Timings) -> pb.EmbedResponse:
+    async def embed(
+        self, request: pb.EmbedRequest, model: str | None, timings: Timings
+    ) -> pb.EmbedResponse:
         served = await self.pick(Capability.DENSE, model)
         normalize = optional(request, "normalize")
         result = await self.service.dense(
-            served, self.items(served, request.inputs, optional(request, "prompt_name")),
-            self.truncation(request.truncate, request.truncation_direction), True if normalize is None else normalize,
-            optional(request, "dimensions"), timings, self.service.chunking(*asked_chunking(None)))
+            served,
+            self.items(served, request.inputs, optional(request, "prompt_name")),
+            self.truncation(request.truncate, request.truncation_direction),
+            True if normalize is None else normalize,
+            optional(request, "dimensions"),
+            timings,
+            self.service.chunking(*asked_chunking(None)),
+        )
         return pb.EmbedResponse(embeddings=result.rows[0].tolist(), metadata=metadata(timings))
 
-    async def embed_sparse(self, request: pb.EmbedSparseRequest, model: str | None,
-                           timings: Timings) -> pb.EmbedSparseResponse:
+    async def embed_sparse(
+        self, request: pb.EmbedSparseRequest, model: str | None, timings: Timings
+    ) -> pb.EmbedSparseResponse:
         served = await self.pick(Capability.SPARSE, model)
-        result = await self.service.sparse(served, self.items(served, request.inputs, optional(request, "prompt_name")),
-                                           self.truncation(request.truncate, request.truncation_direction), timings)
-        values = [pb.SparseValue(index=i, value=v) for i, v in zip(result.rows[0].tolist(), result.weights[0].tolist())]
+        result = await self.service.sparse(
+            served,
+            self.items(served, request.inputs, optional(request, "prompt_name")),
+            self.truncation(request.truncate, request.truncation_direction),
+            timings,
+        )
+        values = [
+            pb.SparseValue(index=i, value=v)
+            for i, v in zip(result.rows[0].tolist(), result.weights[0].tolist())
+        ]
         return pb.EmbedSparseResponse(sparse_embeddings=values, metadata=metadata(timings))
 
-    async def embed_all(self, request: pb.EmbedAllRequest, model: str | None, timings: Timings) -> pb.EmbedAllResponse:
+    async def embed_all(
+        self, request: pb.EmbedAllRequest, model: str | None, timings: Timings
+    ) -> pb.EmbedAllResponse:
         served = await self.pick(Capability.HIDDEN, model)
-        result = await self.service.hidden(served, self.items(served, request.inputs, optional(request, "prompt_name")),
-                                           self.truncation(request.truncate, request.truncation_direction), timings)
+        result = await self.service.hidden(
+            served,
+            self.items(served, request.inputs, optional(request, "prompt_name")),
+            self.truncation(request.truncate, request.truncation_direction),
+            timings,
+        )
         tokens = [pb.TokenEmbedding(embeddings=row) for row in result.rows[0].tolist()]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(timings))
 
-    async def _predict(self, text: str, pair: str | None, truncate: bool, direction: int, raw_scores: bool,
-                       model: str | None, timings: Timings) -> pb.PredictResponse:
+    async def _predict(
+        self,
+        text: str,
+        pair: str | None,
+        truncate: bool,
+        direction: int,
+        raw_scores: bool,
+        model: str | None,
+        timings: Timings,
+    ) -> pb.PredictResponse:
         """Every label of the model by score, best first (ties in label order), as `/predict` ranks them."""
         served = await self.pick(Capability.PREDICT, model)
-        values, _ = await self.service.scores(served, [text], [pair], self.truncation(truncate, direction), raw_scores,
-                                              timings)
+        values, _ = await self.service.scores(
+            served, [text], [pair], self.truncation(truncate, direction), raw_scores, timings
+        )
         row = values[0]
-        predictions = [pb.Prediction(score=float(row[j]), label=served.id2label[j])
-                       for j in np.argsort(-row, kind="stable").tolist()]
+        predictions = [
+            pb.Prediction(score=float(row[j]), label=served.id2label[j])
+            for j in np.argsort(-row, kind="stable").tolist()
+        ]
         return pb.PredictResponse(predictions=predictions, metadata=metadata(timings))
 
-    async def predict(self, request: pb.PredictRequest, model: str | None, timings: Timings) -> pb.PredictResponse:
-        return await self._predict(request.inputs, None, request.truncate, request.truncation_direction,
-                                   request.raw_scores, model, timings)
+    async def predict(
+        self, request: pb.PredictRequest, model: str | None, timings: Timings
+    ) -> pb.PredictResponse:
+        return await self._predict(
+            request.inputs,
+            None,
+            request.truncate,
+            request.truncation_direction,
+            request.raw_scores,
+            model,
+            timings,
+        )
 
-    async def predict_pair(self, request: pb.PredictPairRequest, model: str | None,
-                           timings: Timings) -> pb.PredictResponse:
+    async def predict_pair(
+        self, request: pb.PredictPairRequest, model: str | None, timings: Timings
+    ) -> pb.PredictResponse:
         if len(request.inputs) not in (1, 2):  # TEI's check and message
-            raise GatewayError(ErrorKind.VALIDATION,
-                               f"`inputs` must have a single or two elements. Given: {len(request.inputs)}")
+            raise GatewayError(
+                ErrorKind.VALIDATION,
+                f"`inputs` must have a single or two elements. Given: {len(request.inputs)}",
+            )
         pair = request.inputs[1] if len(request.inputs) == 2 else None
-        return await self._predict(request.inputs[0], pair, request.truncate, request.truncation_direction,
-                                   request.raw_scores, model, timings)
+        return await self._predict(
+            request.inputs[0],
+            pair,
+            request.truncate,
+            request.truncation_direction,
+            request.raw_scores,
+            model,
+            timings,
+        )
 
-    async def rerank(self, request: pb.RerankRequest, model: str | None, timings: Timings) -> pb.RerankResponse:
+    async def rerank(
+        self, request: pb.RerankRequest, model: str | None, timings: Timings
+    ) -> pb.RerankResponse:
         if not request.texts:
             raise GatewayError(ErrorKind.VALIDATION, EMPTY_TEXTS)
         served = await self.pick(Capability.RERANK, model)
         texts = list(request.texts)
-        scores, _ = await self.service.relevance(served, request.query, texts,
-                                                 self.truncation(request.truncate, request.truncation_direction),
-                                                 request.raw_scores, timings)
-        return pb.RerankResponse(ranks=ranks(scores, texts if request.return_text else None),
-                                 metadata=metadata(timings))
+        scores, _ = await self.service.relevance(
+            served,
+            request.query,
+            texts,
+            self.truncation(request.truncate, request.truncation_direction),
+            request.raw_scores,
+            timings,
+        )
+        return pb.RerankResponse(
+            ranks=ranks(scores, texts if request.return_text else None), metadata=metadata(timings)
+        )
 
-    async def rerank_one(self, request: pb.RerankStreamRequest, raw_scores: bool, model: str | None,
-                         timings: Timings) -> float:
+    async def rerank_one(
+        self, request: pb.RerankStreamRequest, raw_scores: bool, model: str | None, timings: Timings
+    ) -> float:
         """One pair of a `RerankStream`: its score (`raw_scores` is the stream's first message's, as TEI)."""
         served = await self.pick(Capability.RERANK, model)
-        scores, _ = await self.service.relevance(served, request.query, [request.text],
-                                                 self.truncation(request.truncate, request.truncation_direction),
-                                                 raw_scores, timings)
+        scores, _ = await self.service.relevance(
+            served,
+            request.query,
+            [request.text],
+            self.truncation(request.truncate, request.truncation_direction),
+            raw_scores,
+            timings,
+        )
         return float(scores[0])
 
-    async def tokenize(self, request: pb.EncodeRequest, model: str | None, timings: Timings) -> pb.EncodeResponse:
+    async def tokenize(
+        self, request: pb.EncodeRequest, model: str | None, timings: Timings
+    ) -> pb.EncodeResponse:
         if not request.inputs:
             raise GatewayError(ErrorKind.EMPTY, EMPTY_INPUTS)
         served = await self.pick(None, model)
         timings.model, timings.inputs = served.name, 1
-        text = cast(str, prompted(served, self.settings, [request.inputs], optional(request, "prompt_name"))[0])
+        text = cast(
+            str,
+            prompted(served, self.settings, [request.inputs], optional(request, "prompt_name"))[0],
+        )
         limit = self.service.tokenize_limit(served)
-        if len(text) > limit * served.longest_token:  # more tokens than the limit for sure: refused before tokenizing
-            raise too_many_tokens(limit, f"{len(text)} characters, and no token of the model is longer than "
-                                         f"{served.longest_token}")
-        tokens = await self.service.tokenizer_work(1, token_messages, served.require_tokenizer(), text,
-                                                   request.add_special_tokens, limit)
+        if (
+            len(text) > limit * served.longest_token
+        ):  # more tokens than the limit for sure: refused before tokenizing
+            raise too_many_tokens(
+                limit,
+                f"{len(text)} characters, and no token of the model is longer than "
+                f"{served.longest_token}",
+            )
+        tokens = await self.service.tokenizer_work(
+            1, token_messages, served.require_tokenizer(), text, request.add_special_tokens, limit
+        )
         return pb.EncodeResponse(tokens=tokens)
 
-    async def decode(self, request: pb.DecodeRequest, model: str | None, timings: Timings) -> pb.DecodeResponse:
+    async def decode(
+        self, request: pb.DecodeRequest, model: str | None, timings: Timings
+    ) -> pb.DecodeResponse:
         if not request.ids:
             raise GatewayError(ErrorKind.EMPTY, EMPTY_IDS)
         served = await self.pick(None, model)
@@ -216,8 +327,14 @@ class Handlers:
         limit = self.service.tokenize_limit(served)
         if len(request.ids) > limit:
             raise too_many_tokens(limit, f"{len(request.ids)} ids")
-        text = await self.service.tokenizer_work(1, decoded, served.require_tokenizer(), list(request.ids),
-                                                 served.token_id_limit, request.skip_special_tokens)
+        text = await self.service.tokenizer_work(
+            1,
+            decoded,
+            served.require_tokenizer(),
+            list(request.ids),
+            served.token_id_limit,
+            request.skip_special_tokens,
+        )
         return pb.DecodeResponse(text=text)
 
 
@@ -230,66 +347,110 @@ class Servicer:
 
 
 class InfoServicer(Servicer):
-    async def Info(self, request: pb.InfoRequest, context: Any) -> pb.InfoResponse:  # noqa: N802
+    async def Info(self, request: pb.InfoRequest, context: Any) -> pb.InfoResponse:
         return await self.calls.unary(request, context, rpc("Info", "Info"), "info", self.work.info)
 
 
 class EmbedServicer(Servicer):
-    async def Embed(self, request: pb.EmbedRequest, context: Any) -> pb.EmbedResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Embed", "Embed"), "embed", self.work.embed)
+    async def Embed(self, request: pb.EmbedRequest, context: Any) -> pb.EmbedResponse:
+        return await self.calls.unary(
+            request, context, rpc("Embed", "Embed"), "embed", self.work.embed
+        )
 
-    async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],  # noqa: N802
-                          context: Any) -> AsyncIterator[pb.EmbedResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Embed", "EmbedStream"), "embed", self.work.embed):
+    async def EmbedStream(
+        self,
+        requests: AsyncIterator[pb.EmbedRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.EmbedResponse]:
+        async for reply in self.calls.stream(
+            requests, context, rpc("Embed", "EmbedStream"), "embed", self.work.embed
+        ):
             yield reply
 
-    async def EmbedSparse(self, request: pb.EmbedSparseRequest, context: Any) -> pb.EmbedSparseResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Embed", "EmbedSparse"), "embed_sparse",
-                                      self.work.embed_sparse)
+    async def EmbedSparse(
+        self, request: pb.EmbedSparseRequest, context: Any
+    ) -> pb.EmbedSparseResponse:
+        return await self.calls.unary(
+            request, context, rpc("Embed", "EmbedSparse"), "embed_sparse", self.work.embed_sparse
+        )
 
-    async def EmbedSparseStream(self, requests: AsyncIterator[pb.EmbedSparseRequest],  # noqa: N802
-                                context: Any) -> AsyncIterator[pb.EmbedSparseResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Embed", "EmbedSparseStream"), "embed_sparse",
-                                             self.work.embed_sparse):
+    async def EmbedSparseStream(
+        self,
+        requests: AsyncIterator[pb.EmbedSparseRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.EmbedSparseResponse]:
+        async for reply in self.calls.stream(
+            requests,
+            context,
+            rpc("Embed", "EmbedSparseStream"),
+            "embed_sparse",
+            self.work.embed_sparse,
+        ):
             yield reply
 
-    async def EmbedAll(self, request: pb.EmbedAllRequest, context: Any) -> pb.EmbedAllResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Embed", "EmbedAll"), "embed_all", self.work.embed_all)
+    async def EmbedAll(self, request: pb.EmbedAllRequest, context: Any) -> pb.EmbedAllResponse:
+        return await self.calls.unary(
+            request, context, rpc("Embed", "EmbedAll"), "embed_all", self.work.embed_all
+        )
 
-    async def EmbedAllStream(self, requests: AsyncIterator[pb.EmbedAllRequest],  # noqa: N802
-                             context: Any) -> AsyncIterator[pb.EmbedAllResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Embed", "EmbedAllStream"), "embed_all",
-                                             self.work.embed_all):
+    async def EmbedAllStream(
+        self,
+        requests: AsyncIterator[pb.EmbedAllRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.EmbedAllResponse]:
+        async for reply in self.calls.stream(
+            requests, context, rpc("Embed", "EmbedAllStream"), "embed_all", self.work.embed_all
+        ):
             yield reply
 
 
 class PredictServicer(Servicer):
-    async def Predict(self, request: pb.PredictRequest, context: Any) -> pb.PredictResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Predict", "Predict"), "predict", self.work.predict)
+    async def Predict(self, request: pb.PredictRequest, context: Any) -> pb.PredictResponse:
+        return await self.calls.unary(
+            request, context, rpc("Predict", "Predict"), "predict", self.work.predict
+        )
 
-    async def PredictPair(self, request: pb.PredictPairRequest, context: Any) -> pb.PredictResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Predict", "PredictPair"), "predict",
-                                      self.work.predict_pair)
+    async def PredictPair(self, request: pb.PredictPairRequest, context: Any) -> pb.PredictResponse:
+        return await self.calls.unary(
+            request, context, rpc("Predict", "PredictPair"), "predict", self.work.predict_pair
+        )
 
-    async def PredictStream(self, requests: AsyncIterator[pb.PredictRequest],  # noqa: N802
-                            context: Any) -> AsyncIterator[pb.PredictResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Predict", "PredictStream"), "predict",
-                                             self.work.predict):
+    async def PredictStream(
+        self,
+        requests: AsyncIterator[pb.PredictRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.PredictResponse]:
+        async for reply in self.calls.stream(
+            requests, context, rpc("Predict", "PredictStream"), "predict", self.work.predict
+        ):
             yield reply
 
-    async def PredictPairStream(self, requests: AsyncIterator[pb.PredictPairRequest],  # noqa: N802
-                                context: Any) -> AsyncIterator[pb.PredictResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Predict", "PredictPairStream"), "predict",
-                                             self.work.predict_pair):
+    async def PredictPairStream(
+        self,
+        requests: AsyncIterator[pb.PredictPairRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.PredictResponse]:
+        async for reply in self.calls.stream(
+            requests,
+            context,
+            rpc("Predict", "PredictPairStream"),
+            "predict",
+            self.work.predict_pair,
+        ):
             yield reply
 
 
 class RerankServicer(Servicer):
-    async def Rerank(self, request: pb.RerankRequest, context: Any) -> pb.RerankResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Rerank", "Rerank"), "rerank", self.work.rerank)
+    async def Rerank(self, request: pb.RerankRequest, context: Any) -> pb.RerankResponse:
+        return await self.calls.unary(
+            request, context, rpc("Rerank", "Rerank"), "rerank", self.work.rerank
+        )
 
-    async def RerankStream(self, requests: AsyncIterator[pb.RerankStreamRequest],  # noqa: N802
-                           context: Any) -> pb.RerankResponse:
+    async def RerankStream(
+        self,
+        requests: AsyncIterator[pb.RerankStreamRequest],
+        context: Any,
+    ) -> pb.RerankResponse:
         """One (query, text) pair per message, scored as they arrive; one answer, ranked, when the stream
         ends. `raw_scores` and `return_text` are the first message's (TEI's rule)."""
         first: list[pb.RerankStreamRequest] = []
@@ -302,37 +463,54 @@ class RerankServicer(Servicer):
                 texts.append(request.text)
                 yield request
 
-        async def score(request: pb.RerankStreamRequest, model: str | None, timings: Timings) -> float:
+        async def score(
+            request: pb.RerankStreamRequest, model: str | None, timings: Timings
+        ) -> float:
             return await self.work.rerank_one(request, first[0].raw_scores, model, timings)
 
         def ranked(scores: list[float], total: Timings) -> pb.RerankResponse:
             if not scores:
                 raise GatewayError(ErrorKind.VALIDATION, EMPTY_TEXTS)
             shown = texts if first[0].return_text else None
-            return pb.RerankResponse(ranks=ranks(np.asarray(scores, dtype=np.float32), shown), metadata=metadata(total))
+            return pb.RerankResponse(
+                ranks=ranks(np.asarray(scores, dtype=np.float32), shown), metadata=metadata(total)
+            )
 
-        reply: pb.RerankResponse = await self.calls.gathered(remembered(), context, rpc("Rerank", "RerankStream"),
-                                                             "rerank", score, ranked)
+        reply: pb.RerankResponse = await self.calls.gathered(
+            remembered(), context, rpc("Rerank", "RerankStream"), "rerank", score, ranked
+        )
         return reply
 
 
 class TokenizeServicer(Servicer):
-    async def Tokenize(self, request: pb.EncodeRequest, context: Any) -> pb.EncodeResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Tokenize", "Tokenize"), "tokenize", self.work.tokenize)
+    async def Tokenize(self, request: pb.EncodeRequest, context: Any) -> pb.EncodeResponse:
+        return await self.calls.unary(
+            request, context, rpc("Tokenize", "Tokenize"), "tokenize", self.work.tokenize
+        )
 
-    async def TokenizeStream(self, requests: AsyncIterator[pb.EncodeRequest],  # noqa: N802
-                             context: Any) -> AsyncIterator[pb.EncodeResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Tokenize", "TokenizeStream"), "tokenize",
-                                             self.work.tokenize):
+    async def TokenizeStream(
+        self,
+        requests: AsyncIterator[pb.EncodeRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.EncodeResponse]:
+        async for reply in self.calls.stream(
+            requests, context, rpc("Tokenize", "TokenizeStream"), "tokenize", self.work.tokenize
+        ):
             yield reply
 
-    async def Decode(self, request: pb.DecodeRequest, context: Any) -> pb.DecodeResponse:  # noqa: N802
-        return await self.calls.unary(request, context, rpc("Tokenize", "Decode"), "decode", self.work.decode)
+    async def Decode(self, request: pb.DecodeRequest, context: Any) -> pb.DecodeResponse:
+        return await self.calls.unary(
+            request, context, rpc("Tokenize", "Decode"), "decode", self.work.decode
+        )
 
-    async def DecodeStream(self, requests: AsyncIterator[pb.DecodeRequest],  # noqa: N802
-                           context: Any) -> AsyncIterator[pb.DecodeResponse]:
-        async for reply in self.calls.stream(requests, context, rpc("Tokenize", "DecodeStream"), "decode",
-                                             self.work.decode):
+    async def DecodeStream(
+        self,
+        requests: AsyncIterator[pb.DecodeRequest],
+        context: Any,
+    ) -> AsyncIterator[pb.DecodeResponse]:
+        async for reply in self.calls.stream(
+            requests, context, rpc("Tokenize", "DecodeStream"), "decode", self.work.decode
+        ):
             yield reply
 
 
