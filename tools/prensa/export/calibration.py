@@ -145,7 +145,7 @@ def calibrate(
     from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
     from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
 
-    from prensa.export.quantize import GraphRunner
+    from prensa.export.graph_runner import GraphRunner
     from prensa.triton.repo import ServingOptions, encoder_rows
 
     if manifest.task not in DENSE_TASKS:

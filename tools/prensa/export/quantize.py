@@ -6,7 +6,6 @@ the figures of both are reported so the choice is visible.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.export.calibration import served_dense
+from prensa.export.graph_runner import GraphRunner
 from prensa.manifest import Pooling, Task
 from prensa.stages import contract, load_stage
 from prensa.workload import embedding_texts, rerank_cases
@@ -62,20 +62,6 @@ def quantize_dynamic_int8(
         use_external_data_format=external,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
-
-
-class GraphRunner:
-    """Runs a graph one text (or pair) at a time: int8 results depend on batch neighbours."""
-
-    def __init__(self, path: Path, inputs: list[str]) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.inputs = inputs
-
-    def __call__(self, encoded: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
-        values = self.session.run(None, {n: encoded[n].astype(np.int64) for n in self.inputs})
-        return {meta.name: value for meta, value in zip(self.session.get_outputs(), values)}
 
 
 def _cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
