@@ -180,6 +180,9 @@ def report(runs: list[Served], ideal_hit_ratio: float) -> str:
     return "\n".join(lines)
 
 
+CACHE_BYTES = 256 << 20  # the cached Triton's response cache
+
+
 @dataclass(frozen=True)
 class CacheRun:
     """What `prensa bench cache` sends: a stream of `requests` queries drawn from `distinct` ones."""
@@ -189,7 +192,7 @@ class CacheRun:
     concurrency: int = 4
     distinct: int = 10_000
     zipf_s: float = 1.1
-    cache_bytes: int = 256 << 20
+    cache_bytes: int = CACHE_BYTES
     warmup: int = 50
     rounds: int = 20
     seed: int = 0

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from prensa.bench.cache_gain import CACHE_BYTES
 from prensa.bench.report import add_ratios, print_table, write_json, write_plot
 from prensa.bench.suite import BenchOptions, parse_layout, run_bench
 from prensa.cli.extras import require
@@ -273,8 +274,9 @@ def cache(
     zipf_s: Annotated[
         float, typer.Option(help="Zipf exponent: rank k is drawn with weight k^-s.")
     ] = 1.1,
-    cache_size: Annotated[int, typer.Option(min=1, help="Bytes of Triton's response cache.")] = 256
-    << 20,
+    cache_size: Annotated[
+        int, typer.Option(min=1, help="Bytes of Triton's response cache.")
+    ] = CACHE_BYTES,
     warmup: Annotated[
         int, typer.Option(min=0, help="Requests before measuring, outside the stream.")
     ] = 50,
