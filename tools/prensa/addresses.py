@@ -23,9 +23,8 @@ def http_url(port: int, path: str = "") -> str:
     return f"http://{LOOPBACK}:{port}{path}"
 
 
-_HANDED_OUT: set[int] = (
-    set()
-)  # the kernel may give a just-closed port again: never twice to this process
+# the kernel may give a just-closed port again: never twice to this process
+_HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:

@@ -15,11 +15,12 @@ from types import ModuleType
 
 ENSEMBLES_DIR = Path(__file__).resolve().parent / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
+# the ensemble's steps in order; `fused` runs all three
 PIPELINE_STAGES = (
     "tokenize",
     "encode",
     "pool",
-)  # the ensemble's steps in order; `fused` runs all three
+)
 
 
 def stage_model_name(model: str, stage: str) -> str:

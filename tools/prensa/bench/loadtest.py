@@ -19,9 +19,8 @@ from prensa.addresses import LOOPBACK_NAMES
 from prensa.stages import stage_of_model
 from prensa.triton.metrics import ModelStats, difference, scrape
 
-LOCUSTFILE = (
-    Path(__file__).resolve().parent / "locustfile.py"
-)  # locust runs it by path, in its own process
+# locust runs it by path, in its own process
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 SCENARIOS = {
     "openai": "OpenAIEmbeddingsUser",
     "embed": "TEIEmbedUser",

@@ -77,9 +77,8 @@ class BenchOptions:
     pipelines: list[Pipeline] = field(default_factory=lambda: list(Pipeline))
 
 
-BENCH_CACHE_BYTES = (
-    256 << 20
-)  # Triton's response cache in the cached runs: room for every distinct query
+# Triton's response cache in the cached runs: room for every distinct query
+BENCH_CACHE_BYTES = 256 << 20
 
 
 def server_pids(triton: TritonProcess) -> list[int]:

@@ -20,9 +20,8 @@ import typer
 from prensa.options import InvalidSetting, command_flag, flag_name, flag_of
 
 R = TypeVar("R")
-Build = Callable[
-    [dict[str, Any]], dict[str, Any]
-]  # pops a command's option values, returns what it injects
+# pops a command's option values, returns what it injects
+Build = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def envvar(flag: str) -> str:

@@ -30,9 +30,8 @@ from prensa.triton.repo import (
     served_pipeline,
 )
 
-KINDS = (
-    contract.OUTPUT_KINDS
-)  # output kinds a corpus run can ask for, and the ensemble outputs each needs
+# output kinds a corpus run can ask for, and the ensemble outputs each needs
+KINDS = contract.OUTPUT_KINDS
 EMBEDDING_TASKS = (Task.EMBED.value, Task.M3.value, Task.SPLADE.value)
 
 

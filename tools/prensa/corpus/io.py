@@ -212,9 +212,8 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
     record_path = out / RECORD_FILE
     if record_path.exists():
         previous = json.loads(record_path.read_text())
-        keys = (record.keys() | previous.keys()) - {
-            "model"
-        }  # the name may differ, the vectors may not
+        # the name may differ, the vectors may not
+        keys = (record.keys() | previous.keys()) - {"model"}
         changed = sorted(k for k in keys if previous.get(k) != record.get(k))
         if changed:
             raise CorpusError(

@@ -37,9 +37,8 @@ FIGURE = "calibration"  # the export report's line; not "int8 ...", which names 
 # so larger models are calibrated when asked: `--calibrate`, or `prensa calibrate` on the export later.
 AUTO_MAX_PARAMETERS = 150_000_000
 
-Run = Callable[
-    [Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]
-]  # tokenizer output -> graph outputs by name
+# tokenizer output -> graph outputs by name
+Run = Callable[[Mapping[str, npt.NDArray[Any]]], dict[str, npt.NDArray[Any]]]
 
 
 class CalibrationUnavailable(RuntimeError):

@@ -37,11 +37,12 @@ def fuse_transformer_ops(
     # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
     with contextlib.chdir(weights_dir or Path.cwd()):
         fusing = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    # plain LayerNorm is what torch exports already
     fused = {
         op: count
         for op, count in fusing.get_fused_operator_statistics().items()
         if count and op != "LayerNormalization"
-    }  # plain LayerNorm is what torch exports already
+    }
     if fused:
         if weights_dir is not None:
             # written out again below, one by one

@@ -98,12 +98,13 @@ def move_graph(source: Path, target: Path) -> None:
     _readable_as_the_graph(target)
 
 
+# the steps that write a graph in a folder of their own first
 STAGING = (
     "trace",
     "fused",
     "fp32",
     "int8",
-)  # the steps that write a graph in a folder of their own first
+)
 
 
 def staging(parent: Path, step: str) -> tempfile.TemporaryDirectory[str]:

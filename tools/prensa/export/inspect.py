@@ -101,10 +101,11 @@ def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
 # An export holds the model in fp32 about this many times over at its peak: torch's weights and the
 # traced graph at once (measured on bge-m3 and Qwen3-Embedding's shapes: docs/performance.md).
 EXPORT_PEAK_FACTOR = 2.8
+# a folder's weights in the first format it has
 WEIGHT_FORMATS = (
     "*.safetensors",
     "pytorch_model*.bin",
-)  # a folder's weights in the first format it has
+)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 

@@ -603,9 +603,8 @@ def _export_torch(
         _to_fp16(onnx_path, onnx_path, options.external_data)
     with step("Checking fp16 against fp32 on a sample"):
         checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
-    fusion = {
-        k: v for k, v in report.figures.items() if k == FUSED_FIGURE
-    }  # the fp32 fusion step's figure
+    # the fp32 fusion step's figure
+    fusion = {k: v for k, v in report.figures.items() if k == FUSED_FIGURE}
     return GraphInfo(inputs, outputs, dtype, fused), VerifyReport(
         checked.heading, {**checked.figures, **fusion}, checked.ok
     )

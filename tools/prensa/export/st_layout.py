@@ -17,6 +17,7 @@ from typing import Any
 from prensa.export.source import SourceError, SourceModel
 
 MODULES_FILE = "modules.json"
+# legacy key order
 POOLING_MODES = (
     "cls",
     "max",
@@ -24,7 +25,7 @@ POOLING_MODES = (
     "mean_sqrt_len_tokens",
     "weightedmean",
     "lasttoken",
-)  # legacy key order
+)
 SPLADE_STRATEGIES = ("max", "sum")
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 TRANSFORMERS = ("Transformer", "MLMTransformer")

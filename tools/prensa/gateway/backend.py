@@ -63,6 +63,5 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-BackendFactory = Callable[
-    [GatewaySettings], Backend
-]  # called in the app's lifespan, inside its event loop
+# called in the app's lifespan, inside its event loop
+BackendFactory = Callable[[GatewaySettings], Backend]

@@ -36,17 +36,17 @@ from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
 
 log = logging.getLogger("prensa.gateway")
-TOKENIZE_STAGE = load_stage(
-    "tokenize"
-)  # an LLM reranker's prompt is built as the tokenize stage builds it
+# an LLM reranker's prompt is built as the tokenize stage builds it
+TOKENIZE_STAGE = load_stage("tokenize")
 REFRESH_INTERVAL_S = (
     1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
 )
 TASKS = frozenset(task.value for task in Task)
+# (state, reason) in Triton's index of a model unloaded on purpose
 UNLOADED = (
     "UNAVAILABLE",
     "unloaded",
-)  # (state, reason) in Triton's index of a model unloaded on purpose
+)
 
 
 class Capability(str, Enum):
@@ -172,9 +172,8 @@ class ServedModel:
         return self.tokenizer
 
 
-TokenizerCache = dict[
-    tuple[Path, int], Tokenizer
-]  # (file, mtime_ns): a refresh reloads changed files only
+# (file, mtime_ns): a refresh reloads changed files only
+TokenizerCache = dict[tuple[Path, int], Tokenizer]
 
 
 def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:

@@ -187,9 +187,8 @@ def embeddings_by_type(
     vectors: npt.NDArray[Any], types: Sequence[str], ranges: npt.NDArray[Any] | None
 ) -> dict[str, Any]:
     """Cohere's `embeddings` object: one list of vectors per requested type."""
-    return {
-        kind: as_type(vectors, kind, ranges) for kind in dict.fromkeys(types)
-    }  # in request order, once each
+    # in request order, once each
+    return {kind: as_type(vectors, kind, ranges) for kind in dict.fromkeys(types)}
 
 
 async def cohere_embed(

@@ -74,9 +74,8 @@ from prensa.gateway.tokenization import (
     too_many_tokens,
 )
 
-PRENSA_VERSION = version(
-    "prensa"
-)  # read once: importlib.metadata scans site-packages on every call
+# read once: importlib.metadata scans site-packages on every call
+PRENSA_VERSION = version("prensa")
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["TEI"])
 open_router = APIRouter(route_class=GatewayRoute, tags=["operations"])

@@ -50,9 +50,8 @@ from prensa.triton.config import (
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
 PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-ENCODER_OUTPUT = (
-    contract.ENCODER_OUTPUT_TYPE.triton
-)  # the exported graph's outputs, named by its manifest
+# the exported graph's outputs, named by its manifest
+ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton
 
 
 # The encoder (ensemble encode stage or fused model) runs one instance unless told otherwise. On
@@ -105,13 +104,13 @@ class Target(str, Enum):
     )
 
 
+# the cpu target's Python encoder: onnxruntime's CPU or CUDA provider
 EXECUTION_PROVIDERS = (
     "cpu",
     "cuda",
-)  # the cpu target's Python encoder: onnxruntime's CPU or CUDA provider
-DEFAULT_REPO = Path(
-    "model_repo"
-)  # where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
+)
+# where `repo build` writes and `serve`, `gateway`, `tune` and `deploy` read
+DEFAULT_REPO = Path("model_repo")
 
 
 def length_list(text: str) -> tuple[int, ...]:
@@ -707,12 +706,13 @@ class ModelRenderer:
             if o.name in contract.ENCODER_ONLY
         ]
         warmup, files = self._text_warmup(text_inputs)
+        # the pool stage's `pooling` is what runs
         parameters = {
             **self.served_parameters(),
             **self.tokenize_parameters(),
             **self.encode_parameters(),
             **pool_parameters(self.m, self.options),
-        }  # the pool stage's `pooling` is what runs
+        }
         config = _python_stage(
             self.model.name,
             self.options,

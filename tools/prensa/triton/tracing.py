@@ -17,9 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 TRACES_PATH = "/v1/traces"
 GRPC_PORT, HTTP_PORT = 4317, 4318  # an OpenTelemetry collector's OTLP ports by convention
-NEVER = (
-    2**31 - 1
-)  # Triton's one-in-N rate for requests without a traceparent: none of them (see above)
+# Triton's one-in-N rate for requests without a traceparent: none of them (see above)
+NEVER = 2**31 - 1
 # The OpenTelemetry SDK's variable for how long spans wait before export; Triton is given it too.
 SCHEDULE_DELAY_VARIABLE = "OTEL_BSP_SCHEDULE_DELAY"
 

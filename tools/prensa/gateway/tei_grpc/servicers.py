@@ -37,17 +37,16 @@ from prensa.gateway.tokenization import (
     too_many_tokens,
 )
 
-PRENSA_VERSION = version(
-    "prensa"
-)  # read once: importlib.metadata scans site-packages on every call
+# read once: importlib.metadata scans site-packages on every call
+PRENSA_VERSION = version("prensa")
 SERVICES = ("Info", "Embed", "Predict", "Rerank", "Tokenize")
-SERVICE_NAMES = tuple(
-    pb.DESCRIPTOR.services_by_name[name].full_name for name in SERVICES
-)  # "tei.v1.Embed", ...
+# "tei.v1.Embed", ...
+SERVICE_NAMES = tuple(pb.DESCRIPTOR.services_by_name[name].full_name for name in SERVICES)
+# any other task: embedding
 MODEL_TYPES = {
     "rerank": pb.MODEL_TYPE_RERANKER,
     "classify": pb.MODEL_TYPE_CLASSIFIER,
-}  # any other task: embedding
+}
 DIRECTIONS: dict[int, str] = {
     pb.TRUNCATION_DIRECTION_RIGHT: "right",
     pb.TRUNCATION_DIRECTION_LEFT: "left",
