@@ -346,6 +346,32 @@ def test_reflection_lists_the_services(tei):
     assert pool.FindMessageTypeByName("tei.v1.RerankStreamRequest").fields_by_name["return_text"].number == 5
 
 
+def test_health_service_tells_what_health_tells(tei, start_tei, triton):
+    """gRPC's standard health service: SERVING for the server and each TEI service while the
+    gateway can answer, NOT_SERVING when its Triton is gone (HTTP /health: 503), NOT_FOUND for a
+    service it does not serve; open without the API key."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def check(gateway: Tei, service: str = "", **kwargs: object) -> int:
+        return health_pb2_grpc.HealthStub(gateway.channel).Check(
+            health_pb2.HealthCheckRequest(service=service), **kwargs).status
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert [check(tei, name) for name in ("", *sorted(SERVICES))] == [serving] * (len(SERVICES) + 1)
+    assert "grpc.health.v1.Health" in ProtoReflectionDescriptorDatabase(tei.channel).get_services()
+    unknown = refused(lambda: check(tei, "tei.v1.Nope"))
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND
+    watched = health_pb2_grpc.HealthStub(tei.channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert next(watched).status == serving
+    watched.cancel()
+    keyed = start_tei(api_key="secret")
+    assert check(keyed) == serving  # no key needed
+    nowhere = start_tei(triton_url=f"127.0.0.1:{free_port()}")
+    assert nowhere.http.get("/health").status_code == 503
+    assert check(nowhere) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert check(nowhere, "tei.v1.Embed") == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
 def test_overload_is_resource_exhausted(start_tei, need):
     need("reranker")
     small = start_tei(max_concurrent_requests=1)

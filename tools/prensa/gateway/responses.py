@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.backend import Backend
-from prensa.gateway.errors import ErrorShape
+from prensa.gateway.errors import ErrorShape, GatewayError
 from prensa.gateway.logs import ID_KEY, RECEIVED_KEY, TIMINGS_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
@@ -58,6 +58,15 @@ class Gateway:
     metrics: GatewayMetrics
     # Unix time: OpenAI's `created` of every model
     started: float = field(default_factory=time.time)
+
+    async def unhealthy(self) -> str | None:
+        """Why the gateway cannot answer now (Triton unreachable, a model not ready), or None: what
+        `/health` and gRPC's health service both report."""
+        try:
+            await self.registry.ensure()
+            return await self.registry.unready()
+        except GatewayError as exc:
+            return exc.message
 
 
 def _ms(seconds: float) -> str:

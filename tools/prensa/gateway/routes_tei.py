@@ -660,12 +660,7 @@ async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
 @open_router.get("/ping", include_in_schema=False)
 @open_router.get("/v1/health/ready", include_in_schema=False)  # NIM's readiness route
 async def health(http: GatewayRequest) -> Response:
-    gw = http.gateway
-    try:
-        await gw.registry.ensure()
-        problem = await gw.registry.unready()
-    except GatewayError as exc:
-        problem = exc.message
+    problem = await http.gateway.unhealthy()
     if problem is None:
         return Response(status_code=200)
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")

@@ -24,6 +24,8 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from prensa.gateway.responses import Gateway
+from prensa.gateway.tei_grpc.health import SERVICE_NAME as HEALTH_SERVICE
+from prensa.gateway.tei_grpc.health import add_health
 from prensa.gateway.tei_grpc.servicers import SERVICE_NAMES, add_servicers
 
 log = logging.getLogger("prensa.gateway")
@@ -52,7 +54,10 @@ class TeiGrpcServer:
         ]
         server = grpc.aio.server(options=options)
         add_servicers(server, gateway)
-        reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
+        add_health(server, gateway, SERVICE_NAMES)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, HEALTH_SERVICE, reflection.SERVICE_NAME), server
+        )
         where = address(host, port)
         try:
             server.add_insecure_port(where)
