@@ -142,8 +142,9 @@ class GatewaySettings:
     # same host; off by default. prensa's own --grpc-port is Triton's.
     tei_grpc_port: int | None = setting(
         None,
-        "Serve TEI's gRPC API (package tei.v1, with server reflection and gRPC's health service) on this port, on the gateway's host; "
-        "with several --workers each binds it (SO_REUSEPORT). Unset: no gRPC server.",
+        "Serve TEI's gRPC API (package tei.v1, with server reflection and gRPC's health service) "
+        "on this port, on the gateway's host; with several --workers each binds it (SO_REUSEPORT). "
+        "Unset: no gRPC server.",
     )
     # uvicorn's own default waits for every request however long its client takes.
     graceful_timeout_s: float = setting(
