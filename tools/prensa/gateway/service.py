@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+from tokenizers import Tokenizer
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.chunking import (
@@ -315,7 +316,14 @@ class Service:
                 for item in items
             ]
         )
-        items, pairs = await self._bounded(model, items, pairs, truncation, timings)
+        if (
+            truncation.enabled
+            and model.tokenizer is not None
+            and has_long_texts(items, pairs, model.max_length)
+        ):
+            items, pairs = await self._bounded(
+                model.tokenizer, items, pairs, model.max_length, truncation, timings
+            )
         needs_tokens = needs_token_ids(model, items, pairs, encoder_only, prompt_tokens)
         rows = (
             await self._tokenized(model, items, pairs, truncation, prompt_tokens, timings)
@@ -343,24 +351,19 @@ class Service:
 
     async def _bounded(
         self,
-        model: ServedModel,
+        tokenizer: Tokenizer,
         items: list[Item],
         pairs: list[str] | None,
+        max_length: int,
         truncation: Truncation,
         timings: Timings,
     ) -> tuple[list[Item], list[str] | None]:
         """Texts longer than the model's window cut to what it reads, before anything (or Triton's
         tokenize stage) tokenizes a text per input or per pair."""
-        if (
-            not truncation.enabled
-            or model.tokenizer is None
-            or not has_long_texts(items, pairs, model.max_length)
-        ):
-            return items, pairs
         started = time.perf_counter()
         with stage("cut long texts", inputs=len(items)):
             bounded = await asyncio.to_thread(
-                bound_texts, model.tokenizer, items, pairs, model.max_length, truncation.direction
+                bound_texts, tokenizer, items, pairs, max_length, truncation.direction
             )
         timings.tokenized(time.perf_counter() - started)
         return bounded
