@@ -83,9 +83,8 @@ class Manifest:
     fused_ops: dict[str, int] = field(default_factory=dict)  # onnxruntime-only kernels in the graph
     # sentence-transformers prompt name -> text to prepend
     prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = (
-        None  # the prompt sentence-transformers applies when none is named
-    )
+    # the prompt sentence-transformers applies when none is named
+    default_prompt_name: str | None = None
     # sentence-transformers' Pooling `include_prompt`: false leaves a prompt's tokens out of the pooling,
     # which the graph and pool stage do for tokens marked `contract.PROMPT_TOKEN`.
     include_prompt: bool = True
@@ -93,9 +92,8 @@ class Manifest:
     # declares Matryoshka training without a list, None when it declares none (see `pipeline.read_matryoshka`).
     matryoshka_dimensions: list[int] | None = None
     calibration_file: str | None = None  # dense int8 ranges (CALIBRATION_FILE), for dense tasks
-    attention_heads: int | None = (
-        None  # the transformer's; with max_length, what one text's attention can hold
-    )
+    # the transformer's; with max_length, what one text's attention can hold
+    attention_heads: int | None = None
     # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s
     # fields (prefix, suffix, format, instruction).
     pair_template: dict[str, str] | None = None

@@ -19,9 +19,8 @@ class Flag:
     help: str
     name: str | None = None  # default: --field-name
     gateway_only: bool = False  # serve/up set it themselves (their own Triton and --repo)
-    parse: Callable[[str], Any] | None = (
-        None  # the flag takes one text that this turns into the value
-    )
+    # the flag takes one text that this turns into the value
+    parse: Callable[[str], Any] | None = None
 
 
 class InvalidSetting(ValueError):

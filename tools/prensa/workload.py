@@ -26,9 +26,8 @@ class Workloads(str, Enum):
 
     MIXED = "mixed"
     QUERIES = "queries"
-    ZIPF = (
-        "zipf"  # short queries repeated as search traffic repeats them: where a response cache pays
-    )
+    # short queries repeated as search traffic repeats them: where a response cache pays
+    ZIPF = "zipf"
 
 
 # A Zipf stream (rank k asked with weight k^-s) over this many distinct queries, as search logs look.

@@ -29,9 +29,8 @@ from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repo
 from prensa.workload import Workloads
 
 DEFAULT_COMMAND = "compare"
-BENCH_MODEL = (
-    "bench"  # the model name of the repository `gateway` and `tracing` build from an export
-)
+# the model name of the repository `gateway` and `tracing` build from an export
+BENCH_MODEL = "bench"
 
 
 app = typer.Typer(

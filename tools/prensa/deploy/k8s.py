@@ -230,9 +230,8 @@ class K8sOptions:
     name: str = "prensa"
     registry: str | None = None  # prefix of the Triton and gateway images, e.g. ghcr.io/acme
     gpus: int | None = None  # per pod; None: 1 when a stage runs on the GPU, else 0
-    memory: str | None = (
-        None  # per Triton container, request and limit; None: `triton_memory` of the repository
-    )
+    # per Triton container, request and limit; None: `triton_memory` of the repository
+    memory: str | None = None
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue_ms: float = 50.0  # average encoder queue time per request the autoscaler aims at

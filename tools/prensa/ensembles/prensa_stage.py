@@ -38,9 +38,8 @@ LAST_HIDDEN_STATE = "last_hidden_state"  # [tokens, hidden]
 TOKEN_WEIGHTS = "token_weights"  # bge-m3: relu(sparse_linear(h)), [tokens]
 COLBERT_VECS = "colbert_vecs"  # bge-m3: colbert_linear(h), [tokens, hidden], CLS row included
 LOGITS = "logits"  # sequence classification / rerank, [labels]
-SPLADE_WEIGHTS = (
-    "splade_weights"  # SPLADE: max (or sum) over tokens of log(1 + relu(mlm logits)), [vocab]
-)
+# SPLADE: max (or sum) over tokens of log(1 + relu(mlm logits)), [vocab]
+SPLADE_WEIGHTS = "splade_weights"
 # sentence-transformers' own Pooling and Dense modules run inside the graph (models with Dense
 # layers or poolings the pool stage does not compute): [dim], before Normalize.
 SENTENCE_EMBEDDING = "sentence_embedding"

@@ -24,12 +24,10 @@ class ModelPlan:
     pooling: Pooling | None
     normalize: bool
     max_length: int
-    layout: SentenceLayout | None = (
-        None  # sentence-transformers' modules, for embedders and SPLADE that have them
-    )
-    template: dict[str, str] | None = (
-        None  # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
-    )
+    # sentence-transformers' modules, for embedders and SPLADE that have them
+    layout: SentenceLayout | None = None
+    # an LLM reranker's prompt (Qwen3-Reranker; the tokenize stage's PairTemplate)
+    template: dict[str, str] | None = None
     # Put before each text by the export's check of an embedder whose pooling leaves prompts out
     # (`include_prompt: false`), so that the check covers how prensa marks them.
     verify_prompt: str | None = None
@@ -42,9 +40,8 @@ class ModelPlan:
         return "+".join(self.layout.pooling_modes)
 
 
-STAND_IN_PROMPT = (
-    "query: "  # checked when the model names no prompt: the gateway's --default-prompt may add one
-)
+# checked when the model names no prompt: the gateway's --default-prompt may add one
+STAND_IN_PROMPT = "query: "
 
 
 def _read_json(source: SourceModel, relative: str) -> Any:

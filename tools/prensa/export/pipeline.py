@@ -48,9 +48,8 @@ VERIFY_TEXTS = [
     "sparse retrieval weights individual terms; late interaction keeps one vector per token.",
 ]
 FP32_TOLERANCE = 1e-3
-RERANK_DEFAULT_MAX_LENGTH = (
-    512  # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
-)
+# FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
+RERANK_DEFAULT_MAX_LENGTH = 512
 ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompts live here
 # sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
 ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
@@ -80,15 +79,12 @@ class ExportOptions:
     trt_max_batch: int = contract.DEFAULT_MAX_BATCH_SIZE
     trt_opt_batch: int = 8
     trt_opt_length: int | None = None  # None: min(128, max length)
-    fuse_ops: bool = (
-        True  # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
-    )
-    external_data: bool = (
-        False  # weights in model.onnx.data even when the graph would fit in one file
-    )
-    calibrate: bool | None = (
-        None  # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
-    )
+    # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
+    fuse_ops: bool = True
+    # weights in model.onnx.data even when the graph would fit in one file
+    external_data: bool = False
+    # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
+    calibrate: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,8 @@ class GatewayApp(FastAPI):
         shared_permits: SharedPermits | None = None,
         **kwargs: Any,
     ) -> None:
-        self.direct_routes = (
-            direct_routes  # False: every route through FastAPI (the tests' reference)
-        )
+        # False: every route through FastAPI (the tests' reference)
+        self.direct_routes = direct_routes
         super().__init__(**kwargs)
         self.gateway_settings = settings
         self.state.metrics = metrics
@@ -269,9 +268,8 @@ def create_app(
             except RuntimeError:
                 await client.close()
                 raise
-            app.state.tei_grpc = (
-                tei_grpc  # `server.GatewayServer` starts its drain with the HTTP server's
-            )
+            # `server.GatewayServer` starts its drain with the HTTP server's
+            app.state.tei_grpc = tei_grpc
         yield
         if tei_grpc is not None:
             await tei_grpc.stop(settings.graceful_timeout_s)

@@ -56,9 +56,8 @@ class GatewayError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
-        self.retry_after_s = (
-            retry_after_s  # sent as `Retry-After`: when the condition should have passed
-        )
+        # sent as `Retry-After`: when the condition should have passed
+        self.retry_after_s = retry_after_s
 
     @property
     def headers(self) -> dict[str, str] | None:

@@ -36,9 +36,8 @@ TOKEN_BUCKETS = tuple(float(2**i) for i in range(19))  # 1 .. 262144
 BATCH_BUCKETS = tuple(float(2**i) for i in range(8))  # 1 .. 128
 
 
-MULTIPROCESS_DIR = (
-    "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode reads this variable
-)
+# prometheus-client's multiprocess mode reads this variable
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def multiprocess() -> bool:

@@ -38,9 +38,8 @@ from prensa.triton.repo import Pipeline, served_pipeline
 log = logging.getLogger("prensa.gateway")
 # an LLM reranker's prompt is built as the tokenize stage builds it
 TOKENIZE_STAGE = load_stage("tokenize")
-REFRESH_INTERVAL_S = (
-    1.0  # an empty registry, or an unknown model name, re-reads Triton at most this often
-)
+# an empty registry, or an unknown model name, re-reads Triton at most this often
+REFRESH_INTERVAL_S = 1.0
 TASKS = frozenset(task.value for task in Task)
 # (state, reason) in Triton's index of a model unloaded on purpose
 UNLOADED = (
@@ -88,19 +87,16 @@ class ServedModel:
     tokenizer: Tokenizer | None
     tokenizer_path: Path
     token_id_limit: int  # one past the largest valid token id (see `tokenization.token_id_limit`)
-    longest_token: int = (
-        16  # characters of the vocabulary's longest token: a text of N tokens has at most N x this
-    )
+    # characters of the vocabulary's longest token: a text of N tokens has at most N x this
+    longest_token: int = 16
     fused: bool = False  # one model: token ids in, encoder or pooled outputs out, in one call
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
-    include_prompt: bool = (
-        True  # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
-    )
+    # false: a prompt's tokens are left out of the pooling (see `prompt_length`)
+    include_prompt: bool = True
     # The sizes `dimensions` may cut its vectors to: () any, None where the model declares no Matryoshka training.
     matryoshka: tuple[int, ...] | None = None
-    dense_ranges: npt.NDArray[Any] | None = (
-        None  # [2, dim] min and max over a calibration corpus (int8/uint8 output)
-    )
+    # [2, dim] min and max over a calibration corpus (int8/uint8 output)
+    dense_ranges: npt.NDArray[Any] | None = None
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
     # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
     # token ids; `max_length` is then what the filled-in pair may take between them.

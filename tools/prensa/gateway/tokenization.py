@@ -69,9 +69,8 @@ class TokenRows:
     ids: list[list[int]]
     type_ids: list[list[int]]
     cut: bool  # some row was truncated
-    prompt_tokens: list[int] | None = (
-        None  # per row, leading tokens the pooling leaves out (a prompt's)
-    )
+    # per row, leading tokens the pooling leaves out (a prompt's)
+    prompt_tokens: list[int] | None = None
 
     def select(self, rows: slice) -> TokenRows:
         prompts = self.prompt_tokens[rows] if self.prompt_tokens else None
@@ -386,9 +385,8 @@ def tokenize_items(
     return TokenRows(ids, type_ids, cut)
 
 
-TOKENIZE_WINDOW = (
-    65_536  # characters: `/tokenize` tokenizes a longer text in pieces of about this size
-)
+# characters: `/tokenize` tokenizes a longer text in pieces of about this size
+TOKENIZE_WINDOW = 65_536
 
 
 def _specials(tokenizer: Tokenizer) -> tuple[list[tuple[int, str, tuple[int, int], bool]], ...]:

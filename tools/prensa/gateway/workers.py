@@ -54,9 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("prensa.gateway")
 
 CORES_PER_WORKER = 4  # the default: one worker per this many cores, at least one
-NEVER_STARTED = (
-    3  # a worker's exit code when its server did not start (uvicorn's own for a failed start-up)
-)
+# a worker's exit code when its server did not start (uvicorn's own for a failed start-up)
+NEVER_STARTED = 3
 QUICK_DEATH_S = 5.0  # a worker that dies younger than this is replaced after a pause, not at once
 REPLACE_PAUSE_S = 1.0
 STOP_MARGIN_S = 5.0  # beyond --graceful-timeout, before a worker still running is killed
@@ -165,9 +164,8 @@ class WorkerPool:
         self.count = worker_count(settings)
         self.should_exit = False
         self.started = False
-        self.signal: int | None = (
-            None  # the one that stopped the pool, raised again once the workers are down
-        )
+        # the one that stopped the pool, raised again once the workers are down
+        self.signal: int | None = None
         self.context = multiprocessing.get_context("spawn")
         self.counts: Any = self.context.Array("q", self.count)  # permits held, per slot
         self.workers: dict[int, Worker] = {}

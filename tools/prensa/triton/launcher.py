@@ -45,9 +45,8 @@ from prensa.triton.tracing import TritonTracing
 # Lines Triton logs as errors on every machine without a GPU.
 CPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM", "cuda", "CUDA")
 CACHE_DIR = Path(os.environ.get("PRENSA_CACHE", Path.home() / ".cache" / "prensa"))
-PR_SET_PDEATHSIG = (
-    1  # prctl(2) option: the signal a process gets when the thread that forked it ends
-)
+# prctl(2) option: the signal a process gets when the thread that forked it ends
+PR_SET_PDEATHSIG = 1
 LIBC = ctypes.CDLL(None, use_errno=True)
 # Triton's local cache refuses to start on a few hundred bytes, and one that cannot hold a response
 # logs an error per request; a size below this is a unit mistake (`--cache-size 512` meant MiB).
@@ -83,9 +82,8 @@ class TritonOptions:
     strict_readiness: bool = True
     exit_timeout_s: int = 5  # in-flight requests get this long after SIGTERM (Triton's default: 30)
     tracing: TritonTracing | None = None  # Triton's OpenTelemetry tracing; off by default
-    cache_bytes: int = (
-        0  # Triton's local response cache, shared by the models that turn it on; 0: none
-    )
+    # Triton's local response cache, shared by the models that turn it on; 0: none
+    cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.cache_bytes != 0 and self.cache_bytes < MIN_CACHE_BYTES:

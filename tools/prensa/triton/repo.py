@@ -75,9 +75,8 @@ CACHED_TASKS = (Task.EMBED, Task.SPLADE)
 
 
 class Pipeline(str, Enum):
-    ENSEMBLE = (
-        "ensemble"  # tokenize -> encode -> pool models: stages run in parallel, each inspectable
-    )
+    # tokenize -> encode -> pool models: stages run in parallel, each inspectable
+    ENSEMBLE = "ensemble"
     FUSED = "fused"  # one Python model: the same stages without two process hops (CPU target only)
 
 
@@ -99,9 +98,8 @@ def served_pipeline(config: model_config_pb2.ModelConfig) -> Pipeline | None:
 
 class Target(str, Enum):
     CPU = "cpu"  # Python-backend encoder: onnxruntime over ragged, token-budget sub-batches
-    CONTAINER = (
-        "container"  # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
-    )
+    # native GPU encoder (TensorRT plan or onnxruntime backend), length buckets
+    CONTAINER = "container"
 
 
 # the cpu target's Python encoder: onnxruntime's CPU or CUDA provider

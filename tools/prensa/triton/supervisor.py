@@ -28,9 +28,8 @@ from prensa.triton.launcher import TritonProcess, TritonStartError
 
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 WATCH_INTERVAL_S = 0.5  # how often the stubs are looked at: a dead one is found within this
-MAX_ERROR_LINES = (
-    20  # Triton's error lines passed on per look; a flood of them is counted, not repeated
-)
+# Triton's error lines passed on per look; a flood of them is counted, not repeated
+MAX_ERROR_LINES = 20
 
 
 @dataclass(frozen=True)
