@@ -78,9 +78,8 @@ def field_parameter(
     """The option of one field: a repeatable flag for a tuple, a --x/--no-x pair for a bool, a text
     for a field whose flag parses one; `own_env`: PRENSA_<FLAG> rather than click's per-command name."""
     flag, default, declared = flag_name(item), item.default, command_flag(item)
-    if (
-        declared.parse is not None
-    ):  # one text, parsed when the value is built; None: the field's default
+    # one text, parsed when the value is built; None: the field's default
+    if declared.parse is not None:
         annotation, default = str | None, None
     elif repeatable(annotation):  # click hands a list, None when not given (`list[element] | None`)
         annotation = types.GenericAlias(list, (typing.get_args(annotation)[0],)) | None

@@ -190,9 +190,8 @@ def run_triton(
         tracing,
         extra={"fields": {"repo": str(options.repo), "triton_log": str(triton.log_path)}},
     )
-    if (
-        gateway and worker_count(settings) > 1
-    ):  # the supervisor's counters reach every worker's /metrics
+    # the supervisor's counters reach every worker's /metrics
+    if gateway and worker_count(settings) > 1:
         share_metrics()
     metrics = SupervisorMetrics()
     supervisor = Supervisor(triton, policy, say, metrics)

@@ -36,9 +36,8 @@ def additive_mask(
     allowed = attention_mask[:, None, None, :].bool()
     if causal:
         allowed = allowed & (key <= query)
-    if (
-        window is not None
-    ):  # transformers: query - key < window; bidirectional Gemma3: |query - key| < window
+    # transformers: query - key < window; bidirectional Gemma3: |query - key| < window
+    if window is not None:
         allowed = allowed & (((query - key).abs() if symmetric else query - key) < window)
     return torch.where(
         allowed, torch.zeros((), dtype=dtype), torch.full((), torch.finfo(dtype).min, dtype=dtype)
@@ -53,10 +52,11 @@ def decoder_masks(
     causal = not getattr(config, "use_bidirectional_attention", False)
     # bidirectional Gemma3's config has already halved it
     window = getattr(config, "sliding_window", None)
+    # one mask; Mistral's window applies to every layer
     if config.model_type in (
         "llama",
         "mistral",
-    ):  # one mask; Mistral's window applies to every layer
+    ):
         return additive_mask(
             attention_mask, dtype, causal, window if config.model_type == "mistral" else None
         )

@@ -224,9 +224,8 @@ def plan_model(
     # TEI normalises plain models by default
     normalize = layout.normalize if layout is not None else True
     verify_prompt = None
-    if (
-        layout is not None and not layout.include_prompt
-    ):  # the model's first prompt, or one a server could add
+    # the model's first prompt, or one a server could add
+    if layout is not None and not layout.include_prompt:
         verify_prompt = next((text for text in (prompts or {}).values() if text), STAND_IN_PROMPT)
     return ModelPlan(
         task,

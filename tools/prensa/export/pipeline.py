@@ -237,9 +237,8 @@ def _plan(
         positions - pad_offset if positions else None,
         prompts,
     )
-    if (
-        plan.task is Task.RERANK and options.max_length is None
-    ):  # an LLM reranker's card reads 8192 tokens
+    # an LLM reranker's card reads 8192 tokens
+    if plan.task is Task.RERANK and options.max_length is None:
         default = llm_reranker.MAX_LENGTH if plan.template else RERANK_DEFAULT_MAX_LENGTH
         plan = dataclasses.replace(plan, max_length=min(plan.max_length, default))
     if plan.template is not None:
@@ -591,9 +590,8 @@ def _export_torch(
             report = check_reference(
                 run_onnx(onnx_path, inputs, sample), sample, plan, reference, report
             )
-    if (
-        dtype == "fp32" or not report.ok
-    ):  # a trace that disagrees with torch stays fp32; the report says why
+    # a trace that disagrees with torch stays fp32; the report says why
+    if dtype == "fp32" or not report.ok:
         return GraphInfo(inputs, outputs, "fp32", fused), report
     with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
         _to_fp16(onnx_path, onnx_path, options.external_data)

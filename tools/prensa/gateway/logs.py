@@ -2,7 +2,7 @@
 
 `RequestLog` is the outermost ASGI layer but CORS: it takes the client's `x-request-id` (or the
 trace id of its W3C `traceparent`), makes one up when there is none, echoes it on every response,
-401s and 413s included, and hands it to the routes (the request's `Timings`, then Triton as the
+401s and 413s included, and hands it to the routes (the request's `RequestContext`, then Triton as the
 inference request id). When the response is sent it logs one line with the route, status, model,
 inputs, tokens and each stage's milliseconds, the reason of a 4xx or 5xx, which the error
 handlers leave in the request's state under `ERROR_KEY`, and the trace id of a traced request
@@ -27,12 +27,12 @@ REQUEST_ID_HEADER = b"x-request-id"
 CLIENT_REQUEST_ID = re.compile(r"[\w.:/+=@-]{1,128}")
 TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 # In the ASGI scope's "state": the request id, when it arrived (perf_counter), an error's reason,
-# the Timings, a sampled trace's id.
-ID_KEY, RECEIVED_KEY, ERROR_KEY, TIMINGS_KEY, TRACE_KEY = (
+# the RequestContext, a sampled trace's id.
+ID_KEY, RECEIVED_KEY, ERROR_KEY, CONTEXT_KEY, TRACE_KEY = (
     "request_id",
     "received",
     "error",
-    "timings",
+    "context",
     "trace_id",
 )
 
@@ -102,14 +102,14 @@ class RequestLog:
             "status": status,
             "total_ms": _ms(seconds),
         }
-        if (timings := state.get(TIMINGS_KEY)) is not None:
+        if (context := state.get(CONTEXT_KEY)) is not None:
             fields |= {
-                "model": timings.model,
-                "inputs": timings.inputs,
-                "tokens": timings.tokens,
-                "tokenization_ms": _ms(timings.tokenization_s),
-                "queue_ms": _ms(timings.queue_s),
-                "inference_ms": _ms(timings.inference_s),
+                "model": context.model,
+                "inputs": context.inputs,
+                "tokens": context.tokens,
+                "tokenization_ms": _ms(context.tokenization_s),
+                "queue_ms": _ms(context.queue_s),
+                "inference_ms": _ms(context.inference_s),
             }
         if error := state.get(ERROR_KEY):
             fields["error"] = error

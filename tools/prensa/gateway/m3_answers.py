@@ -14,8 +14,8 @@ from prensa.gateway.models import ServedModel
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_common import asked_chunking
 from prensa.gateway.protocol_m3 import M3Request
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import Gateway
-from prensa.gateway.service import Timings
 from prensa.gateway.tokenization import as_items
 from prensa.stages import contract
 
@@ -38,7 +38,7 @@ def colbert_json(vectors: npt.NDArray[Any], encoding: str) -> Any:
 
 
 async def embed_m3_payload(
-    request: M3Request, gw: Gateway, served: ServedModel, timings: Timings
+    request: M3Request, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> list[dict[str, Any]]:
     """What `/embed_m3` answers: each input's asked outputs, in one Triton call per chunk."""
     missing = [name for name in request.outputs if not OUTPUT_TENSORS[name] <= served.outputs]
@@ -53,7 +53,7 @@ async def embed_m3_payload(
         items,
         gw.service.truncation(request.truncate, request.truncation_direction),
         wanted,
-        timings,
+        context,
         gw.service.chunking(*asked_chunking(request.chunking)),
     )
     tokens: list[list[str]] | None = None

@@ -409,9 +409,8 @@ class Registry:
         No capability: any model will do (`/info`)."""
         await self.ensure()
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
-            if (
-                name not in self.models and self._may_refresh()
-            ):  # loaded into Triton after we started?
+            # loaded into Triton after we started?
+            if name not in self.models and self._may_refresh():
                 await self.refresh()
             model = self.models.get(name)
             if model is None:
@@ -424,9 +423,8 @@ class Registry:
                     f"model `{name}` (task {model.task}) does not provide {capability.value}"
                 )
             return model
-        if (
-            self.default_model and self.default_model not in self.models
-        ):  # never answer with another model
+        # never answer with another model
+        if self.default_model and self.default_model not in self.models:
             raise GatewayError(
                 ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
             )

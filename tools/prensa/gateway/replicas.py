@@ -63,9 +63,8 @@ class ReplicaPool:
 
     def _pick(self, tried: set[int]) -> int | None:
         candidates = [i for i, r in enumerate(self.replicas) if i not in tried and r.healthy]
-        if (
-            not candidates
-        ):  # every replica looks down: try the untried ones anyway, they may be back
+        # every replica looks down: try the untried ones anyway, they may be back
+        if not candidates:
             candidates = [i for i in range(len(self.replicas)) if i not in tried]
         return min(candidates, key=lambda i: self.replicas[i].outstanding, default=None)
 

@@ -1,4 +1,4 @@
-"""HTTP plumbing every router shares: the request type routes take (gateway state, timings, orjson
+"""HTTP plumbing every router shares: the request type routes take (gateway state, request context, orjson
 bodies), body validation as FastAPI's, orjson responses with timing headers, and a route class
 that counts every request under TEI's metric names."""
 
@@ -20,10 +20,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.errors import ErrorShape, GatewayError
-from prensa.gateway.logs import ID_KEY, RECEIVED_KEY, TIMINGS_KEY
+from prensa.gateway.logs import CONTEXT_KEY, ID_KEY, RECEIVED_KEY
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import Registry
-from prensa.gateway.service import Service, Timings
+from prensa.gateway.request_context import RequestContext
+from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
 
@@ -73,47 +74,47 @@ def _ms(seconds: float) -> str:
     return str(int(seconds * 1000))
 
 
-def timing_headers(timings: Timings) -> dict[str, str]:
+def timing_headers(context: RequestContext) -> dict[str, str]:
     """TEI's timing headers (HTTP headers, and the initial metadata of a TEI gRPC answer)."""
-    queue = timings.queue_s or 0.0
+    queue = context.queue_s or 0.0
     headers = {
         "x-compute-type": "triton",
-        "x-compute-time": _ms(timings.tokenization_s + queue + timings.inference_s),
-        "x-compute-characters": str(timings.characters),
-        "x-compute-tokens": str(timings.tokens),
-        "x-total-time": _ms(time.perf_counter() - timings.received),
-        "x-tokenization-time": _ms(timings.tokenization_s),
+        "x-compute-time": _ms(context.tokenization_s + queue + context.inference_s),
+        "x-compute-characters": str(context.characters),
+        "x-compute-tokens": str(context.tokens),
+        "x-total-time": _ms(time.perf_counter() - context.received),
+        "x-tokenization-time": _ms(context.tokenization_s),
         "x-queue-time": _ms(queue),
-        "x-inference-time": _ms(timings.inference_s),
+        "x-inference-time": _ms(context.inference_s),
     }
-    if timings.chunks is not None:  # windows per input, in order
-        headers[CHUNKS_HEADER] = ",".join(map(str, timings.chunks))
+    if context.chunks is not None:  # windows per input, in order
+        headers[CHUNKS_HEADER] = ",".join(map(str, context.chunks))
     return headers
 
 
-def json_response(payload: Any, timings: Timings | None = None) -> Response:
+def json_response(payload: Any, context: RequestContext | None = None) -> Response:
     """orjson straight from numpy arrays; TEI's timing headers when the request reached Triton."""
-    headers = timing_headers(timings) if timings is not None else {}
+    headers = timing_headers(context) if context is not None else {}
     with stage("serialize"):
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=headers)
 
 
-def record_success(metrics: GatewayMetrics, method: str, timings: Timings) -> None:
+def record_success(metrics: GatewayMetrics, method: str, context: RequestContext) -> None:
     """Count an answered request under `method`, with its time and the parts of it."""
     metrics.succeeded(
         method,
-        time.perf_counter() - timings.received,
-        timings.tokenization_s,
-        timings.queue_s or 0.0,
-        timings.inference_s,
+        time.perf_counter() - context.received,
+        context.tokenization_s,
+        context.queue_s or 0.0,
+        context.inference_s,
     )
 
 
 class GatewayRequest(Request):
     """The request as the routes take it (a parameter of this type, which FastAPI fills with the
     request itself: two dependencies fewer to solve per request; docs/performance.md has the
-    cost). It reaches the gateway's state and this request's timings, and
+    cost). It reaches the gateway's state and this request's context, and
     parses bodies with orjson: strict UTF-8 (a lone surrogate escape such as "\\ud800" is
     malformed JSON, not a text that fails later) and a nesting limit (1024) instead of a
     RecursionError. Its errors are `json.JSONDecodeError`s, which FastAPI turns into our 400."""
@@ -123,14 +124,14 @@ class GatewayRequest(Request):
         return cast(Gateway, self.app.state.gateway)
 
     @cached_property
-    def timings(self) -> Timings:
-        """This request's timings, from when `logs.RequestLog` saw it arrive; also left in the
+    def context(self) -> RequestContext:
+        """This request's context, from when `logs.RequestLog` saw it arrive; also left in the
         request's state for its log line."""
-        timings = Timings(
+        context = RequestContext(
             received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY)
         )
-        setattr(self.state, TIMINGS_KEY, timings)
-        return timings
+        setattr(self.state, CONTEXT_KEY, context)
+        return context
 
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):
@@ -293,5 +294,5 @@ class CountedRoute(GatewayRoute):
         metrics.started(self.name)
         response = await handler(request)
         if response.status_code < 400:
-            record_success(metrics, self.name, request.timings)
+            record_success(metrics, self.name, request.context)
         return response

@@ -30,6 +30,7 @@ from prensa.gateway.protocol_cohere import (
 from prensa.gateway.protocol_common import truncate_end
 from prensa.gateway.protocol_openai import ERRORS
 from prensa.gateway.quantize import as_type, check_ranged
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -37,7 +38,6 @@ from prensa.gateway.responses import (
     ModelParam,
     json_response,
 )
-from prensa.gateway.service import Timings
 from prensa.gateway.tokenization import Item, Truncation
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["Cohere and Jina"])
@@ -54,7 +54,7 @@ async def document_scores(
     query: str,
     texts: list[str],
     truncation: Truncation,
-    timings: Timings,
+    context: RequestContext,
     max_chunks: int | None = None,
     max_tokens: int | None = None,
     instruction: str | None = None,
@@ -68,7 +68,7 @@ async def document_scores(
         )
     if not max_chunks:
         values, tokens = await gw.service.relevance(
-            served, query, texts, truncation, False, timings, instruction=instruction
+            served, query, texts, truncation, False, context, instruction=instruction
         )
         return values, int(tokens.sum())
     # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
@@ -92,7 +92,7 @@ async def document_scores(
         cast("list[str]", windows.items),
         truncation,
         False,
-        timings,
+        context,
         instruction=instruction,
     )
     return best_of(values, windows), int(tokens.sum())
@@ -123,7 +123,7 @@ async def cohere_rerank(
     max_chunks: int | None = None,
     max_tokens: int | None = None,
 ) -> Response:
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
     scores, tokens = await document_scores(
@@ -132,7 +132,7 @@ async def cohere_rerank(
         request.query,
         texts,
         gw.service.truncation(*truncate_end(None)),
-        timings,
+        context,
         max_chunks,
         max_tokens,
         request.instruction,
@@ -148,7 +148,7 @@ async def cohere_rerank(
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "meta": meta,
         },
-        timings,
+        context,
     )
 
 
@@ -194,7 +194,7 @@ def embeddings_by_type(
 async def cohere_embed(
     request: CohereEmbedRequest, http: GatewayRequest, model: str | None, version: str
 ) -> Response:
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     served = await gw.registry.pick(Capability.DENSE, named_model(model, request.model))
     types = request.embedding_types or ["float"]
     check_ranged(
@@ -214,7 +214,7 @@ async def cohere_embed(
         gw.service.truncation(*truncate_end(request.truncate)),
         True,
         request.output_dimension,
-        timings,
+        context,
     )
     tokens = int(result.num_tokens.sum())
     meta = cohere_meta(version, input_tokens=tokens)
@@ -235,7 +235,7 @@ async def cohere_embed(
             "meta": meta,
             "response_type": response_type,
         },
-        timings,
+        context,
     )
 
 

@@ -17,6 +17,7 @@ from prensa.gateway.models import Capability, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_m3 import HybridScore, M3Embedding, M3Request, ScoreRequest, VllmScores
 from prensa.gateway.protocol_tei import ERRORS
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -24,7 +25,6 @@ from prensa.gateway.responses import (
     ModelParam,
     json_response,
 )
-from prensa.gateway.service import Timings
 from prensa.manifest import Task
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["bge-m3"])
@@ -40,7 +40,7 @@ async def embed_m3(request: M3Request, http: GatewayRequest, model: ModelParam =
     """Any subset of `dense`, `sparse` and `colbert` for each input, from one Triton call."""
     gw = http.gateway
     served = await gw.registry.pick(Capability.M3, named_model(model, request.model))
-    return json_response(await embed_m3_payload(request, gw, served, http.timings), http.timings)
+    return json_response(await embed_m3_payload(request, gw, served, http.context), http.context)
 
 
 def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
@@ -78,19 +78,19 @@ def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
 
 
 async def vllm_scores(
-    request: ScoreRequest, gw: Gateway, name: str | None, timings: Timings
+    request: ScoreRequest, gw: Gateway, name: str | None, context: RequestContext
 ) -> dict[str, Any]:
     """vLLM's `/score`: a reranker's sigmoid scores of the pairs, or an embedder's cosine similarity."""
     lefts, rights = score_pairs(request)
     served = await gw.registry.pick(None, name)
     truncation = gw.service.truncation(request.truncate, request.truncation_direction)
     if served.task is Task.RERANK:
-        values, tokens = await gw.service.scores(served, lefts, rights, truncation, False, timings)
+        values, tokens = await gw.service.scores(served, lefts, rights, truncation, False, context)
         scores, used = values[:, 0], int(tokens.sum())
     elif served.can(Capability.DENSE):
         unique = list(dict.fromkeys([*lefts, *rights]))
         result = await gw.service.dense(
-            served, prompted(served, gw.settings, list(unique)), truncation, True, None, timings
+            served, prompted(served, gw.settings, list(unique)), truncation, True, None, context
         )
         vectors = dict(zip(unique, np.asarray(result.rows)))
         scores = np.asarray([float(vectors[a] @ vectors[b]) for a, b in zip(lefts, rights)])
@@ -122,10 +122,10 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
     """Dense, sparse, ColBERT and their weighted means for each passage against the query, as
     FlagEmbedding's `BGEM3FlagModel.compute_score`; query and passages are encoded in one call.
     A body with vLLM's `text_1`/`text_2` (or `queries`/`documents`) gets vLLM's `/score` instead."""
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     if any(getattr(request, field) is not None for field in VLLM_FIELDS):
         return json_response(
-            await vllm_scores(request, gw, named_model(model, request.model), timings), timings
+            await vllm_scores(request, gw, named_model(model, request.model), context), context
         )
     served = await gw.registry.pick(Capability.M3, named_model(model, request.model))
     if request.query is None or request.passages is None:
@@ -139,7 +139,7 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
         [request.query, *request.passages],
         gw.service.truncation(request.truncate, request.truncation_direction),
         frozenset().union(*OUTPUT_TENSORS.values()),
-        timings,
+        context,
     )
     try:
         modes = hybrid.scores(rows, request.weights or hybrid.DEFAULT_WEIGHTS)
@@ -150,5 +150,5 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
             {"index": i, **{mode: values[i] for mode, values in modes.items()}}
             for i in range(len(request.passages))
         ],
-        timings,
+        context,
     )

@@ -19,7 +19,7 @@ async def nim_ranking(
     request: RankingRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """Raw cross-encoder logits, best first."""
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     passages = [p.text for p in request.passages]
     logits, _ = await gw.service.relevance(
@@ -28,7 +28,7 @@ async def nim_ranking(
         passages,
         gw.service.truncation(*truncate_end(request.truncate)),
         True,
-        timings,
+        context,
     )
     return json_response(
         {
@@ -37,5 +37,5 @@ async def nim_ranking(
                 for i in np.argsort(-logits, kind="stable").tolist()
             ]
         },
-        timings,
+        context,
     )

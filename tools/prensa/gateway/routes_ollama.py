@@ -66,7 +66,7 @@ async def _embedder(gw: Gateway, query_model: str | None, body_model: str) -> Se
 async def ollama_embed(
     request: OllamaEmbedRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     served = await _embedder(gw, model, request.model)
     check_options(request.options, served)
     texts: list[Item] = (
@@ -87,18 +87,18 @@ async def ollama_embed(
             Truncation(request.truncate, "right"),
             True,
             dimensions,
-            timings,
+            context,
         )
         vectors, tokens = result.rows, int(result.num_tokens.sum())
     return json_response(
         {
             "model": request.model,
             "embeddings": vectors,
-            "total_duration": int((time.perf_counter() - timings.received) * 1e9),
+            "total_duration": int((time.perf_counter() - context.received) * 1e9),
             "load_duration": 0,
             "prompt_eval_count": tokens,
         },
-        timings,
+        context,
     )
 
 
@@ -111,20 +111,20 @@ async def ollama_embeddings(
     request: OllamaEmbeddingsRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """One text, the model's pooled vector as Ollama's older route gives it: not normalised."""
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     served = await _embedder(gw, model, request.model)
     check_options(request.options, served)
     if not request.prompt:
-        return json_response({"embedding": []}, timings)
+        return json_response({"embedding": []}, context)
     result = await gw.service.dense(
         served,
         prompted(served, gw.settings, [request.prompt]),
         Truncation(gw.settings.auto_truncate, "right"),
         False,
         None,
-        timings,
+        context,
     )
-    return json_response({"embedding": result.rows[0]}, timings)
+    return json_response({"embedding": result.rows[0]}, context)
 
 
 def _details(served: ServedModel) -> dict[str, Any]:

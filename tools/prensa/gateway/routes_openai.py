@@ -100,7 +100,7 @@ async def openai_embeddings(
     request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """Dense, L2-normalised vectors; right truncation when --auto-truncate is on (the default)."""
-    gw, timings = http.gateway, http.timings
+    gw, context = http.gateway, http.context
     if request.late_chunking:
         raise validation(
             "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
@@ -115,7 +115,7 @@ async def openai_embeddings(
         gw.service.truncation(*truncate_end(request.truncate)),
         True,
         request.dimensions,
-        timings,
+        context,
         gw.service.chunking(*asked_chunking(request.chunking)),
     )
     tokens = int(result.num_tokens.sum())
@@ -132,14 +132,14 @@ async def openai_embeddings(
                     "object": "embedding",
                     "embedding": row,
                     "index": i,
-                    **({"chunks": timings.chunks[i]} if timings.chunks else {}),
+                    **({"chunks": context.chunks[i]} if context.chunks else {}),
                 }
                 for i, row in enumerate(rows)
             ],
             "model": served.name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         },
-        timings,
+        context,
     )
 
 

@@ -55,6 +55,7 @@ from prensa.gateway.protocol_tei import (
     VllmPoolings,
 )
 from prensa.gateway.quantize import base64_float32
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -65,7 +66,7 @@ from prensa.gateway.responses import (
     record_success,
     validate_body,
 )
-from prensa.gateway.service import Timings, gather
+from prensa.gateway.service import gather
 from prensa.gateway.tokenization import (
     Item,
     as_items,
@@ -90,7 +91,7 @@ class Operation:
     name: str  # the route's name, and its `method` label in the metrics
     request: type[ModelRequest]
     capability: Capability
-    run: Callable[[Any, Gateway, ServedModel, Timings], Awaitable[Any]]
+    run: Callable[[Any, Gateway, ServedModel, RequestContext], Awaitable[Any]]
 
     async def answer(
         self, request: ModelRequest, http: GatewayRequest, query_model: str | None
@@ -98,10 +99,12 @@ class Operation:
         """The payload for `request`, on the model it names (or the default one)."""
         gw = http.gateway
         served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
-        return await self.run(request, gw, served, http.timings)
+        return await self.run(request, gw, served, http.context)
 
 
-async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timings: Timings) -> Any:
+async def _embed(
+    request: EmbedRequest, gw: Gateway, served: ServedModel, context: RequestContext
+) -> Any:
     if request.outputs is not None:
         if not served.is_m3:
             raise validation(
@@ -118,7 +121,7 @@ async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timing
             colbert_encoding="float",
             chunking=request.chunking,
         )
-        return await embed_m3_payload(m3, gw, served, timings)
+        return await embed_m3_payload(m3, gw, served, context)
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
     result = await gw.service.dense(
         served,
@@ -126,21 +129,21 @@ async def _embed(request: EmbedRequest, gw: Gateway, served: ServedModel, timing
         gw.service.truncation(request.truncate, request.truncation_direction),
         request.normalize,
         request.dimensions,
-        timings,
+        context,
         gw.service.chunking(*asked_chunking(request.chunking)),
     )
     return result.rows
 
 
 async def _embed_sparse(
-    request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
     result = await gw.service.sparse(
         served,
         items,
         gw.service.truncation(request.truncate, request.truncation_direction),
-        timings,
+        context,
     )
     return [
         [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
@@ -152,11 +155,11 @@ def _per_token(method: str) -> Callable[..., Awaitable[Any]]:
     """`/embed_all` and `/embed_colbert`: one array of token vectors per input, from `Service.<method>`."""
 
     async def run(
-        request: TokenLevelRequest, gw: Gateway, served: ServedModel, timings: Timings
+        request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
     ) -> Any:
         items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
         truncation = gw.service.truncation(request.truncate, request.truncation_direction)
-        return (await getattr(gw.service, method)(served, items, truncation, timings)).rows
+        return (await getattr(gw.service, method)(served, items, truncation, context)).rows
 
     return run
 
@@ -184,7 +187,7 @@ def ranked_labels(
 
 
 async def _predict(
-    request: PredictRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: PredictRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     sequences, batched = predict_sequences(request.inputs)
     if any(len(s) not in (1, 2) for s in sequences):
@@ -198,7 +201,7 @@ async def _predict(
         pairs,
         gw.service.truncation(request.truncate, request.truncation_direction),
         raw,
-        timings,
+        context,
     )
     ranked = ranked_labels(values, served.id2label, hub.top_k if hub else None)
     return ranked if batched or hub is not None else ranked[0]
@@ -210,13 +213,13 @@ def text_list(inputs: str | list[str]) -> list[str]:
 
 
 async def _classify(
-    request: ClassifyRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: ClassifyRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
     texts = text_list(request.input)
     truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
     values, tokens = await gw.service.scores(
-        served, texts, [None] * len(texts), truncation, bool(request.raw_scores), timings
+        served, texts, [None] * len(texts), truncation, bool(request.raw_scores), context
     )
     labels, counted = served.id2label, int(tokens.sum())
     answer = {
@@ -254,7 +257,7 @@ def vllm_window(truncate_prompt_tokens: int | None) -> bool | None:
 
 
 async def _pooling(
-    request: PoolingRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: PoolingRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
     # texts only: vLLM's pooling takes no token ids here
@@ -263,10 +266,10 @@ async def _pooling(
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
-        result = await gw.service.hidden(served, items, truncation, timings)
+        result = await gw.service.hidden(served, items, truncation, context)
         data: list[Any] = list(result.rows)
     else:
-        result = await gw.service.dense(served, items, truncation, True, None, timings)
+        result = await gw.service.dense(served, items, truncation, True, None, context)
         rows = cast("npt.NDArray[Any]", result.rows)
         data = (
             [base64_float32(row) for row in rows]
@@ -301,7 +304,7 @@ def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
 
 
 async def _rerank(
-    request: RerankRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: RerankRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     passages, infinity = rerank_passages(request)
     scores, tokens = await gw.service.relevance(
@@ -310,7 +313,7 @@ async def _rerank(
         list(passages),
         gw.service.truncation(request.truncate, request.truncation_direction),
         request.raw_scores,
-        timings,
+        context,
         request.weights,
         request.instruction,
     )
@@ -343,7 +346,7 @@ async def _rerank(
 
 
 async def _similarity(
-    request: SimilarityRequest, gw: Gateway, served: ServedModel, timings: Timings
+    request: SimilarityRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     parameters = request.parameters
     if not request.inputs.sentences:
@@ -358,7 +361,7 @@ async def _similarity(
         [request.inputs.source_sentence, *request.inputs.sentences],
         parameters.prompt_name if parameters else None,
     )
-    result = await gw.service.dense(served, items, truncation, True, None, timings)
+    result = await gw.service.dense(served, items, truncation, True, None, context)
     source, others = result.rows[0], result.rows[1:]
     cosine = (
         others @ source / np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
@@ -390,7 +393,7 @@ DEFAULT_OPERATION = {
 async def _serve(
     operation: Operation, request: ModelRequest, http: GatewayRequest, model: str | None
 ) -> Response:
-    return json_response(await operation.answer(request, http, model), http.timings)
+    return json_response(await operation.answer(request, http, model), http.context)
 
 
 @router.post("/embed", response_model=list[list[float]], summary="Dense embeddings")
@@ -505,7 +508,7 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
     gw.metrics.started(operation.name)  # before parsing, as CountedRoute counts the named routes
     request = validate_body(operation.request, body)
     payload = await operation.answer(request, http, query_model)
-    record_success(gw.metrics, operation.name, http.timings)
+    record_success(gw.metrics, operation.name, http.context)
     return payload
 
 
@@ -517,7 +520,7 @@ async def default_route(
     """embed for embedders and bge-m3, embed_sparse for SPLADE, predict for classifiers and rerankers
     (rerank when the body has `query` and `texts`, similarity when `inputs` is a source sentence with
     sentences); the model from `?model=`, the body's `model` or the default one."""
-    return json_response(await _dispatch(request.root, http, model), http.timings)
+    return json_response(await _dispatch(request.root, http, model), http.context)
 
 
 async def vertex(
@@ -527,7 +530,7 @@ async def vertex(
     if not request.instances:
         raise GatewayError(ErrorKind.EMPTY, "`instances` cannot be empty")
     predictions = await gather([_dispatch(instance, http, model) for instance in request.instances])
-    return json_response({"predictions": predictions}, http.timings)
+    return json_response({"predictions": predictions}, http.context)
 
 
 VERTEX_ROUTE = "/vertex"
@@ -572,9 +575,8 @@ async def tokenize(
     gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
     limit = gw.service.tokenize_limit(served)
     characters = sum(map(len, texts))
-    if (
-        characters > limit * served.longest_token
-    ):  # more tokens than the limit for sure: refused before tokenizing
+    # more tokens than the limit for sure: refused before tokenizing
+    if characters > limit * served.longest_token:
         raise too_many_tokens(
             limit,
             f"{characters} characters, and no token of the model is longer than "

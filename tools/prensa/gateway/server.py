@@ -298,9 +298,8 @@ class GatewayServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         tei_grpc = getattr(getattr(self.config.app, "state", None), "tei_grpc", None)
-        if (
-            tei_grpc is not None
-        ):  # TEI's gRPC calls drain alongside the HTTP requests, in the same --graceful-timeout
+        # TEI's gRPC calls drain alongside the HTTP requests, in the same --graceful-timeout
+        if tei_grpc is not None:
             tei_grpc.begin_stop(self.config.timeout_graceful_shutdown)
         await super().shutdown(sockets=sockets)
         gc.unfreeze()  # the app can be collected again (several gateways come and go in a test process)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -42,6 +42,7 @@ from prensa.gateway.hybrid import scores as scores_of
 from prensa.gateway.limits import Permits
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.models import ServedModel
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tokenization import (
     Item,
@@ -53,7 +54,7 @@ from prensa.gateway.tokenization import (
     has_long_texts,
     tokenize_items,
 )
-from prensa.gateway.tracing import past_stage, stage
+from prensa.gateway.tracing import stage
 from prensa.stages import contract, load_stage
 
 # The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
@@ -64,52 +65,6 @@ M3_OUTPUTS = (contract.DENSE, contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, cont
 # Windows of a chunked input fit the model by construction; re-tokenized from their span of the text
 # one may come out a token longer at its edges, which right truncation drops instead of refusing.
 WINDOW_TRUNCATION = Truncation(True, "right")
-
-
-@dataclass
-class Timings:
-    """One request's account: what its timing headers, its access line and the metrics report (see
-    docs/api.md's headers for each field). Built once per request (by the middleware, or a gRPC
-    call), it changes only through the events below, each the service's."""
-
-    received: float  # perf_counter when the request arrived
-    request_id: str = ""  # see `logs.request_id`; Triton gets it as the inference request's id
-    model: str = ""  # the served model that answered
-    inputs: int = 0
-    tokenization_s: float = 0.0
-    queue_s: float | None = None
-    inference_s: float = 0.0
-    tokens: int = 0
-    characters: int = 0
-    chunks: list[int] | None = None  # windows per input, when long inputs were chunked
-
-    def began(self, model: str, items: Sequence[Item], pairs: Sequence[str] | None) -> None:
-        """A Triton call of this request starts; the first one ends its parsing and validation."""
-        if not self.inputs:
-            past_stage("parse and validate", self.received)
-        self.model, self.inputs = model, self.inputs + len(items)
-        self.characters += sum(len(item) for item in items if isinstance(item, str)) + sum(
-            map(len, pairs or ())
-        )
-
-    def tokenized(self, seconds: float) -> None:
-        self.tokenization_s += seconds
-
-    def chunked(self, counts: list[int], seconds: float) -> None:
-        self.chunks = counts
-        self.tokenization_s += seconds
-
-    def dispatched(self, now: float) -> float | None:
-        """The request's queue time (parsing, validation, admission) when this is its first dispatch,
-        else None: a `TritonWindow` wait counts as inference."""
-        if self.queue_s is not None:
-            return None
-        self.queue_s = max(now - self.received - self.tokenization_s, 0.0)
-        return self.queue_s
-
-    def inferred(self, seconds: float, tokens: int) -> None:
-        self.inference_s += seconds
-        self.tokens += tokens
 
 
 @dataclass
@@ -149,41 +104,54 @@ async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
 
 
-def needs_token_ids(
-    model: ServedModel,
-    items: Sequence[Item],
-    pairs: Sequence[str] | None,
-    encoder_only: bool,
-    prompt_tokens: Sequence[int],
-) -> bool:
+@dataclass(frozen=True)
+class Inference:
+    """What one request asks of Triton: its inputs (and their `pairs`), their truncation and the
+    outputs wanted; `encoder_only` asks for `<name>_encode`'s outputs instead of the pooled ones.
+    Built once per request (per group of a mixed one), it is what every step below reads."""
+
+    model: ServedModel
+    items: list[Item]
+    pairs: list[str] | None
+    truncation: Truncation
+    outputs: tuple[str, ...]
+    encoder_only: bool = False
+
+    def prompt_tokens(self) -> list[int]:
+        """Leading tokens the pooling leaves out, per input (none for the models that pool their
+        prompts, nearly all: no pass over the inputs then)."""
+        if self.model.include_prompt:
+            return []
+        return [
+            self.model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0
+            for item in self.items
+        ]
+
+
+def needs_token_ids(inference: Inference, prompt_tokens: Sequence[int]) -> bool:
     """Whether only the token path answers: encoder outputs, token-id inputs, a reranker's lone
     texts, or prompts the pooling leaves out, none of which the ensemble's text input can carry."""
     return (
-        encoder_only
-        or not all(isinstance(item, str) for item in items)
-        or (pairs is None and model.needs_pairs)
+        inference.encoder_only
+        or not all(isinstance(item, str) for item in inference.items)
+        or (inference.pairs is None and inference.model.needs_pairs)
         or any(prompt_tokens)
     )
 
 
-def gateway_tokenizes(
-    model: ServedModel,
-    items: Sequence[Item],
-    pairs: Sequence[str] | None,
-    truncation: Truncation,
-    needs_tokens: bool,
-) -> bool:
+def gateway_tokenizes(inference: Inference, needs_tokens: bool) -> bool:
     """Whether the gateway tokenizes: for the token path, or because Triton's tokenize stage could
     answer otherwise (it truncates right, refuses nothing, and refuses a pair whose first text leaves
     no room for the second)."""
+    model, truncation = inference.model, inference.truncation
     return (
         needs_tokens
         or not truncation.enabled
         or truncation.direction == "left"
         or (
-            pairs is not None
+            inference.pairs is not None
             and first_fills_pair(
-                model.require_tokenizer(), cast("list[str]", items), model.max_length
+                model.require_tokenizer(), cast("list[str]", inference.items), model.max_length
             )
         )
     )
@@ -270,13 +238,9 @@ class Service:
             return await asyncio.to_thread(work, *args)
 
     async def _token_call(
-        self,
-        model: ServedModel,
-        rows: TokenRows,
-        outputs: tuple[str, ...],
-        encoder_only: bool,
-        request_id: str,
+        self, inference: Inference, rows: TokenRows, request_id: str
     ) -> dict[str, npt.NDArray[Any]]:
+        model, outputs = inference.model, inference.outputs
         ids, mask, types = rows.padded(model.pad_id)
         tokens = {
             contract.INPUT_IDS: ids,
@@ -284,7 +248,7 @@ class Service:
             contract.TOKEN_TYPE_IDS: types,
         }
         encoder_inputs = {name: tokens[name] for name in model.encode_inputs}
-        if encoder_only or model.fused:  # a fused model pools too: one call
+        if inference.encoder_only or model.fused:  # a fused model pools too: one call
             return await self.client.infer(model.encode_model, encoder_inputs, outputs, request_id)
         encoded = await self.client.infer(
             model.encode_model, encoder_inputs, model.encode_outputs, request_id
@@ -294,90 +258,65 @@ class Service:
             model.pool_model, {n: available[n] for n in model.pool_inputs}, outputs, request_id
         )
 
-    async def infer(
-        self,
-        model: ServedModel,
-        items: list[Item],
-        pairs: list[str] | None,
-        truncation: Truncation,
-        outputs: tuple[str, ...],
-        timings: Timings,
-        encoder_only: bool = False,
-    ) -> Inferred:
-        """Run `items` (and their `pairs`) through Triton; `encoder_only` returns `<name>_encode`'s outputs."""
-        timings.began(model.name, items, pairs)
-        # Leading tokens the pooling leaves out, per input: known here, before a cut makes new texts
-        # (none for the models that pool their prompts, nearly all: no pass over the inputs then).
-        prompt_tokens = (
-            []
-            if model.include_prompt
-            else [
-                model.prompt_length(item.prompt) if isinstance(item, PromptedText) else 0
-                for item in items
-            ]
-        )
+    async def infer(self, inference: Inference, context: RequestContext) -> Inferred:
+        """Run `inference` through Triton: the text path or the token path (see the module's
+        docstring), its calls cut and merged by the model's dispatch."""
+        model = inference.model
+        context.began(model.name, inference.items, inference.pairs)
+        # known here, before a cut makes new texts
+        prompt_tokens = inference.prompt_tokens()
         if (
-            truncation.enabled
+            inference.truncation.enabled
             and model.tokenizer is not None
-            and has_long_texts(items, pairs, model.max_length)
+            and has_long_texts(inference.items, inference.pairs, model.max_length)
         ):
-            items, pairs = await self._bounded(
-                model.tokenizer, items, pairs, model.max_length, truncation, timings
-            )
-        needs_tokens = needs_token_ids(model, items, pairs, encoder_only, prompt_tokens)
+            inference = await self._bounded(inference, model.tokenizer, context)
+        needs_tokens = needs_token_ids(inference, prompt_tokens)
         rows = (
-            await self._tokenized(model, items, pairs, truncation, prompt_tokens, timings)
-            if gateway_tokenizes(model, items, pairs, truncation, needs_tokens)
+            await self._tokenized(inference, prompt_tokens, context)
+            if gateway_tokenizes(inference, needs_tokens)
             else None
         )
         token_rows = rows if rows is not None and (needs_tokens or rows.cut) else None
         dispatch = self.dispatch(model)
-        chunks = dispatch.chunks(len(items))
-        merged, seconds = await self._calls(
-            model, dispatch, items, pairs, token_rows, chunks, outputs, encoder_only, timings
-        )
-        if encoder_only:
+        chunks = dispatch.chunks(len(inference.items))
+        merged, seconds = await self._calls(inference, dispatch, token_rows, chunks, context)
+        if inference.encoder_only:
             assert rows is not None  # `encoder_only` needs tokens
             num_tokens = np.asarray(rows.lengths, dtype=np.int64)
         else:
             num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
         self._observe_calls(chunks, num_tokens, seconds)
-        timings.inferred(seconds, int(num_tokens.sum()))
-        if not encoder_only:
+        context.inferred(seconds, int(num_tokens.sum()))
+        if not inference.encoder_only:
             return Inferred(merged, num_tokens)
-        width = merged[outputs[0]].shape[1]
+        width = merged[inference.outputs[0]].shape[1]
         mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
         return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
 
     async def _bounded(
-        self,
-        tokenizer: Tokenizer,
-        items: list[Item],
-        pairs: list[str] | None,
-        max_length: int,
-        truncation: Truncation,
-        timings: Timings,
-    ) -> tuple[list[Item], list[str] | None]:
+        self, inference: Inference, tokenizer: Tokenizer, context: RequestContext
+    ) -> Inference:
         """Texts longer than the model's window cut to what it reads, before anything (or Triton's
         tokenize stage) tokenizes a text per input or per pair."""
         started = time.perf_counter()
-        with stage("cut long texts", inputs=len(items)):
-            bounded = await asyncio.to_thread(
-                bound_texts, tokenizer, items, pairs, max_length, truncation.direction
+        with stage("cut long texts", inputs=len(inference.items)):
+            items, pairs = await asyncio.to_thread(
+                bound_texts,
+                tokenizer,
+                inference.items,
+                inference.pairs,
+                inference.model.max_length,
+                inference.truncation.direction,
             )
-        timings.tokenized(time.perf_counter() - started)
-        return bounded
+        context.tokenized(time.perf_counter() - started)
+        return replace(inference, items=items, pairs=pairs)
 
     async def _tokenized(
-        self,
-        model: ServedModel,
-        items: list[Item],
-        pairs: list[str] | None,
-        truncation: Truncation,
-        prompt_tokens: list[int],
-        timings: Timings,
+        self, inference: Inference, prompt_tokens: list[int], context: RequestContext
     ) -> TokenRows:
-        """The gateway's own tokens of `items` (and `pairs`), as the tokenize stage would make them."""
+        """The gateway's own tokens of the inputs (and pairs), as the tokenize stage would make them."""
+        model, items = inference.model, inference.items
         tokenizer = (
             model.require_tokenizer() if any(isinstance(i, str) for i in items) else model.tokenizer
         )
@@ -387,49 +326,43 @@ class Service:
                 tokenize_items,
                 tokenizer,
                 items,
-                pairs,
+                inference.pairs,
                 model.max_length,
-                truncation,
+                inference.truncation,
                 model.token_id_limit,
             )
-            if (
-                model.pair_template is not None
-            ):  # an LLM reranker's filled-in pairs, framed by its prompt
+            # an LLM reranker's filled-in pairs, framed by its prompt
+            if model.pair_template is not None:
                 rows = rows.framed(*model.template_edges)
             if any(prompt_tokens):
                 rows.prompt_tokens = prompt_tokens
         elapsed = time.perf_counter() - started
-        timings.tokenized(elapsed)
+        context.tokenized(elapsed)
         self.metrics.tokenization_duration.observe(elapsed)
         return rows
 
     async def _calls(
         self,
-        model: ServedModel,
+        inference: Inference,
         dispatch: ModelDispatch,
-        items: list[Item],
-        pairs: list[str] | None,
         rows: TokenRows | None,
         chunks: list[slice],
-        outputs: tuple[str, ...],
-        encoder_only: bool,
-        timings: Timings,
+        context: RequestContext,
     ) -> tuple[dict[str, npt.NDArray[Any]], float]:
         """One Triton call per chunk, concurrently: token ids when `rows` are given, else texts to the
         model's dispatch (merged with other requests'); their outputs concatenated in order, and the
         seconds they took."""
-        started = time.perf_counter()
-        if (queued := timings.dispatched(started)) is not None:
+        started, outputs, pairs = time.perf_counter(), inference.outputs, inference.pairs
+        if (queued := context.dispatched(started)) is not None:
             self.metrics.queue_duration.observe(queued)
         if rows is not None:
             calls = [
-                self._token_call(model, rows.select(c), outputs, encoder_only, timings.request_id)
-                for c in chunks
+                self._token_call(inference, rows.select(c), context.request_id) for c in chunks
             ]
         else:
-            texts = cast("list[str]", items)  # no token ids: every input is a text
+            texts = cast("list[str]", inference.items)  # no token ids: every input is a text
             calls = [
-                dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, timings.request_id)
+                dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, context.request_id)
                 for c in chunks
             ]
         parts = await gather(calls)
@@ -453,7 +386,11 @@ class Service:
             self.metrics.input_length.observe(count)
 
     async def chunk_windows(
-        self, model: ServedModel, items: list[Item], chunking: Chunking | None, timings: Timings
+        self,
+        model: ServedModel,
+        items: list[Item],
+        chunking: Chunking | None,
+        context: RequestContext,
     ) -> Windows | None:
         """`items` with each text longer than the model's window cut into windows (`chunking`), or
         None when chunking is off or no input needs it."""
@@ -468,7 +405,7 @@ class Service:
             windows = await asyncio.to_thread(
                 split_items, model.tokenizer, items, model.max_length, chunking
             )
-        timings.chunked(windows.counts, time.perf_counter() - started)
+        context.chunked(windows.counts, time.perf_counter() - started)
         if len(windows.items) == len(items):
             return None
         if any(isinstance(item, PromptedText) for item in items):
@@ -485,7 +422,7 @@ class Service:
         truncation: Truncation,
         normalize: bool,
         dimensions: int | None,
-        timings: Timings,
+        context: RequestContext,
         chunking: Chunking | None = None,
     ) -> Embeddings:
         """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked. With
@@ -500,7 +437,7 @@ class Service:
             )
         if dimensions is not None and dimensions != dim:
             self.check_matryoshka(model, dimensions)
-        windows = await self.chunk_windows(model, items, chunking, timings)
+        windows = await self.chunk_windows(model, items, chunking, context)
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
             if (
@@ -510,19 +447,22 @@ class Service:
             ):
                 # Triton's pool stage normalises: take the graph's own pooled vector before it does
                 result = await self.infer(
-                    model, run, None, truncation, (contract.SENTENCE_EMBEDDING,), timings, True
+                    Inference(model, run, None, truncation, (contract.SENTENCE_EMBEDDING,), True),
+                    context,
                 )
                 vectors = result.outputs[contract.SENTENCE_EMBEDDING]
             elif not normalize and model.normalize:  # the same, pooling the raw encoder output here
                 result = await self.infer(
-                    model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True
+                    Inference(model, run, None, truncation, (contract.LAST_HIDDEN_STATE,), True),
+                    context,
                 )
                 vectors = POOL_STAGE.pool_tokens(
                     result.outputs[contract.LAST_HIDDEN_STATE], result.mask, model.pooling
                 )
             else:
                 result = await self.infer(
-                    model, run, None, truncation, (contract.DENSE, contract.NUM_TOKENS), timings
+                    Inference(model, run, None, truncation, (contract.DENSE, contract.NUM_TOKENS)),
+                    context,
                 )
                 vectors = result.outputs[contract.DENSE]
         num_tokens = result.num_tokens
@@ -538,19 +478,13 @@ class Service:
         return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), num_tokens)
 
     async def sparse(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
     ) -> Embeddings:
         """Per input, its non-zero vocabulary ids (ascending) and their weights."""
         self.check(items)
         with self.permits.hold(len(items)):
-            result = await self.infer(
-                model,
-                items,
-                None,
-                truncation,
-                (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS),
-                timings,
-            )
+            outputs = (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS)
+            result = await self.infer(Inference(model, items, None, truncation, outputs), context)
         ids, weights = result.outputs[contract.SPARSE_IDS], result.outputs[contract.SPARSE_WEIGHTS]
         keep = ids >= 0
         return Embeddings(
@@ -560,13 +494,14 @@ class Service:
         )
 
     async def colbert(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
     ) -> Embeddings:
         """bge-m3 multi-vectors: `num_tokens - 1` vectors per input (CLS dropped)."""
         self.check(items)
         with self.permits.hold(len(items)):
             result = await self.infer(
-                model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS), timings
+                Inference(model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS)),
+                context,
             )
         vectors = result.outputs[contract.COLBERT]
         return Embeddings(
@@ -575,13 +510,14 @@ class Service:
         )
 
     async def hidden(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, timings: Timings
+        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
     ) -> Embeddings:
         """The encoder's last hidden state, one vector per token, no pooling."""
         self.check(items)
         with self.permits.hold(len(items)):
             result = await self.infer(
-                model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), timings, True
+                Inference(model, items, None, truncation, (contract.LAST_HIDDEN_STATE,), True),
+                context,
             )
         hidden = result.outputs[contract.LAST_HIDDEN_STATE]
         return Embeddings(
@@ -594,18 +530,18 @@ class Service:
         items: list[Item],
         truncation: Truncation,
         wanted: frozenset[str],
-        timings: Timings,
+        context: RequestContext,
         chunking: Chunking | None = None,
     ) -> M3Rows:
         """Any of bge-m3's dense, sparse and ColBERT outputs (`contract` names) for `items`, from one
         forward pass: one Triton call per chunk, whatever the subset. With `chunking`, a long
         text's windows combine as `chunking` says."""
         self.check(items)
-        windows = await self.chunk_windows(model, items, chunking, timings)
+        windows = await self.chunk_windows(model, items, chunking, context)
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         outputs = (*(name for name in M3_OUTPUTS if name in wanted), contract.NUM_TOKENS)
         with self.permits.hold(len(run)):
-            result = await self.infer(model, run, None, truncation, outputs, timings)
+            result = await self.infer(Inference(model, run, None, truncation, outputs), context)
         got, counts = result.outputs, result.num_tokens.tolist()
         ids = got.get(contract.SPARSE_IDS)
         keep = ids >= 0 if ids is not None else None
@@ -649,7 +585,7 @@ class Service:
         texts: list[str],
         truncation: Truncation,
         raw_scores: bool,
-        timings: Timings,
+        context: RequestContext,
         weights: Sequence[float] | None = None,
         instruction: str | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
@@ -668,7 +604,7 @@ class Service:
                 list(texts),
                 truncation,
                 raw_scores,
-                timings,
+                context,
                 instruction,
             )
             return values[:, 0], tokens
@@ -676,7 +612,7 @@ class Service:
             raise validation(
                 f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3"
             )
-        rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), timings)
+        rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), context)
         try:
             hybrid = scores_of(rows, DEFAULT_WEIGHTS if weights is None else weights)[HYBRID]
         except ValueError as exc:
@@ -693,7 +629,7 @@ class Service:
         pairs: Sequence[str | None],
         truncation: Truncation,
         raw_scores: bool,
-        timings: Timings,
+        context: RequestContext,
         instruction: str | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """[n, labels] scores (or logits) and token counts; single texts and pairs may be mixed. An LLM
@@ -731,12 +667,14 @@ class Service:
             results = await gather(
                 [
                     self.infer(
-                        model,
-                        [texts[i] for i in rows],
-                        cast("list[str] | None", group_pairs),  # `doubles`: no None
-                        truncation,
-                        (name, contract.NUM_TOKENS),
-                        timings,
+                        Inference(
+                            model,
+                            [texts[i] for i in rows],
+                            cast("list[str] | None", group_pairs),  # `doubles`: no None
+                            truncation,
+                            (name, contract.NUM_TOKENS),
+                        ),
+                        context,
                     )
                     for rows, group_pairs in groups
                 ]

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prensa.gateway.logs import ERROR_KEY, ID_KEY, RECEIVED_KEY, TIMINGS_KEY, TRACE_KEY
+from prensa.gateway.logs import CONTEXT_KEY, ERROR_KEY, ID_KEY, RECEIVED_KEY, TRACE_KEY
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -188,12 +188,12 @@ class Traced:
                         "prensa.request_id": state.get(ID_KEY, ""),
                     }
                 )
-                if (timings := state.get(TIMINGS_KEY)) is not None:
+                if (context := state.get(CONTEXT_KEY)) is not None:
                     span.set_attributes(
                         {
-                            "prensa.model": timings.model,
-                            "prensa.inputs": timings.inputs,
-                            "prensa.tokens": timings.tokens,
+                            "prensa.model": context.model,
+                            "prensa.inputs": context.inputs,
+                            "prensa.tokens": context.tokens,
                         }
                     )
                 if status >= 500:

@@ -119,9 +119,8 @@ class StageWatch:
                 f"{model} is serving again, {time.monotonic() - started:.1f} s after its stub was found dead "
                 f"(unload {phases[0]:.1f} s, load {phases[1]:.1f} s)"
             )
-        for model, instances in live_instances(
-            self.pid
-        ).items():  # a reload may start more instances
+        # a reload may start more instances
+        for model, instances in live_instances(self.pid).items():
             self.expected.setdefault(model, set()).update(instances)
 
     def reload(self, model: str) -> tuple[float, float] | None:

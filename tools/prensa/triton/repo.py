@@ -482,9 +482,8 @@ class ModelRenderer:
         }
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
-        if (
-            self.m.pair_template
-        ):  # an LLM reranker: the stage and the gateway build its prompt the same way
+        # an LLM reranker: the stage and the gateway build its prompt the same way
+        if self.m.pair_template:
             parameters.update(
                 {f"pair_{field}": value for field, value in self.m.pair_template.items()}
             )
@@ -506,13 +505,11 @@ class ModelRenderer:
             "allow_spinning": str(self.options.encode_instances == 1).lower(),
             "per_token_outputs": ",".join(o.name for o in self.m.outputs if o.per_token),
         }
-        if (
-            self.m.attention_heads
-        ):  # with the served max length, `prensa deploy k8s` sizes the encoder's memory
+        # with the served max length, `prensa deploy k8s` sizes the encoder's memory
+        if self.m.attention_heads:
             parameters["attention_heads"] = self.m.attention_heads
-        if (
-            self.options.execution_provider == "cuda"
-        ):  # on a live GPU: few fixed shapes, no length-ratio cut
+        # on a live GPU: few fixed shapes, no length-ratio cut
+        if self.options.execution_provider == "cuda":
             # (the stage's GpuBatching; its CPU fallback cuts)
             parameters["max_length"] = self.m.max_length
         else:
@@ -763,9 +760,8 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
             "the fused pipeline runs onnxruntime in the Python backend: use it with the cpu target"
         )
     for model in models:  # a graph missing its weights is named here, before anything is written
-        if not (
-            options.target is Target.CONTAINER and model.manifest.tensorrt
-        ):  # an engine replaces the graph
+        # an engine replaces the graph
+        if not (options.target is Target.CONTAINER and model.manifest.tensorrt):
             graph_data_files(model.export_dir / model.manifest.onnx_file)
         if options.pooling and model.manifest.graph_pooling:
             raise ValueError(

@@ -128,9 +128,8 @@ class Supervisor:
         while True:
             code = self.watch()
             self.triton.reap_group()  # stubs of a killed Triton would live on beside the next one
-            if (
-                self._stopping.is_set()
-            ):  # stopped as asked, even if it took a SIGKILL past its exit timeout
+            # stopped as asked, even if it took a SIGKILL past its exit timeout
+            if self._stopping.is_set():
                 if code not in CLEAN_EXITS:
                     self.say(f"tritonserver stopped ({describe_exit(code)})")
                 return 0
@@ -162,9 +161,8 @@ class Supervisor:
             self.metrics.restarts.inc()
             try:
                 self.triton.start()
-                if (
-                    self._stopping.is_set()
-                ):  # a signal between the wait and the start: that Triton stops too
+                # a signal between the wait and the start: that Triton stops too
+                if self._stopping.is_set():
                     self.triton.terminate()
                 self.triton.wait_ready()
             except TritonStartError as exc:

@@ -220,9 +220,8 @@ def create_session(
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if provider != "cuda":
         return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    if hasattr(
-        ort, "preload_dlls"
-    ):  # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
+    # CUDA and cuDNN from the nvidia-* wheels: the stub imports no torch to load them
+    if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     available = ort.get_available_providers()
     session = ort.InferenceSession(

@@ -1,5 +1,5 @@
 """What every TEI gRPC call shares, whatever its service: the API key, the model its metadata names,
-its request id and timings, the gateway's metrics and access log, and its errors as gRPC statuses.
+its request id and context, the gateway's metrics and access log, and its errors as gRPC statuses.
 
 A message of a stream is a request of its own (as TEI handles it): counted, timed and admitted
 (permits, try-acquire) like an HTTP request. A stream's messages run concurrently, at most
@@ -23,13 +23,13 @@ import grpc
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.logs import REQUEST_ID_HEADER, access, request_id
 from prensa.gateway.middleware import key_matches
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import Gateway, record_success, timing_headers
-from prensa.gateway.service import Timings
 
 Q = TypeVar("Q")  # a request message
 R = TypeVar("R")  # what handling it gives
-# A request's work: the message, the model the call's metadata names (None: the default), its timings.
-Work = Callable[[Q, str | None, Timings], Awaitable[R]]
+# A request's work: the message, the model the call's metadata names (None: the default), its context.
+Work = Callable[[Q, str | None, RequestContext], Awaitable[R]]
 
 MODEL_KEY = "model"  # metadata naming the served model, as `?model=` on HTTP (TEI serves one model: no field)
 AUTH_KEY = "authorization"
@@ -77,18 +77,18 @@ class Call:
     inputs: int = 0
     tokens: int = 0
 
-    def add(self, timings: Timings) -> None:
+    def add(self, request_context: RequestContext) -> None:
         """Count a request the call made (itself, or one message of a stream)."""
-        self.served = timings.model or self.served
-        self.inputs += timings.inputs
-        self.tokens += timings.tokens
+        self.served = request_context.model or self.served
+        self.inputs += request_context.inputs
+        self.tokens += request_context.tokens
 
 
-def mean_timings(call: Call, each: list[Timings]) -> Timings:
-    """A client stream's timings as TEI reports them: characters and tokens summed over its messages,
+def stream_context(call: Call, each: list[RequestContext]) -> RequestContext:
+    """A client stream's context as TEI reports it: characters and tokens summed over its messages,
     tokenization, queue and inference times their means."""
     count = max(len(each), 1)
-    return Timings(
+    return RequestContext(
         received=call.started,
         request_id=call.request_id,
         model=each[-1].model if each else "",
@@ -173,16 +173,18 @@ class Calls:
 
     async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
         call = await self.open(context, rpc)
-        timings = Timings(received=call.started, request_id=call.request_id)
+        request_context = RequestContext(received=call.started, request_id=call.request_id)
         self.metrics.started(method)
         with self.hang_up_logged(call):
             try:
-                reply = await work(message, call.model, timings)
+                reply = await work(message, call.model, request_context)
             except GatewayError as error:
                 await self.fail(context, call, error)
-        record_success(self.metrics, method, timings)
-        call.add(timings)
-        await context.send_initial_metadata([*timing_headers(timings).items(), *self._id(call)])
+        record_success(self.metrics, method, request_context)
+        call.add(request_context)
+        await context.send_initial_metadata(
+            [*timing_headers(request_context).items(), *self._id(call)]
+        )
         self.log(call, grpc.StatusCode.OK)
         return reply
 
@@ -199,9 +201,8 @@ class Calls:
         )
         with self.hang_up_logged(call):
             try:
-                async with aclosing(
-                    replies
-                ):  # closed now, its calls cancelled, when the client hangs up
+                # closed now, its calls cancelled, when the client hangs up
+                async with aclosing(replies):
                     async for reply in replies:
                         yield reply
             except GatewayError as error:
@@ -215,26 +216,28 @@ class Calls:
         rpc: str,
         method: str,
         work: Work[Q, R],
-        combine: Callable[[list[R], Timings], Any],
+        combine: Callable[[list[R], RequestContext], Any],
     ) -> Any:
-        """A client stream answered once: `combine` of every message's result and of `mean_timings`,
+        """A client stream answered once: `combine` of every message's result and of `stream_context`,
         counted as one request."""
         call = await self.open(context, rpc)
         self.metrics.started(method)
-        each: list[Timings] = []
+        each: list[RequestContext] = []
 
         async def part(message: Q) -> R:
             each.append(
-                timings := Timings(received=time.perf_counter(), request_id=call.request_id)
+                request_context := RequestContext(
+                    received=time.perf_counter(), request_id=call.request_id
+                )
             )
-            return await work(message, call.model, timings)
+            return await work(message, call.model, request_context)
 
         results = in_order(messages, part, self.settings.max_client_batch_size)
         with self.hang_up_logged(call):
             try:
                 async with aclosing(results):
                     parts = [result async for result in results]
-                total = mean_timings(call, each)
+                total = stream_context(call, each)
                 reply = combine(parts, total)
             except GatewayError as error:
                 await self.fail(context, call, error)
@@ -246,11 +249,11 @@ class Calls:
 
     async def _message(self, call: Call, method: str, work: Work[Q, R], message: Q) -> R:
         """One message of a stream: a request of its own, counted under `method` as HTTP counts its routes."""
-        timings = Timings(received=time.perf_counter(), request_id=call.request_id)
+        request_context = RequestContext(received=time.perf_counter(), request_id=call.request_id)
         self.metrics.started(method)
-        reply = await work(message, call.model, timings)
-        record_success(self.metrics, method, timings)
-        call.add(timings)
+        reply = await work(message, call.model, request_context)
+        record_success(self.metrics, method, request_context)
+        call.add(request_context)
         return reply
 
     @contextmanager

@@ -24,8 +24,8 @@ from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.models import Capability, ServedModel
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_common import asked_chunking
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import Gateway
-from prensa.gateway.service import Timings
 from prensa.gateway.tei_grpc import tei_pb2 as pb
 from prensa.gateway.tei_grpc import tei_pb2_grpc
 from prensa.gateway.tei_grpc.calls import Calls, WrongModel
@@ -65,15 +65,15 @@ def _ns(seconds: float | None) -> int:
     return int((seconds or 0.0) * 1e9)
 
 
-def metadata(timings: Timings) -> pb.Metadata:
-    """TEI's `Metadata` of an answer, from the request's timings."""
+def metadata(request_context: RequestContext) -> pb.Metadata:
+    """TEI's `Metadata` of an answer, from the request's context."""
     return pb.Metadata(
-        compute_chars=timings.characters,
-        compute_tokens=timings.tokens,
-        total_time_ns=_ns(time.perf_counter() - timings.received),
-        tokenization_time_ns=_ns(timings.tokenization_s),
-        queue_time_ns=_ns(timings.queue_s),
-        inference_time_ns=_ns(timings.inference_s),
+        compute_chars=request_context.characters,
+        compute_tokens=request_context.tokens,
+        total_time_ns=_ns(time.perf_counter() - request_context.received),
+        tokenization_time_ns=_ns(request_context.tokenization_s),
+        queue_time_ns=_ns(request_context.queue_s),
+        inference_time_ns=_ns(request_context.inference_s),
     )
 
 
@@ -139,10 +139,10 @@ class Handlers:
         return prompted(served, self.settings, [text], prompt_name)
 
     async def info(
-        self, request: pb.InfoRequest, model: str | None, timings: Timings
+        self, request: pb.InfoRequest, model: str | None, request_context: RequestContext
     ) -> pb.InfoResponse:
         served = await self.pick(None, model)
-        timings.model = served.name
+        request_context.served(served.name, 0)
         # tokenization runs in Triton's tokenize stage (HTTP /info: null)
         return pb.InfoResponse(
             version=PRENSA_VERSION,
@@ -159,7 +159,7 @@ class Handlers:
         )
 
     async def embed(
-        self, request: pb.EmbedRequest, model: str | None, timings: Timings
+        self, request: pb.EmbedRequest, model: str | None, request_context: RequestContext
     ) -> pb.EmbedResponse:
         served = await self.pick(Capability.DENSE, model)
         normalize = optional(request, "normalize")
@@ -169,39 +169,41 @@ class Handlers:
             self.truncation(request.truncate, request.truncation_direction),
             True if normalize is None else normalize,
             optional(request, "dimensions"),
-            timings,
+            request_context,
             self.service.chunking(*asked_chunking(None)),
         )
-        return pb.EmbedResponse(embeddings=result.rows[0].tolist(), metadata=metadata(timings))
+        return pb.EmbedResponse(
+            embeddings=result.rows[0].tolist(), metadata=metadata(request_context)
+        )
 
     async def embed_sparse(
-        self, request: pb.EmbedSparseRequest, model: str | None, timings: Timings
+        self, request: pb.EmbedSparseRequest, model: str | None, request_context: RequestContext
     ) -> pb.EmbedSparseResponse:
         served = await self.pick(Capability.SPARSE, model)
         result = await self.service.sparse(
             served,
             self.items(served, request.inputs, optional(request, "prompt_name")),
             self.truncation(request.truncate, request.truncation_direction),
-            timings,
+            request_context,
         )
         values = [
             pb.SparseValue(index=i, value=v)
             for i, v in zip(result.rows[0].tolist(), result.weights[0].tolist())
         ]
-        return pb.EmbedSparseResponse(sparse_embeddings=values, metadata=metadata(timings))
+        return pb.EmbedSparseResponse(sparse_embeddings=values, metadata=metadata(request_context))
 
     async def embed_all(
-        self, request: pb.EmbedAllRequest, model: str | None, timings: Timings
+        self, request: pb.EmbedAllRequest, model: str | None, request_context: RequestContext
     ) -> pb.EmbedAllResponse:
         served = await self.pick(Capability.HIDDEN, model)
         result = await self.service.hidden(
             served,
             self.items(served, request.inputs, optional(request, "prompt_name")),
             self.truncation(request.truncate, request.truncation_direction),
-            timings,
+            request_context,
         )
         tokens = [pb.TokenEmbedding(embeddings=row) for row in result.rows[0].tolist()]
-        return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(timings))
+        return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(request_context))
 
     async def _predict(
         self,
@@ -211,22 +213,27 @@ class Handlers:
         direction: int,
         raw_scores: bool,
         model: str | None,
-        timings: Timings,
+        request_context: RequestContext,
     ) -> pb.PredictResponse:
         """Every label of the model by score, best first (ties in label order), as `/predict` ranks them."""
         served = await self.pick(Capability.PREDICT, model)
         values, _ = await self.service.scores(
-            served, [text], [pair], self.truncation(truncate, direction), raw_scores, timings
+            served,
+            [text],
+            [pair],
+            self.truncation(truncate, direction),
+            raw_scores,
+            request_context,
         )
         row = values[0]
         predictions = [
             pb.Prediction(score=float(row[j]), label=served.id2label[j])
             for j in np.argsort(-row, kind="stable").tolist()
         ]
-        return pb.PredictResponse(predictions=predictions, metadata=metadata(timings))
+        return pb.PredictResponse(predictions=predictions, metadata=metadata(request_context))
 
     async def predict(
-        self, request: pb.PredictRequest, model: str | None, timings: Timings
+        self, request: pb.PredictRequest, model: str | None, request_context: RequestContext
     ) -> pb.PredictResponse:
         return await self._predict(
             request.inputs,
@@ -235,11 +242,11 @@ class Handlers:
             request.truncation_direction,
             request.raw_scores,
             model,
-            timings,
+            request_context,
         )
 
     async def predict_pair(
-        self, request: pb.PredictPairRequest, model: str | None, timings: Timings
+        self, request: pb.PredictPairRequest, model: str | None, request_context: RequestContext
     ) -> pb.PredictResponse:
         if len(request.inputs) not in (1, 2):  # TEI's check and message
             raise GatewayError(
@@ -254,11 +261,11 @@ class Handlers:
             request.truncation_direction,
             request.raw_scores,
             model,
-            timings,
+            request_context,
         )
 
     async def rerank(
-        self, request: pb.RerankRequest, model: str | None, timings: Timings
+        self, request: pb.RerankRequest, model: str | None, request_context: RequestContext
     ) -> pb.RerankResponse:
         if not request.texts:
             raise GatewayError(ErrorKind.VALIDATION, EMPTY_TEXTS)
@@ -270,14 +277,19 @@ class Handlers:
             texts,
             self.truncation(request.truncate, request.truncation_direction),
             request.raw_scores,
-            timings,
+            request_context,
         )
         return pb.RerankResponse(
-            ranks=ranks(scores, texts if request.return_text else None), metadata=metadata(timings)
+            ranks=ranks(scores, texts if request.return_text else None),
+            metadata=metadata(request_context),
         )
 
     async def rerank_one(
-        self, request: pb.RerankStreamRequest, raw_scores: bool, model: str | None, timings: Timings
+        self,
+        request: pb.RerankStreamRequest,
+        raw_scores: bool,
+        model: str | None,
+        request_context: RequestContext,
     ) -> float:
         """One pair of a `RerankStream`: its score (`raw_scores` is the stream's first message's, as TEI)."""
         served = await self.pick(Capability.RERANK, model)
@@ -287,25 +299,24 @@ class Handlers:
             [request.text],
             self.truncation(request.truncate, request.truncation_direction),
             raw_scores,
-            timings,
+            request_context,
         )
         return float(scores[0])
 
     async def tokenize(
-        self, request: pb.EncodeRequest, model: str | None, timings: Timings
+        self, request: pb.EncodeRequest, model: str | None, request_context: RequestContext
     ) -> pb.EncodeResponse:
         if not request.inputs:
             raise GatewayError(ErrorKind.EMPTY, EMPTY_INPUTS)
         served = await self.pick(None, model)
-        timings.model, timings.inputs = served.name, 1
+        request_context.served(served.name, 1)
         text = cast(
             str,
             prompted(served, self.settings, [request.inputs], optional(request, "prompt_name"))[0],
         )
         limit = self.service.tokenize_limit(served)
-        if (
-            len(text) > limit * served.longest_token
-        ):  # more tokens than the limit for sure: refused before tokenizing
+        # more tokens than the limit for sure: refused before tokenizing
+        if len(text) > limit * served.longest_token:
             raise too_many_tokens(
                 limit,
                 f"{len(text)} characters, and no token of the model is longer than "
@@ -317,12 +328,12 @@ class Handlers:
         return pb.EncodeResponse(tokens=tokens)
 
     async def decode(
-        self, request: pb.DecodeRequest, model: str | None, timings: Timings
+        self, request: pb.DecodeRequest, model: str | None, request_context: RequestContext
     ) -> pb.DecodeResponse:
         if not request.ids:
             raise GatewayError(ErrorKind.EMPTY, EMPTY_IDS)
         served = await self.pick(None, model)
-        timings.model, timings.inputs = served.name, 1
+        request_context.served(served.name, 1)
         limit = self.service.tokenize_limit(served)
         if len(request.ids) > limit:
             raise too_many_tokens(limit, f"{len(request.ids)} ids")
@@ -463,11 +474,11 @@ class RerankServicer(Servicer):
                 yield request
 
         async def score(
-            request: pb.RerankStreamRequest, model: str | None, timings: Timings
+            request: pb.RerankStreamRequest, model: str | None, request_context: RequestContext
         ) -> float:
-            return await self.work.rerank_one(request, first[0].raw_scores, model, timings)
+            return await self.work.rerank_one(request, first[0].raw_scores, model, request_context)
 
-        def ranked(scores: list[float], total: Timings) -> pb.RerankResponse:
+        def ranked(scores: list[float], total: RequestContext) -> pb.RerankResponse:
             if not scores:
                 raise GatewayError(ErrorKind.VALIDATION, EMPTY_TEXTS)
             shown = texts if first[0].return_text else None
