@@ -38,16 +38,17 @@ serve: $(VENV)/.installed-serve
 	$(VENV)/bin/prensa up
 
 # Tiers by cost, cheapest first (pyproject's markers name them): the gateway on an in-process
-# backend (seconds), the unit tests (no server), what needs a real Triton, then faults, slow clients
-# and the wheel.
+# backend (seconds), the unit tests (no server), the GPU tier (skipped without a CUDA GPU), what
+# needs a real Triton, then faults, slow clients and the wheel.
 SLOW_TIER = tests/reliability tests/packaging
 test: $(VENV)/.installed-test promtool
 	$(PY) -m ruff check tools tests
-	$(PY) -m ruff format --check tools/prensa
+	$(PY) -m ruff format --check tools/prensa tools/gpu_check.py
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests/fast
 	$(PY) -m pytest -q tests/unit
-	$(PY) -m pytest -q --ignore=tests/fast --ignore=tests/unit $(addprefix --ignore=,$(SLOW_TIER))
+	$(PY) -m pytest -q -rs tests/gpu
+	$(PY) -m pytest -q --ignore=tests/fast --ignore=tests/unit --ignore=tests/gpu $(addprefix --ignore=,$(SLOW_TIER))
 	$(PY) -m pytest -q $(SLOW_TIER)
 
 # Optional benchmark peer with its own pins: `prensa bench --infinity .venv-infinity/bin/infinity_emb`.

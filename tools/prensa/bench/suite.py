@@ -195,7 +195,7 @@ def _names(
     return label, "-".join([pipeline.value, *parts])
 
 
-def _run_prensa(
+def run_prensa(
     pipeline: Pipeline,
     manifest: Manifest,
     workload: Workload[Any],
@@ -358,7 +358,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
             if cached and cache_refusal(manifest.task, pipeline) is not None:
                 continue  # Triton's cache cannot key this layout's answers safely (see `cache_refusal`)
             variant = _names(pipeline, serving, cached, options)[1]
-            measured, encoder = _run_prensa(
+            measured, encoder = run_prensa(
                 pipeline,
                 manifest,
                 workload,
