@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from prensa.cli import app
+from prensa.deploy.k8s import TRITON_COMMAND
 from prensa.export.agreement import agreement, min_cosine, output_vectors
 from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.tensorrt import (
@@ -320,7 +321,7 @@ def test_compose_reserves_the_gpu_and_mounts_the_repository_read_only():
     assert any(v.endswith(":/models:ro") for v in COMPOSE["services"]["gateway"]["volumes"])
     size = re.fullmatch(r"(\d+)([mg])b?", str(triton["shm_size"]).lower())
     assert size and int(size[1]) * (1024 if size[2] == "g" else 1) >= 1024  # Python-backend tensors cross /dev/shm
-    assert "--model-repository=/models" in triton["command"]
+    assert triton["command"] == TRITON_COMMAND  # as `prensa deploy k8s` runs it (complete configs: no auto-complete)
 
 
 def test_compose_publishes_ports_on_loopback_only():

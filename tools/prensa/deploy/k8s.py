@@ -47,6 +47,8 @@ TRITON_COMMAND = [
     "--strict-readiness=true",
     "--exit-on-error=true",
     "--log-verbose=0",
+    # as prensa's own launcher: the rendered configs are complete (see triton.launcher)
+    "--disable-auto-complete-config",
 ]
 # In a pod, beside compose.yaml's command (where the gateway reaches Triton from another container).
 # Triton binds metrics where it binds HTTP unless told otherwise.
