@@ -2,7 +2,8 @@
 collector in the test (tests/otlp_collector.py). The client's `traceparent` and `x-request-id` come
 back in the response, in the request's JSON log line and in the spans, where the gateway's stages
 (parse and validate, tokenize, each Triton call, serialize) and Triton's (the ensemble, each stage,
-its queue and compute) form one trace. A client's unsampled trace leaves no span anywhere."""
+its queue and compute) form one trace. A client's unsampled trace leaves no span anywhere. TEI's
+gRPC calls are traced the same way, from their `traceparent` metadata."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import json
 import secrets
 import time
 
+import grpc
 import httpx
 import pytest
 
+from prensa.addresses import free_port
+from prensa.gateway.tei_grpc import tei_pb2 as pb
+from prensa.gateway.tei_grpc import tei_pb2_grpc as stubs
 from prensa.triton.repo import ServingOptions
 from tests.otlp_collector import Collector, Span
 from tests.reliability.conftest import build_repo, stop_tree, wait_until
@@ -136,3 +141,52 @@ def test_one_trace_through_gateway_and_triton(tmp_path, exports, monkeypatch):
     assert access["target"] == "prensa.access" and access["trace_id"] == trace_id and access["status"] == 200
     assert access["model"] == "minilm" and access["path"] == "/embed"
     assert any(line["message"].startswith("starting tritonserver") and line["triton_log"] for line in lines)
+
+
+def test_a_tei_grpc_call_is_traced_as_an_http_request(tmp_path, exports, monkeypatch):
+    """A server span per gRPC call (unary, or a whole stream), under the client's `traceparent`
+    metadata, with the call's stages and Triton calls under it; an unsampled call leaves none."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    repo = build_repo(exports, ["minilm"], tmp_path / "repo", ServingOptions())
+    port = free_port()
+    with Collector() as collector:
+        serve = Serve(repo, tmp_path / "serve.log", "--default-model", "minilm", "--otlp-endpoint",
+                      collector.grpc_endpoint, "--triton-otlp-endpoint", collector.http_endpoint,
+                      "--tei-grpc-port", str(port))
+        try:
+            serve.wait_healthy(120)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                embed = stubs.EmbedStub(channel)
+                header, trace_id, client_span = traceparent()
+                _, call = embed.Embed.with_call(pb.EmbedRequest(inputs=TEXT), metadata=[("traceparent", header)])
+                spans = wait_for_trace(collector, trace_id, {"tei.v1.Embed/Embed", "parse and validate", "triton minilm"})
+                (root,) = spans["tei.v1.Embed/Embed"]
+                assert (root.service, root.kind, root.parent_id) == ("prensa", "SERVER", client_span)
+                assert root.attributes["rpc.system"] == "grpc" and root.attributes["rpc.method"] == "Embed"
+                assert root.attributes["rpc.grpc.status_code"] == grpc.StatusCode.OK.value[0]
+                assert root.attributes["prensa.request_id"] == dict(call.initial_metadata())["x-request-id"]
+                assert root.attributes["prensa.model"] == "minilm" and root.attributes["prensa.inputs"] == 1
+                for stage in ("parse and validate", "triton minilm"):
+                    (span,) = spans[stage]
+                    assert span.parent_id == root.span_id, stage
+                    assert root.start_ns <= span.start_ns <= span.end_ns <= root.end_ns, stage
+
+                header, stream_trace, client_span = traceparent()
+                messages = [pb.EmbedRequest(inputs=TEXT), pb.EmbedRequest(inputs=LONG, truncate=True)]
+                assert len(list(embed.EmbedStream(iter(messages), metadata=[("traceparent", header)]))) == 2
+                spans = wait_for_trace(collector, stream_trace, {"tei.v1.Embed/EmbedStream", "triton minilm"})
+                (stream_root,) = spans["tei.v1.Embed/EmbedStream"]
+                assert stream_root.parent_id == client_span and stream_root.attributes["prensa.inputs"] == 2
+                # both messages' stages and Triton calls (merged into one, or not) hang under the stream's span
+                assert {s.parent_id for named in spans.values() for s in named
+                        if s.service == "prensa" and s is not stream_root} == {stream_root.span_id}
+
+                header, unsampled, _ = traceparent(sampled=False)
+                embed.Embed(pb.EmbedRequest(inputs=TEXT), metadata=[("traceparent", header)])
+                header, after, _ = traceparent()
+                embed.Embed(pb.EmbedRequest(inputs=TEXT), metadata=[("traceparent", header)])
+                wait_for_trace(collector, after, {"tei.v1.Embed/Embed"})  # what was sent before it has arrived too
+                time.sleep(0.5)
+                assert collector.of_trace(unsampled) == []
+        finally:
+            assert stop_tree(serve.process) == 0, serve.output()[-3000:]

@@ -141,6 +141,7 @@ class GatewayApp(FastAPI):
         )
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.traces = provider(settings) if settings.otlp_endpoint else None
+        self.tracer = self.traces.get_tracer("prensa.gateway") if self.traces else None
         self.vertex = vertex
         routers = (*ROUTERS, vertex)
         for router in routers:
@@ -177,8 +178,8 @@ class GatewayApp(FastAPI):
         app = JsonBody(app, settings.payload_limit, on_reject, self.error_shapes)
         if settings.api_key:
             app = ApiKey(app, settings.api_key, self.open_paths)
-        if self.traces is not None:
-            app = Traced(app, self.traces.get_tracer("prensa.gateway"), untraced=self.open_paths)
+        if self.tracer is not None:
+            app = Traced(app, self.tracer, untraced=self.open_paths)
         app = RequestLog(app, enabled=settings.access_log)
         if settings.cors_allow_origins:
             app = CORSMiddleware(
@@ -252,14 +253,17 @@ def create_app(
             )
         client.start_probing(lambda: sorted(registry.triton_models()))
         app.state.gateway = gateway = Gateway(
-            settings, client, registry, Service(settings, client, metrics, app.permits), metrics
+            settings,
+            client,
+            registry,
+            Service(settings, client, metrics, app.permits),
+            metrics,
+            app.tracer,
         )
         tei_grpc = None
         if settings.tei_grpc_port is not None:
             # grpc's server only when asked for
-            from prensa.gateway.tei_grpc.server import (
-                TeiGrpcServer,
-            )
+            from prensa.gateway.tei_grpc.server import TeiGrpcServer
 
             try:  # a worker of a pool (it has a slot of shared permits): every worker binds the port
                 tei_grpc = await TeiGrpcServer.start(

@@ -15,6 +15,7 @@ from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
+from opentelemetry.trace import Tracer
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -57,6 +58,8 @@ class Gateway:
     registry: Registry
     service: Service
     metrics: GatewayMetrics
+    # --otlp-endpoint's tracer, for what the ASGI layer does not see (TEI's gRPC calls)
+    tracer: Tracer | None = None
     # Unix time: OpenAI's `created` of every model
     started: float = field(default_factory=time.time)
 

@@ -1,9 +1,9 @@
 """OpenTelemetry traces of the gateway's requests, continued inside Triton.
 
 With `--otlp-endpoint` set, `Traced` (the ASGI layer inside `RequestLog`) opens one server span per
-request, a child of the client's W3C `traceparent` when it sends one, and the request's stages open
-children of it through `stage`, `past_stage` and `model_call`: parse and validate, tokenize, each Triton call,
-serialize. A Triton call sends its span's `traceparent` (`triton_headers`), which Triton's own
+request, and `rpc_span` one per TEI gRPC call, a child of the client's W3C `traceparent` when it
+sends one; the request's stages open children of it through `stage`, `past_stage` and
+`model_call`: parse and validate, tokenize, each Triton call, serialize. A Triton call sends its span's `traceparent` (`triton_headers`), which Triton's own
 OpenTelemetry tracing (started by `prensa serve`, see `prensa.triton.tracing`) takes as the parent
 of its spans, so one trace holds the gateway's stages and Triton's models, queues and computes.
 
@@ -15,12 +15,12 @@ span and sends Triton no `traceparent`: then `stage` costs one context-variable 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -128,6 +128,37 @@ def triton_headers() -> dict[str, str] | None:
     carrier: dict[str, str] = {}
     PROPAGATOR.inject(carrier)
     return carrier
+
+
+@contextmanager
+def rpc_span(
+    tracer: Tracer | None, rpc: str, carrier: Mapping[str, str], since: float
+) -> Iterator[Span | None]:
+    """A server span around one gRPC call (`rpc`, such as "/tei.v1.Embed/Embed") from `since` (a
+    perf_counter reading), parented on the client's `traceparent` metadata (`carrier`): its
+    requests' stages open children of it as an HTTP request's do. None when not traced."""
+    if tracer is None:
+        yield None
+        return
+    name = rpc.lstrip("/")
+    service, _, method = name.partition("/")
+    with tracer.start_as_current_span(
+        name,
+        context=PROPAGATOR.extract(carrier),
+        start_time=wall_ns(since),
+        kind=SpanKind.SERVER,
+        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        if not span.is_recording():
+            yield None
+            return
+        active = ACTIVE.set(tracer)
+        try:
+            yield span
+        finally:
+            ACTIVE.reset(active)
 
 
 class Traced:

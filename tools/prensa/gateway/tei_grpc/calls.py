@@ -1,5 +1,6 @@
 """What every TEI gRPC call shares, whatever its service: the API key, the model its metadata names,
-its request id and context, the gateway's metrics and access log, and its errors as gRPC statuses.
+its request id and context, its trace span, the gateway's metrics and access log, and its errors as
+gRPC statuses.
 
 A message of a stream is a request of its own (as TEI handles it): counted, timed and admitted
 (permits, try-acquire) like an HTTP request. A stream's messages run concurrently, at most
@@ -15,16 +16,18 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from opentelemetry.trace import Span, StatusCode
 
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.logs import REQUEST_ID_HEADER, access, request_id
 from prensa.gateway.middleware import key_matches
 from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import Gateway, record_success, timing_headers
+from prensa.gateway.tracing import rpc_span
 
 Q = TypeVar("Q")  # a request message
 R = TypeVar("R")  # what handling it gives
@@ -33,6 +36,7 @@ Work = Callable[[Q, str | None, RequestContext], Awaitable[R]]
 
 MODEL_KEY = "model"  # metadata naming the served model, as `?model=` on HTTP (TEI serves one model: no field)
 AUTH_KEY = "authorization"
+TRACE_KEYS = ("traceparent", "tracestate")  # W3C trace context, as HTTP headers carry it
 UNAUTHENTICATED = "No valid auth token"  # TEI's gRPC answer to a missing or wrong key
 
 # TEI's mapping (router/src/grpc/server.rs, `impl From<ErrorResponse> for Status`): Validation and
@@ -73,9 +77,11 @@ class Call:
     model: str | None
     request_id: str
     started: float
+    trace_carrier: dict[str, str] = field(default_factory=dict)  # the client's traceparent, if any
     served: str = ""
     inputs: int = 0
     tokens: int = 0
+    span: Span | None = None  # the call's server span, when traced
 
     def add(self, request_context: RequestContext) -> None:
         """Count a request the call made (itself, or one message of a stream)."""
@@ -169,23 +175,33 @@ class Calls:
             for key in (REQUEST_ID_HEADER.decode(), "traceparent")
             if key in metadata
         ]
-        return Call(rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter())
+        carrier = {key: metadata[key] for key in TRACE_KEYS if key in metadata}
+        return Call(
+            rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter(), carrier
+        )
+
+    @contextmanager
+    def traced(self, call: Call) -> Iterator[None]:
+        """The call under a server span of its own, with --otlp-endpoint (see `tracing.rpc_span`)."""
+        with rpc_span(self.gateway.tracer, call.rpc, call.trace_carrier, call.started) as span:
+            call.span = span
+            yield
 
     async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
         call = await self.open(context, rpc)
         request_context = RequestContext(received=call.started, request_id=call.request_id)
         self.metrics.started(method)
-        with self.hang_up_logged(call):
+        with self.traced(call), self.hang_up_logged(call):
             try:
                 reply = await work(message, call.model, request_context)
             except GatewayError as error:
                 await self.fail(context, call, error)
+            call.add(request_context)
+            self.log(call, grpc.StatusCode.OK)
         record_success(self.metrics, method, request_context)
-        call.add(request_context)
         await context.send_initial_metadata(
             [*timing_headers(request_context).items(), *self._id(call)]
         )
-        self.log(call, grpc.StatusCode.OK)
         return reply
 
     async def stream(
@@ -199,7 +215,7 @@ class Calls:
             lambda message: self._message(call, method, work, message),
             self.settings.max_client_batch_size,
         )
-        with self.hang_up_logged(call):
+        with self.traced(call), self.hang_up_logged(call):
             try:
                 # closed now, its calls cancelled, when the client hangs up
                 async with aclosing(replies):
@@ -207,7 +223,7 @@ class Calls:
                         yield reply
             except GatewayError as error:
                 await self.fail(context, call, error)
-        self.log(call, grpc.StatusCode.OK)
+            self.log(call, grpc.StatusCode.OK)
 
     async def gathered(
         self,
@@ -233,7 +249,7 @@ class Calls:
             return await work(message, call.model, request_context)
 
         results = in_order(messages, part, self.settings.max_client_batch_size)
-        with self.hang_up_logged(call):
+        with self.traced(call), self.hang_up_logged(call):
             try:
                 async with aclosing(results):
                     parts = [result async for result in results]
@@ -241,10 +257,10 @@ class Calls:
                 reply = combine(parts, total)
             except GatewayError as error:
                 await self.fail(context, call, error)
+            call.add(total)
+            self.log(call, grpc.StatusCode.OK)
         record_success(self.metrics, method, total)
-        call.add(total)
         await context.send_initial_metadata([*timing_headers(total).items(), *self._id(call)])
-        self.log(call, grpc.StatusCode.OK)
         return reply
 
     async def _message(self, call: Call, method: str, work: Work[Q, R], message: Q) -> R:
@@ -278,12 +294,22 @@ class Calls:
         raise AssertionError("context.abort returned")  # it raises; this tells the type checker so
 
     def log(self, call: Call, code: grpc.StatusCode, error: str = "") -> None:
-        """The access log's line for the call, as `logs.RequestLog` writes one per HTTP request."""
-        level = (
-            logging.WARNING
-            if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
-            else logging.INFO
-        )
+        """The access log's line for the call, as `logs.RequestLog` writes one per HTTP request,
+        and the same fields on its span."""
+        fault = code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
+        if call.span is not None:
+            call.span.set_attributes(
+                {
+                    "rpc.grpc.status_code": code.value[0],
+                    "prensa.request_id": call.request_id,
+                    "prensa.model": call.served,
+                    "prensa.inputs": call.inputs,
+                    "prensa.tokens": call.tokens,
+                }
+            )
+            if fault:  # as an HTTP 5xx: the server's fault, not the client's
+                call.span.set_status(StatusCode.ERROR, error)
+        level = logging.WARNING if fault else logging.INFO
         if not self.settings.access_log or not access.isEnabledFor(level):
             return
         total_ms = round((time.perf_counter() - call.started) * 1000, 2)
