@@ -380,6 +380,21 @@ def test_overload_is_resource_exhausted(start_tei, need):
     assert len(small.embed.Embed(pb.EmbedRequest(inputs="ok")).embeddings) == 384  # one input fits
 
 
+def test_connections_past_the_cap_are_refused(start_tei):
+    """--max-connections bounds gRPC connections as it bounds HTTP ones: past it a new connection is
+    closed before its first call, and the place frees when a client leaves."""
+    capped = start_tei(max_connections=1)
+    assert len(capped.embed.Embed(pb.EmbedRequest(inputs="ok")).embeddings) == 384  # its channel holds the one place
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, not the first channel's
+    with grpc.insecure_channel(f"127.0.0.1:{capped.port}", options=own) as second:
+        error = refused(lambda: stubs.EmbedStub(second).Embed(pb.EmbedRequest(inputs="ok"), timeout=10))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    capped.channel.close()
+    with grpc.insecure_channel(f"127.0.0.1:{capped.port}", options=own) as third:
+        reply = stubs.EmbedStub(third).Embed(pb.EmbedRequest(inputs="ok"), timeout=20, wait_for_ready=True)
+        assert len(reply.embeddings) == 384
+
+
 def test_api_key_is_required(start_tei, direct):
     keyed = start_tei(api_key="secret")
     for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", "secret"),)):

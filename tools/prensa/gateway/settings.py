@@ -106,9 +106,10 @@ class GatewaySettings:
     max_header_size: int = setting(65_536, "Max bytes of a request's URL and headers (431 above).")
     max_connections: int | None = setting(
         None,
-        "Open client connections before new ones get 503 and are closed; default and ceiling: the "
-        "file-descriptor limit (ulimit -n, whose soft value prensa raises to the hard one at start) less 64 kept "
-        "for the gateway's own files and sockets.",
+        "Open client connections before new ones get 503 and are closed (on --tei-grpc-port, closed "
+        "before their handshake: UNAVAILABLE); default and ceiling: the file-descriptor limit (ulimit -n, "
+        "whose soft value prensa raises to the hard one at start) less 64 kept for the gateway's own files "
+        "and sockets.",
     )
     log_level: str = setting("info", "Level of prensa's log: debug, info, warning or error.")
     json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")

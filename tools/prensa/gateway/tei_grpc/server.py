@@ -24,6 +24,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from prensa.gateway.responses import Gateway
+from prensa.gateway.server import connection_cap
 from prensa.gateway.tei_grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from prensa.gateway.tei_grpc.health import add_health
 from prensa.gateway.tei_grpc.servicers import SERVICE_NAMES, add_servicers
@@ -51,6 +52,11 @@ class TeiGrpcServer:
             ("grpc.so_reuseport", int(reuse_port)),
             # a message is a request body: the same limit as HTTP's (gRPC answers RESOURCE_EXHAUSTED above it)
             ("grpc.max_receive_message_length", gateway.settings.payload_limit),
+            # --max-connections as on HTTP: past it a new connection is closed before its handshake
+            (
+                "grpc.max_allowed_incoming_connections",
+                connection_cap(gateway.settings.max_connections),
+            ),
         ]
         server = grpc.aio.server(options=options)
         add_servicers(server, gateway)
