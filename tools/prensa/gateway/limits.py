@@ -1,11 +1,14 @@
 """Admission: permits per input (try-acquire, never queue) and per MiB of an answer being sent,
-and the rows each ensemble may have in Triton at once (`TritonWindow`). The HTTP checks before
-them (API key, JSON body, size) are in `middleware`.
+the rows each ensemble may have in Triton at once (`TritonWindow`), and how many client
+connections the descriptor limit leaves room for (HTTP's and TEI gRPC's caps). The HTTP checks
+before them (API key, JSON body, size) are in `middleware`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import resource
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -14,6 +17,10 @@ from typing import Any, TypeVar
 from prensa.gateway.errors import overloaded
 
 T = TypeVar("T")
+log = logging.getLogger("prensa.gateway")
+# Descriptors kept for the gateway itself (Triton channels, log files, the listening socket, ...).
+RESERVED_FDS = 64
+UNLIMITED_FDS = 65_536  # the ceiling assumed where RLIMIT_NOFILE is unlimited
 
 
 class SharedPermits:
@@ -145,3 +152,23 @@ class TritonWindow:
             if not turn.cancelled():  # a cancelled caller is leaving: it takes nothing
                 self.in_triton += rows
                 turn.set_result(None)
+
+
+def connection_ceiling() -> int:
+    """The most client connections the process's file-descriptor limit leaves room for."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = UNLIMITED_FDS if soft == resource.RLIM_INFINITY else soft
+    return max(limit - RESERVED_FDS, 1)
+
+
+def connection_cap(requested: int | None) -> int:
+    """`--max-connections`, or the ceiling when unset or above it (a cap above the descriptor
+    limit would let accept() fail before the cap refuses anyone)."""
+    ceiling = connection_ceiling()
+    if requested is not None and requested > ceiling:
+        log.warning(
+            "--max-connections %d is above what the file-descriptor limit (ulimit -n) allows; using %d",
+            requested,
+            ceiling,
+        )
+    return ceiling if requested is None else min(requested, ceiling)

@@ -37,17 +37,13 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from prensa.gateway.limits import SharedPermits, connection_cap, connection_ceiling
 from prensa.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from prensa.gateway.backend import BackendFactory
-    from prensa.gateway.limits import SharedPermits
 
 log = logging.getLogger("prensa.gateway")
-
-# Descriptors kept for the gateway itself (Triton channels, log files, the listening socket, ...).
-RESERVED_FDS = 64
-UNLIMITED_FDS = 65_536  # the ceiling assumed where RLIMIT_NOFILE is unlimited
 
 
 @dataclass(frozen=True)
@@ -86,26 +82,6 @@ def raise_descriptor_limit() -> DescriptorLimit:
                 "could not raise the file-descriptor limit from %s to %s: %s", before, hard, exc
             )
     return DescriptorLimit(before, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
-
-
-def connection_ceiling() -> int:
-    """The most client connections the process's file-descriptor limit leaves room for."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = UNLIMITED_FDS if soft == resource.RLIM_INFINITY else soft
-    return max(limit - RESERVED_FDS, 1)
-
-
-def connection_cap(requested: int | None) -> int:
-    """`--max-connections`, or the ceiling when unset or above it (a cap above the descriptor
-    limit would let accept() fail before the cap refuses anyone)."""
-    ceiling = connection_ceiling()
-    if requested is not None and requested > ceiling:
-        log.warning(
-            "--max-connections %d is above what the file-descriptor limit (ulimit -n) allows; using %d",
-            requested,
-            ceiling,
-        )
-    return ceiling if requested is None else min(requested, ceiling)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 from grpc_reflection.v1alpha import reflection
 
+from prensa.gateway.limits import connection_cap
 from prensa.gateway.responses import Gateway
-from prensa.gateway.server import connection_cap
 from prensa.gateway.tei_grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from prensa.gateway.tei_grpc.health import add_health
 from prensa.gateway.tei_grpc.servicers import SERVICE_NAMES, add_servicers
