@@ -98,6 +98,11 @@ def test_bench_gateway_measures_the_gateways_own_cpu(tmp_path, exports):
     assert served.exit_code == 0, served.output
     assert "us CPU per /embed request" in served.output and all(n > 0 for n in figures(served.output))
     assert (tmp_path / "gateway.log").read_text().count("POST /embed") >= 200
+    over_grpc = CliRunner().invoke(app, ["bench", "gateway", str(exports["minilm"]), "--http", "--grpc", "--requests",
+                                         "200", "--concurrency", "4", "--log", str(tmp_path / "grpc.log")])
+    assert over_grpc.exit_code == 0, over_grpc.output
+    assert "us CPU per Embed call" in over_grpc.output and all(n > 0 for n in figures(over_grpc.output))
+    assert (tmp_path / "grpc.log").read_text().count("GRPC /tei.v1.Embed/Embed OK") >= 200
 
 
 def test_bench_tracing_and_cache_compare_their_variants(exports):

@@ -7,7 +7,9 @@ after its first call, so nothing but the gateway's code runs per request.
 Over HTTP: the same app behind its real server (uvicorn with prensa's connection protocol, the
 access log on) in a child process, driven over loopback by concurrent clients with distinct short
 queries, merging off (merged calls would miss the memo): the child's CPU per request and the
-requests per second one core of it answers, the gateway's own ceiling.
+requests per second one core of it answers, the gateway's own ceiling. With `grpc`, the same
+server's TEI gRPC API (`--tei-grpc-port`) takes the same queries as unary `tei.v1.Embed/Embed`
+calls over one channel, as a gRPC client sends them.
 """
 
 from __future__ import annotations
@@ -152,18 +154,44 @@ def memoised(settings: GatewaySettings) -> Memoised:
     return Memoised(settings.repo, settings.triton_timeout_s)
 
 
-def serve(repo: Path, model: str, port: int, workers: int) -> None:
+def serve(repo: Path, model: str, port: int, workers: int, grpc_port: int | None) -> None:
     """The gateway's real server, as `prensa gateway` runs it, on the memoised backend (the child of
-    `measure_http`, run as `python -m prensa.bench.gateway_cost REPO MODEL PORT WORKERS`)."""
+    `measure_http`, run as `python -m prensa.bench.gateway_cost REPO MODEL PORT WORKERS [GRPC_PORT]`)."""
     settings = GatewaySettings(
         repo=repo,
         default_model=model,
         max_concurrent_requests=1_000_000,
         coalesce_requests=False,
         workers=workers,
+        tei_grpc_port=grpc_port,
     )
     configure_logging(settings.log_level, settings.json_output)
     gateway_server(settings, LOOPBACK, port, backend=memoised).run()
+
+
+class TeiGrpcClient:
+    """TEI's gRPC `Embed`, one text a call, over one channel (as `HttpClient.embed` sends `/embed`)."""
+
+    def __init__(self, port: int) -> None:
+        self.address = f"{LOOPBACK}:{port}"
+        self.channel: Any = None
+        self.stub: Any = None
+
+    async def open(self) -> None:
+        import grpc
+
+        from prensa.gateway.tei_grpc import tei_pb2_grpc
+
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = tei_pb2_grpc.EmbedStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def embed(self, item: list[str]) -> None:
+        from prensa.gateway.tei_grpc import tei_pb2
+
+        await self.stub.Embed(tei_pb2.EmbedRequest(inputs=item[0]))
 
 
 @dataclass(frozen=True)
@@ -181,17 +209,27 @@ class HttpCost:
 
 
 def measure_http(
-    repo: Path, model: str, requests: int, concurrency: int, log: Path, workers: int = 1
+    repo: Path,
+    model: str,
+    requests: int,
+    concurrency: int,
+    log: Path,
+    workers: int = 1,
+    grpc: bool = False,
 ) -> HttpCost:
-    """The served gateway's cost at `concurrency` clients, each request answered from the memo."""
-    port = free_port()
+    """The served gateway's cost at `concurrency` clients, each request answered from the memo:
+    `/embed` over HTTP, or with `grpc` TEI's gRPC `Embed`."""
+    port, grpc_port = free_port(), free_port()
     server = ServerProcess(
-        [sys.executable, "-m", __name__, str(repo), model, str(port), str(workers)],
+        [sys.executable, "-m", __name__, str(repo), model, str(port), str(workers)]
+        + ([str(grpc_port)] if grpc else []),
         http_url(port, "/health"),
         log,
     )
     server.start()
-    client = HttpClient("gateway", server.base_url, model, "tei")
+    client: HttpClient | TeiGrpcClient = (
+        TeiGrpcClient(grpc_port) if grpc else HttpClient("gateway", server.base_url, model, "tei")
+    )
     items = [[text] for text in query_texts(200)]
     work = Workload(
         (items * (requests // len(items) + 1))[:requests], [1] * requests, [1] * requests
@@ -224,4 +262,5 @@ def measure_http(
 
 
 if __name__ == "__main__":  # the served gateway of `measure_http`
-    serve(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    grpc_port = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    serve(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), grpc_port)

@@ -200,6 +200,13 @@ def gateway(
     ] = False,
     concurrency: Annotated[int, typer.Option(min=1, help="With --http: concurrent clients.")] = 64,
     workers: Annotated[int, typer.Option(min=1, help="With --http: gateway worker processes.")] = 1,
+    grpc: Annotated[
+        bool,
+        typer.Option(
+            help="With --http: TEI's gRPC Embed on the same server (--tei-grpc-port) instead of "
+            "HTTP /embed."
+        ),
+    ] = False,
     log: Annotated[Path, typer.Option(help="With --http: the server's log.")] = Path(
         "gateway-cost.log"
     ),
@@ -214,11 +221,18 @@ def gateway(
 
     require("bench", "bench gateway")
     with embedder_repository(export_dir) as repo:
+        if grpc and not http:
+            raise typer.BadParameter(
+                "measures a served gateway: give --http too", param_hint="--grpc"
+            )
         if http:
-            cost = gateway_cost.measure_http(repo, BENCH_MODEL, requests, concurrency, log, workers)
+            cost = gateway_cost.measure_http(
+                repo, BENCH_MODEL, requests, concurrency, log, workers, grpc
+            )
+            over, each = ("TEI gRPC", "Embed call") if grpc else ("HTTP", "/embed request")
             typer.echo(
-                f"gateway over HTTP at {concurrency} clients, {workers} worker(s): "
-                f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per /embed request, {cost.requests_per_s:.0f} "
+                f"gateway over {over} at {concurrency} clients, {workers} worker(s): "
+                f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per {each}, {cost.requests_per_s:.0f} "
                 f"requests/s ({cost.requests_per_cpu_s:.0f} per second of CPU); cores busy: gateway "
                 f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}"
             )
