@@ -1,6 +1,6 @@
-"""HTTP plumbing every router shares: the request type routes take (gateway state, request context, orjson
-bodies), body validation as FastAPI's, orjson responses with timing headers, and a route class
-that counts every request under TEI's metric names."""
+"""HTTP plumbing every router shares: the request type routes take (gateway state, request
+context, orjson bodies), body validation as FastAPI's, orjson responses with timing headers, and a
+route class that counts every request under TEI's metric names."""
 
 from __future__ import annotations
 
