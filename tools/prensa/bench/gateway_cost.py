@@ -176,22 +176,22 @@ class TeiGrpcClient:
         self.address = f"{LOOPBACK}:{port}"
         self.channel: Any = None
         self.stub: Any = None
+        self.message: Any = None  # tei_pb2.EmbedRequest
 
     async def open(self) -> None:
         import grpc
 
-        from prensa.gateway.tei_grpc import tei_pb2_grpc
+        from prensa.gateway.tei_grpc import tei_pb2, tei_pb2_grpc
 
         self.channel = grpc.aio.insecure_channel(self.address)
         self.stub = tei_pb2_grpc.EmbedStub(self.channel)
+        self.message = tei_pb2.EmbedRequest
 
     async def close(self) -> None:
         await self.channel.close()
 
     async def embed(self, item: list[str]) -> None:
-        from prensa.gateway.tei_grpc import tei_pb2
-
-        await self.stub.Embed(tei_pb2.EmbedRequest(inputs=item[0]))
+        await self.stub.Embed(self.message(inputs=item[0]))
 
 
 @dataclass(frozen=True)
@@ -219,16 +219,18 @@ def measure_http(
 ) -> HttpCost:
     """The served gateway's cost at `concurrency` clients, each request answered from the memo:
     `/embed` over HTTP, or with `grpc` TEI's gRPC `Embed`."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_port(), free_port() if grpc else None
     server = ServerProcess(
         [sys.executable, "-m", __name__, str(repo), model, str(port), str(workers)]
-        + ([str(grpc_port)] if grpc else []),
+        + ([str(grpc_port)] if grpc_port else []),
         http_url(port, "/health"),
         log,
     )
     server.start()
     client: HttpClient | TeiGrpcClient = (
-        TeiGrpcClient(grpc_port) if grpc else HttpClient("gateway", server.base_url, model, "tei")
+        TeiGrpcClient(grpc_port)
+        if grpc_port
+        else HttpClient("gateway", server.base_url, model, "tei")
     )
     items = [[text] for text in query_texts(200)]
     work = Workload(

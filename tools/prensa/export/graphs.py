@@ -53,10 +53,7 @@ def decoder_masks(
     # bidirectional Gemma3's config has already halved it
     window = getattr(config, "sliding_window", None)
     # one mask; Mistral's window applies to every layer
-    if config.model_type in (
-        "llama",
-        "mistral",
-    ):
+    if config.model_type in ("llama", "mistral"):
         return additive_mask(
             attention_mask, dtype, causal, window if config.model_type == "mistral" else None
         )

@@ -23,7 +23,6 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Tokenizer
 
 from prensa.gateway.backend import Backend
 from prensa.gateway.chunking import (
@@ -270,7 +269,7 @@ class Service:
             and model.tokenizer is not None
             and has_long_texts(inference.items, inference.pairs, model.max_length)
         ):
-            inference = await self._bounded(inference, model.tokenizer, context)
+            inference = await self._bounded(inference, context)
         needs_tokens = needs_token_ids(inference, prompt_tokens)
         rows = (
             await self._tokenized(inference, prompt_tokens, context)
@@ -294,16 +293,14 @@ class Service:
         mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
         return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
 
-    async def _bounded(
-        self, inference: Inference, tokenizer: Tokenizer, context: RequestContext
-    ) -> Inference:
+    async def _bounded(self, inference: Inference, context: RequestContext) -> Inference:
         """Texts longer than the model's window cut to what it reads, before anything (or Triton's
         tokenize stage) tokenizes a text per input or per pair."""
         started = time.perf_counter()
         with stage("cut long texts", inputs=len(inference.items)):
             items, pairs = await asyncio.to_thread(
                 bound_texts,
-                tokenizer,
+                inference.model.require_tokenizer(),
                 inference.items,
                 inference.pairs,
                 inference.model.max_length,

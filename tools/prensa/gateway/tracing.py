@@ -131,23 +131,25 @@ def triton_headers() -> dict[str, str] | None:
 
 
 @contextmanager
-def rpc_span(
-    tracer: Tracer | None, rpc: str, carrier: Mapping[str, str], since: float
+def server_span(
+    tracer: Tracer | None,
+    name: str,
+    carrier: Mapping[str, str],
+    start_ns: int | None,
+    attributes: Mapping[str, str] | None = None,
 ) -> Iterator[Span | None]:
-    """A server span around one gRPC call (`rpc`, such as "/tei.v1.Embed/Embed") from `since` (a
-    perf_counter reading), parented on the client's `traceparent` metadata (`carrier`): its
-    requests' stages open children of it as an HTTP request's do. None when not traced."""
+    """A server span from `start_ns`, parented on the client's W3C headers (`carrier`), current
+    (and `ACTIVE`) while it is open, so the request's stages open children of it; None when not
+    traced (no tracer, or the sampler left the request out)."""
     if tracer is None:
         yield None
         return
-    name = rpc.lstrip("/")
-    service, _, method = name.partition("/")
     with tracer.start_as_current_span(
         name,
         context=PROPAGATOR.extract(carrier),
-        start_time=wall_ns(since),
+        start_time=start_ns,
         kind=SpanKind.SERVER,
-        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+        attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
@@ -159,6 +161,17 @@ def rpc_span(
             yield span
         finally:
             ACTIVE.reset(active)
+
+
+def rpc_span(
+    tracer: Tracer | None, rpc: str, carrier: Mapping[str, str], since: float
+) -> AbstractContextManager[Span | None]:
+    """`server_span` of one gRPC call (`rpc`, such as "/tei.v1.Embed/Embed") from `since` (a
+    perf_counter reading), parented on the client's `traceparent` metadata."""
+    name = rpc.lstrip("/")
+    service, _, method = name.partition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    return server_span(tracer, name, carrier, wall_ns(since), attributes)
 
 
 class Traced:
@@ -182,15 +195,8 @@ class Traced:
         method, path = scope["method"], scope["path"]
         state = scope.setdefault("state", {})
         arrived = wall_ns(state[RECEIVED_KEY]) if RECEIVED_KEY in state else None
-        with self.tracer.start_as_current_span(
-            f"{method} {path}",
-            context=PROPAGATOR.extract(carrier),
-            start_time=arrived,
-            kind=SpanKind.SERVER,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            if not span.is_recording():
+        with server_span(self.tracer, f"{method} {path}", carrier, arrived) as span:
+            if span is None:
                 await self.app(scope, receive, send)
                 return
             state[TRACE_KEY] = format(span.get_span_context().trace_id, "032x")
@@ -202,11 +208,9 @@ class Traced:
                     status = message["status"]
                 await send(message)
 
-            active = ACTIVE.set(self.tracer)
             try:
                 await self.app(scope, receive, sending)
             finally:
-                ACTIVE.reset(active)
                 with_route = scope.get("route")
                 route = getattr(with_route, "path", path)
                 span.update_name(f"{method} {route}")
