@@ -281,3 +281,22 @@ def qwen3_reranker(directory: Path, seed: int = 9) -> Path:
     torch.manual_seed(seed)
     _random(Qwen3ForCausalLM(config), seed).save_pretrained(directory)
     return directory
+
+
+def bert_cross_encoder(directory: Path, seed: int = 10, spread: float = 1000.0) -> Path:
+    """A BERT cross-encoder as sentence-transformers' CrossEncoder models are saved (ms-marco-MiniLM's
+    layout): BertForSequenceClassification with one logit, a WordPiece tokenizer with segment ids;
+    its scores sharpened (`tiny_models.sharpened`)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tests.tiny_models import sharpened
+
+    tokenizer = wordpiece_tokenizer(directory, ("input_ids", "token_type_ids", "attention_mask"))
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=512, type_vocab_size=2, num_labels=1,
+                        architectures=["BertForSequenceClassification"])
+    torch.manual_seed(seed)
+    model = _random(BertForSequenceClassification(config), seed)
+    sharpened(model, model.classifier, tokenizer, spread)
+    model.save_pretrained(directory)
+    return directory

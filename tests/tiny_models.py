@@ -7,6 +7,7 @@ is exercised against the reference implementations on identical weights.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -80,7 +81,19 @@ def tiny_bge_m3(directory: Path, with_heads: tuple[str, ...] = ("sparse_linear.p
     return directory
 
 
-def _tiny_sequence_classifier(directory: Path, id2label: dict[int, str], seed: int) -> Path:
+def sharpened(model: torch.nn.Module, head: torch.nn.Linear, tokenizer, spread: float) -> torch.nn.Module:
+    """`model` with its last layer's weights times `spread` and its bias set so that pairs of the
+    corpus score about 0: a tiny random encoder reads its inputs faintly, and this makes what it
+    reads show in the scores without a sigmoid saturating."""
+    pairs = list(pairwise(CORPUS[:9]))
+    with torch.no_grad():
+        head.weight.mul_(spread)
+        encoded = tokenizer([p[0] for p in pairs], [p[1] for p in pairs], padding=True, return_tensors="pt")
+        head.bias.sub_(model(**encoded).logits.mean(0))
+    return model
+
+
+def _tiny_sequence_classifier(directory: Path, id2label: dict[int, str], seed: int, spread: float | None = None) -> Path:
     from transformers import XLMRobertaForSequenceClassification
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,16 +101,20 @@ def _tiny_sequence_classifier(directory: Path, id2label: dict[int, str], seed: i
     torch.manual_seed(seed)
     config = xlmr_config(len(tokenizer), architectures=["XLMRobertaForSequenceClassification"],
                          num_labels=len(id2label), id2label=id2label, label2id={v: k for k, v in id2label.items()})
-    model = XLMRobertaForSequenceClassification(config)
-    with torch.no_grad():  # spread the logits so orderings and softmaxes are not all ties
-        model.classifier.out_proj.weight.mul_(20.0)
+    model = XLMRobertaForSequenceClassification(config).eval()
+    if spread is None:
+        with torch.no_grad():  # spread the logits so orderings and softmaxes are not all ties
+            model.classifier.out_proj.weight.mul_(20.0)
+    else:
+        sharpened(model, model.classifier.out_proj, tokenizer, spread)
     model.save_pretrained(directory)
     return directory
 
 
-def tiny_reranker(directory: Path) -> Path:
-    """bge-reranker-v2-m3's layout: XLMRobertaForSequenceClassification with one logit."""
-    return _tiny_sequence_classifier(directory, {0: "LABEL_0"}, seed=1)
+def tiny_reranker(directory: Path, spread: float | None = None) -> Path:
+    """bge-reranker-v2-m3's layout: XLMRobertaForSequenceClassification with one logit; `spread`
+    sharpens its scores (`sharpened`)."""
+    return _tiny_sequence_classifier(directory, {0: "LABEL_0"}, seed=1, spread=spread)
 
 
 def tiny_classifier(directory: Path) -> Path:

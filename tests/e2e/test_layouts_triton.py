@@ -2,8 +2,8 @@
 their own libraries on the same weights: sentence-transformers' `encode` for embedders (5.x and
 legacy configs, Dense layers, every pooling, decoder embedders with prompts and left padding,
 EmbeddingGemma, ModernBERT), `SparseEncoder.encode` for SPLADE saved by sentence-transformers 5,
-and Qwen3-Reranker's model-card formula on transformers for the LLM reranker, on every rerank route.
-Mutated references (a Dense layer dropped, the wrong padding side) must disagree: the comparisons
+and Qwen3-Reranker's model-card formula on transformers for the LLM reranker, on every rerank route;
+cross-encoders against CrossEncoder and FlagReranker on pairs too long for them. Mutated references (a Dense layer dropped, the wrong padding side) must disagree: the comparisons
 can fail."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from prensa.addresses import free_port
 from prensa.export.llm_reranker import QWEN3_RERANKER
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.gateway.settings import GatewaySettings
+from prensa.manifest import PairTruncation
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from tests import tiny_layouts
@@ -52,7 +53,11 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
 LEAVING_PROMPTS_OUT = [name for name in EMBEDDERS if name.startswith("instructor-")]
 OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
           "qwen3-reranker": (tiny_layouts.qwen3_reranker, Pipeline.ENSEMBLE),
-          "cross-encoder": (tiny_reranker, Pipeline.FUSED)}
+          "cross-encoder": (lambda d: tiny_reranker(d, spread=SPREAD), Pipeline.FUSED),
+          "bert-cross-encoder": (tiny_layouts.bert_cross_encoder, Pipeline.FUSED),
+          "flag-reranker": (lambda d: tiny_reranker(d, spread=SPREAD), Pipeline.FUSED)}
+SPREAD = 1000.0  # the cross-encoders' scores sharpened: a document cut or kept shows in them
+EXPORT_OPTIONS = {"flag-reranker": {"pair_truncation": PairTruncation.CAPPED_QUERY}}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +71,8 @@ def served(tmp_path_factory, sources):
     root = tmp_path_factory.mktemp("layout-exports")
     repo = root / "repo"
     for name, (_, pipeline) in {**EMBEDDERS, **OTHERS}.items():
-        manifest, report = export_model(ExportOptions(str(sources[name]), root / name))
+        manifest, report = export_model(ExportOptions(str(sources[name]), root / name,
+                                                      **EXPORT_OPTIONS.get(name, {})))
         assert report.ok, (name, report.figures)
         build_repository([ModelSource(name, root / name, manifest)], repo, ServingOptions(pipeline=pipeline))
     ports = TritonPorts(free_port(), free_port(), free_port())
@@ -274,3 +280,55 @@ def test_an_instruction_for_a_cross_encoder_is_refused(served):
 def test_an_llm_reranker_refuses_lone_texts(served):
     response = httpx.post(f"{served}/predict", json={"inputs": "just one text", "model": "qwen3-reranker"}, timeout=60)
     assert response.status_code == 422 and "pairs" in response.text
+
+
+# Pairs past the cross-encoders' 512 tokens: the query, the documents, or both.
+LONG_QUERY = "What is the capital of France? " * 100
+SHORT_DOCUMENTS = ["Paris is the capital of France.", "Bananas are yellow and rich in potassium."]
+LONG_DOCUMENTS = [d * 60 for d in SHORT_DOCUMENTS]
+LONG_PAIRS = {"long query": (LONG_QUERY, SHORT_DOCUMENTS), "long documents": (QUERY, LONG_DOCUMENTS),
+              "both long": (LONG_QUERY, LONG_DOCUMENTS)}
+
+
+def rerank_routes(url: str, model: str, query: str, documents: list[str]) -> dict[str, np.ndarray]:
+    """One relevance score per document from TEI's, Cohere's and vLLM's routes, in document order."""
+    tei = post(url, "/rerank", {"model": model, "query": query, "texts": documents})
+    cohere = post(url, "/v1/rerank", {"model": model, "query": query, "documents": documents})
+    vllm = post(url, "/score", {"model": model, "text_1": query, "text_2": documents})
+    return {"/rerank": by_index(tei, "score"), "/v1/rerank": by_index(cohere["results"], "relevance_score"),
+            "/score": by_index(vllm["data"], "score")}
+
+
+@pytest.mark.parametrize("case", list(LONG_PAIRS))
+@pytest.mark.parametrize("name", ["cross-encoder", "bert-cross-encoder"])
+def test_long_pairs_score_as_crossencoder_scores_them(served, sources, name, case):
+    """Longest-first, as CrossEncoder (and TEI) cut a pair: a long query no longer pushes the document out."""
+    from sentence_transformers import CrossEncoder
+
+    query, documents = LONG_PAIRS[case]
+    want = CrossEncoder(str(sources[name]), max_length=512).predict([(query, d) for d in documents])
+    assert abs(want[0] - want[1]) > 4e-4, "random weights must still tell the documents apart"
+    for route, got in rerank_routes(served, name, query, documents).items():
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=route)
+
+
+@pytest.mark.parametrize("case", list(LONG_PAIRS))
+def test_a_capped_query_export_scores_as_flagreranker_scores(served, sources, case):
+    from FlagEmbedding import FlagReranker
+
+    query, documents = LONG_PAIRS[case]
+    reranker = FlagReranker(str(sources["flag-reranker"]), use_fp16=False, devices="cpu")
+    want = np.asarray(reranker.compute_score([[query, d] for d in documents], max_length=512, normalize=True))
+    for route, got in rerank_routes(served, "flag-reranker", query, documents).items():
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=route)
+    if case != "long documents":  # where the query passes FlagReranker's cap, the two rules differ
+        longest_first = rerank_routes(served, "cross-encoder", query, documents)["/rerank"]
+        assert np.abs(longest_first - want).max() > 1e-4
+
+
+def test_an_llm_reranker_refuses_a_query_that_leaves_no_room_for_the_document(served):
+    """The model card cuts the filled-in prompt from its end, so such a query scores every document
+    alike; prensa refuses it instead, naming why."""
+    response = httpx.post(f"{served}/rerank", json={"query": "capital " * 9000, "texts": DOCUMENTS,
+                                                     "model": "qwen3-reranker"}, timeout=60)
+    assert response.status_code == 422 and "leaving none for the document" in response.text

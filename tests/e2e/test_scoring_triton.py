@@ -32,7 +32,7 @@ PASSAGES = [
     "A capital letter starts every sentence.",
     "Frankfurt is a financial centre.",
     "Deutschland's Hauptstadt ist Berlin.",
-    "The weather in Berlin is mild in spring. " * 30,  # long: truncated, only_second
+    "The weather in Berlin is mild in spring. " * 30,  # long
 ]
 
 
@@ -59,7 +59,7 @@ def test_msmarco_int8_matches_onnxruntime_on_the_same_file(triton, msmarco_dir, 
     session = ort.InferenceSession(str(msmarco_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     expected = []
     for passage in PASSAGES:  # one pair per run: int8 activation scales are per tensor, so batch-dependent
-        encoded = tokenizer(QUERY, passage, truncation="only_second", max_length=512, return_tensors="np")
+        encoded = tokenizer(QUERY, passage, truncation=True, max_length=512, return_tensors="np")
         expected.append(session.run(None, {k: v.astype(np.int64) for k, v in encoded.items()})[0][0, 0])
     expected = np.asarray(expected)
     np.testing.assert_allclose(logits, expected, atol=1e-4)

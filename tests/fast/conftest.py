@@ -202,7 +202,8 @@ class Oracle:
 
     def __init__(self, export: Path) -> None:
         self.manifest = Manifest.read(export)
-        self.encoder = TOKENIZE.TextEncoder(export / "tokenizer.json", self.manifest.max_length, "right", "only_second")
+        self.encoder = TOKENIZE.TextEncoder(export / "tokenizer.json", self.manifest.max_length, "right",
+                                             self.manifest.pair_truncation)
         self.session = ort.InferenceSession(str(export / "model.onnx"), providers=["CPUExecutionProvider"])
         self.pool = POOL.Pooler.from_parameters(pool_parameters(self.manifest, ServingOptions()))
 

@@ -80,14 +80,11 @@ def test_rerank_errors_and_truncation(http, direct, need, tokenizer):
     assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"
     assert http.post("/rerank?model=minilm", json={"query": QUERY, "texts": PASSAGES}).status_code == 422
     long_passage = "Berlin is the capital and largest city of Germany. " * 80
-    # A too-long passage is cut on the right (only_second), as Triton's tokenize stage does itself.
+    # A too-long passage is cut on the right, as Triton's tokenize stage does itself.
     ranks = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage]}).json()
     np.testing.assert_allclose(ranks[0]["score"], direct("reranker", [QUERY], [long_passage])["scores"][0, 0], atol=1e-5)
     refused = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage], "truncate": False})
     assert refused.status_code == 422 and "must have less than" in refused.json()["error"]
-    long_query = "capital " * 1000  # alone longer than max length: the gateway cuts the query too
-    cut = http.post("/rerank?model=reranker", json={"query": long_query, "texts": PASSAGES[:1]})
-    assert cut.status_code == 200 and np.isfinite(cut.json()[0]["score"])
 
 
 def gateway_tokenizations(http) -> float:
@@ -96,21 +93,58 @@ def gateway_tokenizations(http) -> float:
                 if line.startswith("te_request_tokenization_duration_count"))
 
 
-def test_pairs_are_tokenized_in_the_gateway_only_when_the_query_fills_the_window(http, direct, need, tokenizer):
-    """A query that leaves room is sent as text (Triton's tokenize stage cuts the passage); one that
-    does not is cut here, measured even when it is short in characters."""
+# The peers' case: a query far past the window beside short documents.
+LONG_QUERY = "What is the capital of France? " * 100
+DOCUMENTS = ["Paris is the capital of France.", "Bananas are yellow and rich in potassium.",
+             "Berlin is the capital and largest city of Germany. " * 80]
+
+
+def cross_encoder_scores(directory: Path, query: str, documents: list[str], side: str = "right") -> np.ndarray:
+    """sentence-transformers' CrossEncoder on the same weights (sigmoid scores); `left` through
+    transformers, which CrossEncoder does not offer."""
+    import torch
+
+    if side == "right":
+        from sentence_transformers import CrossEncoder
+
+        return np.asarray(CrossEncoder(str(directory), max_length=512).predict([(query, d) for d in documents]))
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory, truncation_side="left")
+    model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
+    encoded = tokenizer([query] * len(documents), documents, padding=True, truncation=True, max_length=512,
+                        return_tensors="pt")
+    with torch.no_grad():
+        return torch.sigmoid(model(**encoded).logits[:, 0]).numpy()
+
+
+def test_a_long_query_keeps_every_document_on_every_rerank_route(http, need, reranker_dir):
+    """Pairs are cut longest-first, as TEI and CrossEncoder cut them, by Triton's tokenize stage: the
+    documents stay and score apart, on the text path (the gateway does not tokenize them)."""
     need("reranker")
-    long_passage = "Berlin is the capital and largest city of Germany. " * 80
+    want = cross_encoder_scores(reranker_dir, LONG_QUERY, DOCUMENTS)
+    # the tiny reranker reads a document faintly beside 500 query tokens: close scores, compared closely
+    assert np.abs(want[0] - want[1]) > 5e-6, "random weights must still tell the documents apart"
     before = gateway_tokenizations(http)
-    ranks = http.post("/rerank?model=reranker", json={"query": QUERY, "texts": [long_passage, *PASSAGES]}).json()
+    body = {"model": "reranker", "query": LONG_QUERY}
+    tei = http.post("/rerank", json={**body, "texts": DOCUMENTS, "truncate": True}).json()
+    cohere = http.post("/v1/rerank", json={**body, "documents": DOCUMENTS}).json()["results"]
+    vllm = http.post("/score", json={"model": "reranker", "text_1": LONG_QUERY, "text_2": DOCUMENTS}).json()["data"]
     assert gateway_tokenizations(http) == before
-    expected = direct("reranker", [QUERY] * 4, [long_passage, *PASSAGES])["scores"][:, 0]
-    np.testing.assert_allclose(sorted(r["score"] for r in ranks), sorted(expected), atol=1e-5)
-    dense_query = "1 " * 510  # 1020 characters, more tokens than the 512-token window holds
-    assert len(tokenizer("reranker").encode(dense_query, add_special_tokens=False)) > 508
-    cut = http.post("/rerank?model=reranker", json={"query": dense_query, "texts": PASSAGES[:1]})
-    assert cut.status_code == 200 and np.isfinite(cut.json()[0]["score"])
+    for got in ([r["score"] for r in sorted(tei, key=lambda r: r["index"])],
+                [r["relevance_score"] for r in sorted(cohere, key=lambda r: r["index"])],
+                [r["score"] for r in sorted(vllm, key=lambda r: r["index"])]):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_left_truncation_cuts_pairs_longest_first_in_the_gateway(http, need, reranker_dir):
+    need("reranker")
+    want = cross_encoder_scores(reranker_dir, LONG_QUERY, DOCUMENTS, side="left")
+    before = gateway_tokenizations(http)
+    got = http.post("/rerank?model=reranker", json={"query": LONG_QUERY, "texts": DOCUMENTS,
+                                                     "truncation_direction": "left"}).json()
     assert gateway_tokenizations(http) == before + 1
+    np.testing.assert_allclose([r["score"] for r in sorted(got, key=lambda r: r["index"])], want, atol=1e-6)
 
 
 def test_v1_rerank(http, direct, need):

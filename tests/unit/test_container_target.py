@@ -198,7 +198,7 @@ def test_warmup_covers_each_bucket_alone_and_batches_within_the_token_budget(max
 
 
 def test_tokenizer_pads_each_request_to_its_bucket(exports):
-    tok = tokenize.load_tokenizer(exports["minilm"] / "tokenizer.json", 256, "right", "longest_first")
+    tok = tokenize.load_tokenizer(exports["minilm"] / "tokenizer.json", 256)
     encodings = tok.encode_batch(["short text", "a somewhat longer text that needs more tokens than that"])
     padded = tokenize.pad_encodings(encodings, 0, [16, 32, 256])
     longest = max(len(e.ids) for e in encodings)

@@ -173,7 +173,7 @@ def stage_config(export, manifest, **extra: str) -> dict:
 
 def test_gpu_policy_gives_the_cpu_rules_results_on_a_real_graph(m3_export):
     manifest = Manifest.read(m3_export)
-    text_encoder = tokenize.TextEncoder(m3_export / manifest.tokenizer_file, manifest.max_length, "right", "only_second")
+    text_encoder = tokenize.TextEncoder(m3_export / manifest.tokenizer_file, manifest.max_length)
     rng = np.random.default_rng(0)
     words = ["dense", "sparse", "late", "interaction", "passage", "query", "capital", "city", "river", "museum"]
     texts = [[" ".join(rng.choice(words, size=rng.integers(1, 120))) for _ in range(rng.integers(1, 4))]

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from prensa.stages import contract
+
 MANIFEST_FILE = "prensa.json"
 CALIBRATION_FILE = "calibration.json"  # int8/uint8 embedding ranges; `prensa repo build` puts it beside the tokenizer
 FORMAT_VERSION = 1  # optional fields have defaults: prensa.json files without them still read
@@ -22,6 +24,15 @@ class Task(StrEnum):  # formats as its value: "rerank", in messages and JSON ali
     RERANK = "rerank"  # cross-encoder, one logit per (query, passage)
     CLASSIFY = "classify"  # sequence classifier, one logit per label
     SPLADE = "splade"  # masked-LM expansion into vocabulary weights
+
+
+class PairTruncation(StrEnum):
+    """How a (query, document) pair too long for the model is cut (`contract.PAIR_TRUNCATIONS`)."""
+
+    LONGEST_FIRST = contract.LONGEST_FIRST  # TEI, sentence-transformers' CrossEncoder, transformers
+    CAPPED_QUERY = (
+        contract.CAPPED_QUERY
+    )  # FlagEmbedding's FlagReranker: the query keeps at most 3/4
 
 
 class Pooling(str, Enum):
@@ -97,6 +108,8 @@ class Manifest:
     # LLM rerankers (Qwen3-Reranker): how a pair becomes one text, the tokenize stage's `PairTemplate`'s
     # fields (prefix, suffix, format, instruction).
     pair_template: dict[str, str] | None = None
+    # rerank and classify: how a pair too long for max_length is cut (the tokenize stage's rule)
+    pair_truncation: PairTruncation = PairTruncation.LONGEST_FIRST
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:
@@ -121,6 +134,8 @@ class Manifest:
             )
         data["task"] = Task(data["task"])
         data["pooling"] = Pooling(data["pooling"]) if data.get("pooling") else None
+        if "pair_truncation" in data:
+            data["pair_truncation"] = PairTruncation(data["pair_truncation"])
         data["outputs"] = [GraphOutput(**o) for o in data["outputs"]]
         data["id2label"] = {int(k): v for k, v in data.get("id2label", {}).items()}
         if data.get("tensorrt"):

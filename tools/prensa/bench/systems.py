@@ -131,7 +131,7 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
 def text_encoder(export_dir: Path, manifest: Manifest) -> Any:
     """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
     return load_stage("tokenize").TextEncoder(
-        export_dir / manifest.tokenizer_file, manifest.max_length, "right", "only_second"
+        export_dir / manifest.tokenizer_file, manifest.max_length, "right", manifest.pair_truncation
     )
 
 

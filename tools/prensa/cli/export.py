@@ -20,7 +20,7 @@ from prensa.export.tensorrt import (
     TensorRTError,
     TensorRTUnavailable,
 )
-from prensa.manifest import Pooling, Task
+from prensa.manifest import PairTruncation, Pooling, Task
 
 console = Console(stderr=True)
 
@@ -104,6 +104,12 @@ def export(
             show_default=False,
         ),
     ] = None,
+    pair_truncation: Annotated[
+        PairTruncation,
+        typer.Option(
+            help="Cross-encoders and classifiers: how a pair longer than the max length is cut. longest_first: the longer text loses tokens first (TEI, sentence-transformers' CrossEncoder); capped_query: the query keeps at most 3/4 of the max length, the document the rest (FlagEmbedding's FlagReranker)."
+        ),
+    ] = ExportOptions.pair_truncation,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
     require("export", "export")
@@ -137,6 +143,7 @@ def export(
         fuse_ops=fuse_ops,
         external_data=external_data,
         calibrate=calibrate,
+        pair_truncation=pair_truncation,
     )
     failure: SourceError | TensorRTUnavailable | TensorRTError | None
     with step_progress(console) as step:

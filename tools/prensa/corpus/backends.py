@@ -175,9 +175,9 @@ class OnnxBackend:
         self.info = export_info(export_dir, manifest, batch_size)
         options = ServingOptions()
         tokenize, encode, pool = (load_stage(stage) for stage in PIPELINE_STAGES)
-        # The tokenize stage's config: right truncation; pairs `only_second` (unused for single texts).
+        # The tokenize stage's config: right truncation (a corpus has single texts, no pairs).
         self.tokenizer = tokenize.TextEncoder(
-            export_dir / manifest.tokenizer_file, manifest.max_length, "right", "only_second"
+            export_dir / manifest.tokenizer_file, manifest.max_length
         )
         self.pad, self.pad_id = tokenize.pad_encodings, manifest.pad_id
         session = encode.create_session(

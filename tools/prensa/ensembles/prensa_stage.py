@@ -147,6 +147,43 @@ def pad_token_rows(
     return arrays
 
 
+# How a (query, document) pair is cut to the model's max length: the tokenize stage's
+# `pair_truncation` parameter, an export's manifest field, and the gateway's token path.
+# LONGEST_FIRST: the longer text loses tokens first, so both keep some (tokenizers' LongestFirst:
+# TEI, sentence-transformers' CrossEncoder, transformers' `truncation=True`).
+# CAPPED_QUERY: the query keeps at most 3/4 of the max length, the document the rest
+# (FlagEmbedding's FlagReranker, bge-reranker's own library).
+LONGEST_FIRST = "longest_first"
+CAPPED_QUERY = "capped_query"
+PAIR_TRUNCATIONS = (LONGEST_FIRST, CAPPED_QUERY)
+
+
+def query_cap(max_length: int) -> int:
+    """The content tokens CAPPED_QUERY leaves a query: FlagReranker's default `query_max_length`."""
+    return max_length * 3 // 4
+
+
+def pair_lengths(first: int, second: int, room: int, rule: str, max_length: int) -> tuple[int, int]:
+    """The content tokens a pair of `first` and `second` tokens keeps of each when `room` fit beside
+    the special tokens of a `max_length` window, under `rule` (see PAIR_TRUNCATIONS). Lengths only:
+    which end is cut is the truncation direction's."""
+    if rule == CAPPED_QUERY:
+        kept = min(first, query_cap(max_length))
+        return kept, max(min(second, room - kept), 0)
+    if rule != LONGEST_FIRST:
+        raise ValueError(f"unknown pair truncation {rule!r}; one of {', '.join(PAIR_TRUNCATIONS)}")
+    if first + second <= room:
+        return first, second
+    # as tokenizers does it: the shorter text stays whole while it leaves the longer as much room,
+    # else both get half the room (the longer, or the second of two equal, the odd token)
+    shorter, longer = sorted((first, second))
+    longer = shorter if shorter > room else max(shorter, room - shorter)
+    if shorter + longer > room:
+        shorter, longer = room // 2, room - room // 2
+    first_keeps, second_keeps = (longer, shorter) if first > second else (shorter, longer)
+    return min(first, first_keeps), min(second, second_keeps)
+
+
 PROMPT_TOKEN = 2
 
 

@@ -28,7 +28,15 @@ from prensa.export.inspect import ModelPlan, plan_model, require_memory, require
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import GraphDataError, link_graph_files
-from prensa.manifest import CALIBRATION_FILE, GraphOutput, Manifest, Pooling, Task, TensorRTEngine
+from prensa.manifest import (
+    CALIBRATION_FILE,
+    GraphOutput,
+    Manifest,
+    PairTruncation,
+    Pooling,
+    Task,
+    TensorRTEngine,
+)
 from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
@@ -85,6 +93,8 @@ class ExportOptions:
     external_data: bool = False
     # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
     calibrate: bool | None = None
+    # rerank and classify: how a pair too long for the model is cut
+    pair_truncation: PairTruncation = PairTruncation.LONGEST_FIRST
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def sample_batch(
             queries,
             passages,
             padding=True,
-            truncation="only_second",
+            truncation=True,  # longest_first: short pairs here, cut by no rule
             max_length=max_length,
             return_tensors="np",
             padding_side="right",
@@ -155,6 +165,19 @@ def sample_batch(
             sample[contract.ATTENTION_MASK], [skipped] * len(texts)
         )
     return sample
+
+
+def _check_pair_truncation(source: SourceModel, plan: ModelPlan, rule: PairTruncation) -> None:
+    """Only a cross-encoder's or classifier's pairs have two texts to cut by a rule: refuse another
+    rule where it would change nothing (an LLM reranker cuts its one filled-in prompt)."""
+    if rule is PairTruncation.LONGEST_FIRST:
+        return
+    if plan.task not in (Task.RERANK, Task.CLASSIFY) or plan.template is not None:
+        kind = "an LLM reranker" if plan.template is not None else f"a {plan.task} model"
+        raise SourceError(
+            f"{source.name}: --pair-truncation {rule} applies to cross-encoders and classifiers, "
+            f"not to {kind}"
+        )
 
 
 def _torch_version() -> str:
@@ -781,6 +804,7 @@ def export_model(
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
         plan = _plan(source, tokenizer, config, options, task, prompts)
+        _check_pair_truncation(source, plan, options.pair_truncation)
     options.out.mkdir(parents=True, exist_ok=True)
     remove_staging(options.out)  # what an export killed midway left: gigabytes for a large model
     if adopted:
@@ -833,6 +857,7 @@ def export_model(
         id2label=labels if plan.task is Task.CLASSIFY else {},
         attention_heads=_attention_heads(config),
         pair_template=plan.template,
+        pair_truncation=options.pair_truncation,
         tensorrt=engine,
         fused_ops=graph.fused_ops,
         prompts=prompts,

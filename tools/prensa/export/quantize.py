@@ -119,7 +119,7 @@ def _rerank_scores(
                 else tokenizer(
                     case.query,
                     passage,
-                    truncation="only_second",
+                    truncation=True,  # longest_first: short pairs here, cut by no rule
                     max_length=max_length,
                     return_tensors="np",
                 )

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from prensa.gateway.tokenization import Item, keep_tokens
+from prensa.stages import contract
 
 DEFAULT_OVERLAP = 32  # tokens two neighbouring windows share
 
@@ -77,17 +78,39 @@ def cut_texts(tokenizer: Tokenizer, texts: list[str], max_tokens: int) -> list[s
     return [token_windows(tokenizer, text, max(max_tokens, 1), count=1)[0] for text in texts]
 
 
+def document_room(query_tokens: int, max_length: int, specials: int, pair_rule: str) -> int:
+    """The most tokens a document keeps beside a query of `query_tokens` under `pair_rule`: what a
+    window may hold and still be read whole."""
+    room = max_length - specials
+    size: int = contract.pair_lengths(query_tokens, room, room, pair_rule, max_length)[1]
+    while (
+        size > 1
+        and contract.pair_lengths(query_tokens, size, room, pair_rule, max_length)[1] < size
+    ):
+        size -= 1
+    return size
+
+
 def chunk_texts(
-    tokenizer: Tokenizer, query: str, texts: list[str], max_length: int, max_chunks: int
+    tokenizer: Tokenizer,
+    query: str,
+    texts: list[str],
+    max_length: int,
+    max_chunks: int,
+    pair_rule: str | None,
 ) -> Windows:
     """Each text split into up to `max_chunks` windows that fit beside `query` in a pair of
-    `max_length` tokens (Cohere's `max_chunks_per_doc`); a text that fits is one window."""
-    # a longer query leaves no room either way
+    `max_length` tokens cut by `pair_rule` (Cohere's `max_chunks_per_doc`); a text that fits is one
+    window. `pair_rule` None: `query` is an LLM reranker's prompt before the document, one text with it."""
+    # a longer query leaves no more room
     query = keep_tokens(tokenizer, query, max_length + 1, "right")
+    query_tokens = len(tokenizer.encode(query, add_special_tokens=False))
     room = (
-        max_length
-        - tokenizer.num_special_tokens_to_add(True)
-        - len(tokenizer.encode(query, add_special_tokens=False))
+        max_length - tokenizer.num_special_tokens_to_add(False) - query_tokens
+        if pair_rule is None
+        else document_room(
+            query_tokens, max_length, tokenizer.num_special_tokens_to_add(True), pair_rule
+        )
     )
     pieces = [token_windows(tokenizer, text, max(room, 1), count=max_chunks) for text in texts]
     return Windows(

@@ -102,6 +102,8 @@ class ServedModel:
     # token ids; `max_length` is then what the filled-in pair may take between them.
     pair_template: Any = None
     template_edges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    # how a pair too long for `max_length` is cut (`contract.PAIR_TRUNCATIONS`), as the tokenize stage does
+    pair_truncation: str = contract.LONGEST_FIRST
 
     @property
     def encode_model(self) -> str:
@@ -250,6 +252,7 @@ async def read_model(
         pool_inputs=pool_inputs,
         pad_id=int(tokenize_params.get("pad_id", "0")),
         takes_pairs=bool(pair),
+        pair_truncation=tokenize_params.get("pair_truncation", contract.LONGEST_FIRST),
         tokenizer=tokenizer,
         tokenizer_path=tokenizer_path,
         token_id_limit=token_id_limit(tokenizer),

@@ -85,6 +85,7 @@ async def document_scores(
         texts,
         served.max_length,
         max_chunks,
+        None if served.pair_template is not None else served.pair_truncation,
     )
     values, tokens = await gw.service.relevance(
         served,

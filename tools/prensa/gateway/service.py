@@ -49,8 +49,9 @@ from prensa.gateway.tokenization import (
     TokenRows,
     Truncation,
     bound_texts,
-    first_fills_pair,
+    filling_tokens,
     has_long_texts,
+    may_fill,
     tokenize_items,
 )
 from prensa.gateway.tracing import stage
@@ -140,20 +141,9 @@ def needs_token_ids(inference: Inference, prompt_tokens: Sequence[int]) -> bool:
 
 def gateway_tokenizes(inference: Inference, needs_tokens: bool) -> bool:
     """Whether the gateway tokenizes: for the token path, or because Triton's tokenize stage could
-    answer otherwise (it truncates right, refuses nothing, and refuses a pair whose first text leaves
-    no room for the second)."""
-    model, truncation = inference.model, inference.truncation
-    return (
-        needs_tokens
-        or not truncation.enabled
-        or truncation.direction == "left"
-        or (
-            inference.pairs is not None
-            and first_fills_pair(
-                model.require_tokenizer(), cast("list[str]", inference.items), model.max_length
-            )
-        )
-    )
+    answer otherwise (it truncates right and refuses nothing)."""
+    truncation = inference.truncation
+    return needs_tokens or not truncation.enabled or truncation.direction == "left"
 
 
 def check_batch(size: int, batch_limit: int, split: bool) -> None:
@@ -327,6 +317,7 @@ class Service:
                 model.max_length,
                 inference.truncation,
                 model.token_id_limit,
+                model.pair_truncation,
             )
             # an LLM reranker's filled-in pairs, framed by its prompt
             if model.pair_template is not None:
@@ -619,6 +610,22 @@ class Service:
             tokens[0] += rows.num_tokens[0]
         return np.asarray(hybrid, dtype=np.float32), tokens
 
+    async def _check_room(
+        self, model: ServedModel, queries: list[str], instruction: str | None
+    ) -> None:
+        """Refuse queries that leave an LLM reranker no room for the document: its prompt is cut
+        from the end, as the model card cuts it, and would score every document alike."""
+        tokenizer = model.require_tokenizer()
+        heads = {model.pair_template.text(query, "", instruction) for query in queries}
+        if not any(may_fill(tokenizer, head, model.max_length) for head in heads):
+            return
+        count = await asyncio.to_thread(filling_tokens, tokenizer, heads, model.max_length)
+        if count is not None:
+            raise validation(
+                f"the query and instruction take {count} tokens of model `{model.name}`'s "
+                f"{model.max_length}, leaving none for the document; shorten the query"
+            )
+
     async def scores(
         self,
         model: ServedModel,
@@ -639,6 +646,7 @@ class Service:
                 raise validation(
                     f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs"
                 )
+            await self._check_room(model, texts, instruction)
             texts = [
                 model.pair_template.text(text, cast(str, pair), instruction)
                 for text, pair in zip(texts, pairs)

@@ -1,11 +1,11 @@
 """Gateway-side tokenization: only when Triton's tokenize stage cannot do the job alone.
 
-The ensemble's tokenize stage always truncates on the right at the model's max length. The
-gateway tokenizes itself (with the stage's own tokenizer file) when a request needs more:
-`truncate: false` (count, refuse too long inputs), `truncation_direction: left`, token-id inputs,
-text pairs whose first text alone leaves no room (the stage's `only_second` strategy fails there)
-and `/embed_all`. Truncation keeps the special tokens: content is cut, then the post-processor adds
-them back, exactly as `tokenizers` does when truncation is enabled.
+The ensemble's tokenize stage always truncates on the right at the model's max length, a pair by
+the model's pair rule (`contract.PAIR_TRUNCATIONS`). The gateway tokenizes itself (with the stage's
+own tokenizer file, and the stage's own code for pairs) when a request needs more: `truncate: false`
+(count, refuse too long inputs), `truncation_direction: left`, token-id inputs and `/embed_all`.
+Truncation keeps the special tokens: content is cut, then the post-processor adds them back,
+exactly as `tokenizers` does when truncation is enabled.
 
 A text longer than the model's window in characters (`window_chars`) is first cut to the whole
 words that hold one token more than the window (`bound_texts`), once per distinct text and from a
@@ -31,9 +31,10 @@ import orjson
 from tokenizers import Encoding, Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.stages import contract
+from prensa.stages import contract, load_stage
 
 Item = str | list[int]  # one input: a text or token ids used as they are
+TOKENIZE_STAGE = load_stage("tokenize")  # pairs are cut by the stage's own code
 
 
 class PromptedText(str):
@@ -118,20 +119,23 @@ def check_token_ids(ids: list[int], limit: int) -> None:
         raise validation(f"token ids must lie in [0, {limit})")
 
 
-INLINE_CHARS = 1024  # first texts measured on the event loop up to this many characters in all
+def may_fill(tokenizer: Tokenizer, text: str, max_length: int) -> bool:
+    """Whether `text` may hold `max_length` tokens: no tokenizer gives a text more tokens than its
+    UTF-8 bytes, besides the special tokens it adds."""
+    specials: int = tokenizer.num_special_tokens_to_add(False)
+    return len(text.encode("utf-8")) + specials >= max_length
 
 
-def first_fills_pair(tokenizer: Tokenizer, firsts: Iterable[str], max_length: int) -> bool:
-    """Whether a pair's first text (a rerank query) may leave no room for its second under
-    `max_length`, so that the gateway must truncate: the tokenize stage's `only_second` strategy
-    refuses such a pair. The distinct first texts are measured here, on the event loop, when they
-    come to at most `INLINE_CHARS` characters (a short query's tokenization); longer ones are taken to
-    fill, and the pairs are then tokenized in a thread."""
-    distinct = set(firsts)
-    if sum(map(len, distinct)) > INLINE_CHARS:
-        return True
-    room = max_length - tokenizer.num_special_tokens_to_add(True)
-    return any(len(tokenizer.encode(text, add_special_tokens=False)) > room for text in distinct)
+def filling_tokens(tokenizer: Tokenizer, texts: Iterable[str], max_length: int) -> int | None:
+    """The tokens of the first of `texts` that holds at least `max_length` (special tokens
+    included), or None when none does: an LLM reranker's prompt up to the document, which would
+    leave no room for it."""
+    for text in set(texts):
+        if may_fill(tokenizer, text, max_length):
+            count = len(tokenizer.encode(text))
+            if count >= max_length:
+                return count
+    return None
 
 
 def too_long(max_length: int, given: int) -> Exception:
@@ -326,10 +330,6 @@ def _refuse_too_long(
             raise too_long(max_length, content + specials)
 
 
-def _cut(encoding: Encoding, keep: int, direction: str) -> None:
-    encoding.truncate(max(keep, 0), direction=direction)
-
-
 def tokenize_items(
     tokenizer: Tokenizer | None,
     items: list[Item],
@@ -337,9 +337,11 @@ def tokenize_items(
     max_length: int,
     truncation: Truncation,
     id_limit: int,
+    pair_rule: str = contract.LONGEST_FIRST,
 ) -> TokenRows:
     """Token ids per input, special tokens added to texts (not to token-id inputs, which must lie in
-    [0, `id_limit`)), truncated or refused. Texts that may be truncated come cut by `bound_texts`."""
+    [0, `id_limit`)), truncated or refused; pairs cut by the model's `pair_rule` with the tokenize
+    stage's own code. Texts that may be truncated come cut by `bound_texts`."""
     texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
     ids: list[list[int]] = [[] for _ in items]
     type_ids: list[list[int]] = [[] for _ in items]
@@ -373,14 +375,17 @@ def tokenize_items(
     for row, (i, _) in enumerate(texts):
         first, second = firsts[row], seconds[row] if seconds else None
         content = len(first) + (len(second) if second else 0)
-        if content > room:
-            if not truncation.enabled:
-                raise too_long(max_length, content + specials)
-            cut = True
-            if second is not None:  # only_second first; the first text too if it alone is too long
-                _cut(second, room - len(first), truncation.direction)
-            _cut(first, room - (len(second) if second else 0), truncation.direction)
-        encoding = tokenizer.post_process(first, second)
+        if content > room and not truncation.enabled:
+            raise too_long(max_length, content + specials)
+        if second is not None:
+            encoding = TOKENIZE_STAGE.cut_pair(
+                tokenizer, first, second, max_length, pair_rule, truncation.direction
+            )
+        else:
+            first.truncate(min(len(first), room), direction=truncation.direction)
+            encoding = tokenizer.post_process(first)
+        # a rule may cut a pair that fits (CAPPED_QUERY's long query)
+        cut = cut or len(encoding) < content + specials
         ids[i], type_ids[i] = encoding.ids, encoding.type_ids
     return TokenRows(ids, type_ids, cut)
 

@@ -477,7 +477,7 @@ class ModelRenderer:
             "tokenizer_file": self.m.tokenizer_file,
             "max_length": self.m.max_length,
             "truncation_side": "right",
-            "pair_truncation": "only_second",
+            "pair_truncation": self.m.pair_truncation,
             "pad_id": self.m.pad_id,
         }
         if self.buckets:

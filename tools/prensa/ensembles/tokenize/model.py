@@ -5,8 +5,8 @@ tokenizer parallelises it); each request then gets tensors padded only to its ow
 or, when `length_buckets` is set, to the smallest bucket that holds it: native encoders
 (TensorRT, onnxruntime backend) batch only requests of equal shape, and buckets make shapes
 repeat. Config parameters: `tokenizer_file`, `max_length`, `truncation_side` (right|left),
-`pair_truncation` (only_second|longest_first), `pad_id`, optional `length_buckets` (ascending,
-comma-separated, the last one `max_length`).
+`pair_truncation` (`contract.PAIR_TRUNCATIONS`: how a pair too long for `max_length` is cut), `pad_id`,
+optional `length_buckets` (ascending, comma-separated, the last one `max_length`).
 
 An LLM reranker (Qwen3-Reranker) reads each (query, document) pair as one text: `pair_format` filled
 in (its instruction the model's `pair_instruction`) and cut to what `pair_prefix` and `pair_suffix`
@@ -32,10 +32,14 @@ except ImportError:  # imported outside Triton, e.g. by unit tests of the functi
     pb_utils = None
 
 
-def load_tokenizer(path: Path, max_length: int, side: str, strategy: str) -> Tokenizer:
+def load_tokenizer(path: Path, max_length: int | None, side: str = "right") -> Tokenizer:
+    """The tokenizer file without padding, truncating single texts at `max_length` (None: never)."""
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length, strategy=strategy, direction=side)
+    if max_length is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_length, direction=side)
     return tokenizer
 
 
@@ -94,30 +98,52 @@ class PairTemplate:
         )
 
 
+def cut_pair(
+    tokenizer: Tokenizer,
+    first: Encoding,
+    second: Encoding,
+    max_length: int,
+    rule: str,
+    side: str,
+) -> Encoding:
+    """A pair's content encodings cut to `max_length` by `rule` (`contract.pair_lengths`), with the
+    special tokens added: how the stage and the gateway's token path both cut a pair. `tokenizer`
+    must not truncate (its post-processing would cut again)."""
+    room = max_length - tokenizer.num_special_tokens_to_add(True)
+    kept = contract.pair_lengths(len(first), len(second), room, rule, max_length)
+    for encoding, keep in zip((first, second), kept):
+        if keep < len(encoding):
+            encoding.truncate(keep, direction=side)
+    processed: Encoding = tokenizer.post_process(first, second)
+    return processed
+
+
 class TextEncoder:
     """Tokenizes many requests in as few `encode_batch` calls as possible.
 
-    Single texts truncate `longest_first`, pairs by the pair strategy (`only_second`: the query
-    is kept whole). A batch that fails (e.g. a query longer than max_length) is retried request
-    by request, so only the offending request gets the error.
+    Single texts are cut at `max_length`, pairs by `pair_rule` (`contract.PAIR_TRUNCATIONS`). A batch
+    that fails is retried request by request, so only the offending request gets the error.
     """
 
     def __init__(
         self,
         path: Path,
         max_length: int,
-        side: str,
-        pair_strategy: str,
+        side: str = "right",
+        pair_rule: str = contract.LONGEST_FIRST,
         template: PairTemplate | None = None,
     ) -> None:
-        self.template = template
-        if template is not None:
-            self.prefix, self.suffix = template.edges(
-                load_tokenizer(path, max_length, side, "longest_first")
+        if pair_rule not in contract.PAIR_TRUNCATIONS:
+            raise ValueError(
+                f"pair_truncation {pair_rule!r} is not one of {', '.join(contract.PAIR_TRUNCATIONS)}"
             )
+        self.template = template
+        self.whole = load_tokenizer(path, None)
+        if template is not None:
+            self.prefix, self.suffix = template.edges(self.whole)
             max_length -= len(self.prefix) + len(self.suffix)  # what the middle part may take
-        self.single = load_tokenizer(path, max_length, side, "longest_first")
-        self.pair = load_tokenizer(path, max_length, side, pair_strategy)
+        self.single = load_tokenizer(path, max_length, side)
+        self.max_length, self.side, self.pair_rule = max_length, side, pair_rule
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], version_dir: Path) -> TextEncoder:
@@ -126,7 +152,7 @@ class TextEncoder:
             version_dir / params["tokenizer_file"],
             int(params["max_length"]),
             params.get("truncation_side", "right"),
-            params.get("pair_truncation", "only_second"),
+            params.get("pair_truncation", contract.LONGEST_FIRST),
             PairTemplate.from_parameters(params),
         )
 
@@ -135,12 +161,24 @@ class TextEncoder:
             return self._encode_templated(requests, self.template)
         flat = [item for items in requests for item in items]
         encoded: list[Encoding | Tokens | None] = [None] * len(flat)
-        for tokenizer, wanted in ((self.single, str), (self.pair, tuple)):
-            indices = [i for i, item in enumerate(flat) if isinstance(item, wanted)]
-            if indices:
-                for i, encoding in zip(indices, tokenizer.encode_batch([flat[i] for i in indices])):
-                    encoded[i] = encoding
+        singles = [i for i, item in enumerate(flat) if isinstance(item, str)]
+        if singles:
+            for i, encoding in zip(singles, self.single.encode_batch([flat[i] for i in singles])):
+                encoded[i] = encoding
+        pairs = [i for i, item in enumerate(flat) if isinstance(item, tuple)]
+        if pairs:
+            for i, encoding in zip(pairs, self._encode_pairs([flat[i] for i in pairs])):
+                encoded[i] = encoding
         return _split(encoded, requests)
+
+    def _encode_pairs(self, pairs: list[Item]) -> list[Encoding]:
+        """Each (first, second) pair's texts tokenized apart, then cut together by the pair rule."""
+        firsts = self.whole.encode_batch([pair[0] for pair in pairs], add_special_tokens=False)
+        seconds = self.whole.encode_batch([pair[1] for pair in pairs], add_special_tokens=False)
+        return [
+            cut_pair(self.whole, first, second, self.max_length, self.pair_rule, self.side)
+            for first, second in zip(firsts, seconds)
+        ]
 
     def _encode_templated(
         self, requests: Sequence[Sequence[Item]], template: PairTemplate
