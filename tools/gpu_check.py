@@ -200,10 +200,11 @@ class BenchPlan:
     serve: bool  # serve through prensa (Triton, gateway) where its pieces are installed
     concurrencies: tuple[int, ...]
     serve_requests: int  # single-text requests per concurrency and length
+    mix_texts: int  # texts of each traffic mix through the encode stage
 
 
-FULL_PLAN = BenchPlan("full", "cuda", 3.0, 30, (16384, 65536), True, (16, 64, 256), 1024)
-DRY_PLAN = BenchPlan("tiny", "cpu", 0.2, 3, (1024,), False, (2, 4), 16)
+FULL_PLAN = BenchPlan("full", "cuda", 3.0, 30, (16384, 65536), True, (1, 16, 64, 256), 1024, 8192)
+DRY_PLAN = BenchPlan("tiny", "cpu", 0.2, 3, (1024,), False, (1, 2, 4), 16, 96)
 
 
 def synchronize(device: str) -> None:
@@ -378,6 +379,132 @@ def accuracy_gate(directory: Path, kind: str, model: Any, plan: BenchPlan) -> di
     }
 
 
+def served_export(plan: BenchPlan, work: Path, kind: str, directory: Path) -> tuple[Path, Manifest]:
+    """The model as prensa serves it on this device: fp16 ONNX with its packed graph on a GPU (fp32
+    on the CPU), max length 512; exported once."""
+    out = work / f"{kind}-served"
+    if (out / "prensa.json").is_file():
+        return out, Manifest.read(out)
+    cuda = plan.device.startswith("cuda")
+    with step(
+        f"exporting {kind} ({'fp16' if cuda else 'fp32'} ONNX, max length {SERVE_MAX_LENGTH})"
+    ):
+        manifest, report = export_model(
+            ExportOptions(
+                str(directory), out, dtype="fp16" if cuda else "fp32", max_length=SERVE_MAX_LENGTH
+            )
+        )
+    if not report.ok:
+        raise RuntimeError(f"{kind}: export check failed: {report.heading} {report.figures}")
+    return out, manifest
+
+
+def token_rows(lengths: npt.NDArray[Any], vocab: int, seed: int = 0) -> list[Feed]:
+    """One request per length: a row of made-up ids (`<s>` first, `</s>` last), as the tokenize
+    stage sends a single text."""
+    rng = np.random.default_rng(seed)
+    requests = []
+    for length in lengths.tolist():
+        ids = rng.integers(5, vocab, size=(1, length), dtype=np.int64)
+        ids[0, 0], ids[0, -1] = 0, 2
+        requests.append(
+            {
+                contract.INPUT_IDS: ids,
+                contract.ATTENTION_MASK: np.ones_like(ids),
+                contract.TOKEN_TYPE_IDS: np.zeros_like(ids),
+            }
+        )
+    return requests
+
+
+def timed(run: Callable[[], object]) -> float:
+    """Seconds of `run`, after one run to warm it."""
+    run()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def engine_on_mixes(plan: BenchPlan, export: Path, manifest: Manifest) -> dict[str, Any]:
+    """The served graph on this device, no server: the raw engine (the plain graph, and the packed
+    one, on full rows of 128 and 512 tokens) as a share of the peak; and the encode stage as a CUDA
+    repository configures it (`encode_stage_config`: its GPU policy, CUDA graphs, the packed graph)
+    on the four traffic mixes (`prensa.bench.gpu_mixes`), a window of its rows an `execute`, against
+    sorted batches on the same plain graph (and on the packed one)."""
+    from prensa.bench import gpu_mixes
+    from prensa.export.synthetic import xlmr_config
+    from prensa.stages import load_stage
+    from prensa.triton.repo import ServingOptions, encode_stage_config
+
+    encode = load_stage("encode")
+    provider = "cuda" if plan.device.startswith("cuda") else "cpu"
+    options = ServingOptions(execution_provider=provider)
+    with step("loading the encode stage as served (CUDA graphs captured, packed graph checked)"):
+        encoder = encode.load_encoder(encode_stage_config(export, manifest, options), export)
+    vocab = int(export_tokenizer(export).get_vocab_size(True))
+    config = xlmr_config(plan.size, vocab)  # its layer sizes, which the FLOPs per token depend on
+    engines = {"plain": encode.create_session(export / manifest.onnx_file, 0, provider)}
+    if encoder.packed is not None:
+        engines["packed"] = encoder.packed
+    figures: dict[str, Any] = {
+        "provider": encoder.session.get_providers()[0],
+        "packed_graph": encoder.packed is not None,
+        "cuda_graphs": len(encoder.graphs.bound) if encoder.graphs else 0,
+        "window_rows": encoder.max_rows,
+    }
+
+    def sorted_seconds(session: Any, requests: list[Feed], lengths: npt.NDArray[Any]) -> float:
+        names = [o.name for o in session.get_outputs()]
+        feeds = []
+        for rows in gpu_mixes.sorted_passes(lengths):
+            feeds.append(
+                {
+                    name: value
+                    for name, value in contract.pad_token_rows(
+                        [requests[i][contract.INPUT_IDS][0].tolist() for i in rows],
+                        [[0] * int(lengths[i]) for i in rows],
+                        manifest.pad_id,
+                    ).items()
+                    if name in {i.name for i in session.get_inputs()}
+                }
+            )
+        return timed(lambda: [session.run(names, feed) for feed in feeds])
+
+    for length in BENCH_LENGTHS:
+        rows = max(65536 // length, 1)
+        lengths = np.full(rows, length)
+        requests = token_rows(lengths, vocab)
+        for name, session in engines.items():
+            seconds = sorted_seconds(session, requests, lengths)
+            figures[f"raw {name} {length} tokens"] = {
+                "seq_per_s": round(rows / seconds, 1),
+                "share_of_peak": peak_share(rows / seconds, length, config),
+            }
+    for mix in gpu_mixes.MIXES:
+        lengths = gpu_mixes.token_lengths(mix, plan.mix_texts)
+        requests = token_rows(lengths, vocab)
+        window = encoder.max_rows
+        batches = [requests[start : start + window] for start in range(0, len(requests), window)]
+        before = (encoder.real_tokens, encoder.padded_tokens)
+
+        def through_stage(batches: list[list[Feed]] = batches) -> None:
+            for batch in batches:
+                encoder.encode(batch)
+
+        stage = timed(through_stage)
+        real, computed = encoder.real_tokens - before[0], encoder.padded_tokens - before[1]
+        row: dict[str, Any] = {
+            "stage_seq_per_s": round(len(lengths) / stage, 1),
+            "computed_per_real_token": round(computed / real, 3),
+        }
+        for name, session in engines.items():
+            reference = sorted_seconds(session, requests, lengths)
+            row[f"sorted {name} seq_per_s"] = round(len(lengths) / reference, 1)
+            row[f"share of sorted {name}"] = round(reference / stage, 3)
+        figures[mix] = row
+    return figures
+
+
 def importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -450,6 +577,21 @@ def texts_of_tokens(
     return texts, [len(ids) for ids in encoded["input_ids"]]
 
 
+def mix_texts(tokenizer: Any, count: int) -> tuple[list[str], list[int]]:
+    """`count` texts whose token lengths follow the realistic mix (`gpu_mixes`), in its order."""
+    from prensa.bench import gpu_mixes
+
+    lengths = gpu_mixes.token_lengths("realistic", count, SERVE_MAX_LENGTH)
+    made = {
+        int(length): iter(
+            zip(*texts_of_tokens(tokenizer, int(length), int((lengths == length).sum())))
+        )
+        for length in np.unique(lengths)
+    }
+    texts, tokens = zip(*(next(made[int(length)]) for length in lengths))
+    return list(texts), list(tokens)
+
+
 @contextlib.contextmanager
 def step(label: str) -> Iterator[None]:
     start = time.perf_counter()
@@ -488,29 +630,22 @@ def serve_through_prensa(
     }
     exports = {}
     for kind, directory in models.items():
-        with step(
-            f"exporting {kind} ({'fp16' if cuda else 'fp32'} ONNX, max length {SERVE_MAX_LENGTH})"
-        ):
-            manifest, report = export_model(
-                ExportOptions(
-                    str(directory),
-                    work / f"{kind}-served",
-                    dtype="fp16" if cuda else "fp32",
-                    max_length=SERVE_MAX_LENGTH,
-                )
-            )
-        if not report.ok:
-            results[kind] = {"error": f"export check failed: {report.heading} {report.figures}"}
-            continue
-        exports[kind] = (work / f"{kind}-served", manifest)
+        try:
+            exports[kind] = served_export(plan, work, kind, directory)
+        except RuntimeError as exc:
+            results[kind] = {"error": str(exc)}
     config = xlmr_config(plan.size, 1)  # its layer sizes, which the FLOPs per token depend on
     if "bge-m3" in exports:
         export, manifest = exports["bge-m3"]
         tokenizer = AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
             export
         )
-        for length in BENCH_LENGTHS:
-            texts, tokens = texts_of_tokens(tokenizer, length, plan.serve_requests)
+        for length in (*BENCH_LENGTHS, "realistic mix"):
+            texts, tokens = (
+                mix_texts(tokenizer, plan.serve_requests)
+                if isinstance(length, str)
+                else texts_of_tokens(tokenizer, length, plan.serve_requests)
+            )
             workload = Workload([[t] for t in texts], [1] * len(texts), tokens)
             options = BenchOptions(
                 export,
@@ -532,8 +667,11 @@ def serve_through_prensa(
             )
             for system in systems:
                 for run in system["runs"]:
-                    run["share_of_peak"] = peak_share(run["seq_per_s"], length, config)
-            results[f"bge-m3 {length} tokens"] = {
+                    mean = sum(tokens) / len(tokens)  # the mix's FLOPs taken at its mean length
+                    run["share_of_peak"] = peak_share(
+                        run["seq_per_s"] * mean / round(mean), round(mean), config
+                    )
+            results[f"bge-m3 {length}{'' if isinstance(length, str) else ' tokens'}"] = {
                 "mean_tokens": sum(tokens) / len(tokens),
                 "systems": systems,
                 "encoder": encoder,
@@ -666,6 +804,13 @@ def bench(args: argparse.Namespace) -> int:
     report.add("accuracy", gates)
     if plan.device.startswith("cuda"):
         torch.cuda.empty_cache()
+    try:
+        report.add(
+            "engine_on_mixes",
+            engine_on_mixes(plan, *served_export(plan, work, "bge-m3", models["bge-m3"])),
+        )
+    except Exception as exc:  # noqa: BLE001 - reported; the figures above stand
+        report.add("engine_on_mixes", {"error": f"{type(exc).__name__}: {exc}"})
     try:
         serving = serve_through_prensa(plan, work, out, models)
     except Exception as exc:  # noqa: BLE001 - reported; the engine figures above stand

@@ -31,11 +31,13 @@ def cuda() -> None:
 
 @pytest.fixture(scope="session")
 def gpu_sources(cuda: None, tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> dict[str, tuple[str, Task | None]]:
-    """The models the tier exports: all-MiniLM-L6-v2 (real weights) and a tiny bge-m3 layout."""
-    from tests.tiny_models import tiny_bge_m3
+    """The models the tier exports: all-MiniLM-L6-v2 (real weights), and tiny bge-m3 and
+    bge-reranker-v2-m3 layouts."""
+    from tests.tiny_models import tiny_bge_m3, tiny_reranker
 
-    tiny = tiny_bge_m3(tmp_path_factory.mktemp("gpu") / "tiny-m3-src")
-    return {"minilm": (str(minilm_dir), Task.EMBED), "tiny-m3": (str(tiny), None)}
+    root = tmp_path_factory.mktemp("gpu")
+    return {"minilm": (str(minilm_dir), Task.EMBED), "tiny-m3": (str(tiny_bge_m3(root / "tiny-m3-src")), None),
+            "tiny-reranker": (str(tiny_reranker(root / "tiny-reranker-src")), None)}
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from prensa.export.agreement import agreement
 from prensa.manifest import Manifest
 from prensa.stages import contract, load_stage
+from prensa.triton.repo import ServingOptions, encode_stage_config
 from prensa.workload import embedding_texts
 
 REQUESTS = 48  # ragged requests of 1-3 rows, each padded to its own longest row
@@ -37,7 +38,8 @@ def ragged_requests(export: Path, manifest: Manifest) -> list[dict[str, np.ndarr
 
 
 def check(export: Path) -> dict[str, Any]:
-    """CUDA (with the CPU's length-ratio rule, and with the GPU batching policy) against the CPU."""
+    """CUDA (with the CPU's length-ratio rule, with the GPU batching policy, and for an export with a
+    packed graph as a CUDA repository serves it) against the CPU."""
     encode, manifest = load_stage("encode"), Manifest.read(export)
     requests = ragged_requests(export, manifest)
     per_token = {o.name for o in manifest.outputs if o.per_token}
@@ -58,10 +60,18 @@ def check(export: Path) -> dict[str, Any]:
             encoder.warm_up(batching.shapes())
         outputs[label] = encoder.encode(requests)
         report[label] = {"provider": session.get_providers()[0]}
-        if label != "cpu":
-            cosines = [cos for got, want, request in zip(outputs[label], outputs["cpu"], requests)
-                       for cos, _ in agreement(got, want, request[contract.ATTENTION_MASK], per_token).values()]
-            report[label]["min_cosine"] = min(cosines)
+    if manifest.packed_file:  # the stage as a CUDA repository configures it (`load_encoder`)
+        config = encode_stage_config(export, manifest, ServingOptions(execution_provider="cuda"))
+        encoder = encode.load_encoder(config, export)
+        outputs["cuda as served"] = encoder.encode(requests)
+        report["cuda as served"] = {"provider": encoder.session.get_providers()[0],
+                                    "packed": encoder.packed is not None,
+                                    "cuda_graphs": len(encoder.graphs.bound) if encoder.graphs else 0,
+                                    "real_tokens": encoder.real_tokens, "computed_tokens": encoder.padded_tokens}
+    for label in outputs.keys() - {"cpu"}:
+        cosines = [cos for got, want, request in zip(outputs[label], outputs["cpu"], requests)
+                   for cos, _ in agreement(got, want, request[contract.ATTENTION_MASK], per_token).values()]
+        report[label]["min_cosine"] = min(cosines)
     report["torch_imported"] = "torch" in sys.modules
     return report
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from prensa.export.agreement import agreement
+from prensa.export.packing import PACKED_FILE
 from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat
 from prensa.manifest import Manifest
 from prensa.stages import contract
@@ -65,6 +66,22 @@ def test_fp16_graph_on_cuda_agrees_with_fp32_on_cpu(gpu_export, model):
     assert_agrees(run_graph(fp16 / "model.onnx", CUDA, feed), expected, fp32, feed[contract.ATTENTION_MASK])
 
 
+@pytest.mark.parametrize("model", [*MODELS, "tiny-reranker"])
+def test_packed_graph_on_cuda_agrees_with_fp32_on_cpu(gpu_export, model):
+    """The packed fp16 graph (padding removed inside the encoder) against the unpacked fp32 graph on
+    the CPU: per real token cosine >= 0.999, reranker logits within 0.01."""
+    fp32, _ = gpu_export(model, ExportFormat.ONNX, "fp32")
+    fp16, report = gpu_export(model, ExportFormat.ONNX, "fp16")
+    assert Manifest.read(fp16).packed_file == PACKED_FILE, report.figures
+    feed = token_batch(fp32)
+    expected = run_graph(fp32 / "model.onnx", "CPUExecutionProvider", feed)
+    packed = run_graph(fp16 / PACKED_FILE, CUDA, feed)
+    if "logits" in expected:
+        assert np.abs(packed["logits"] - expected["logits"]).max() <= 1e-2
+    else:
+        assert_agrees(packed, expected, fp32, feed[contract.ATTENTION_MASK])
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_tensorrt_engine_agrees_with_fp32_graph(gpu_export, model):
     from prensa.export.tensorrt import EngineRunner, missing_tensorrt
@@ -89,6 +106,8 @@ def test_encode_stage_on_cuda_agrees_with_the_cpu_stage(gpu_export, model, dtype
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert not report["torch_imported"]  # as in Triton's stub
-    for policy in ("cuda", "cuda gpu-batching"):
+    for policy in ("cuda", "cuda gpu-batching", *(["cuda as served"] if dtype == "fp16" else [])):
         assert report[policy]["provider"] == CUDA, report
         assert report[policy]["min_cosine"] >= STAGE_MIN_COSINE[dtype], report
+    if dtype == "fp16":  # as a repository configures it: the packed graph and CUDA graphs both in use
+        assert report["cuda as served"]["packed"] and report["cuda as served"]["cuda_graphs"] > 0, report

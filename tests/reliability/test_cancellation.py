@@ -220,7 +220,7 @@ class EchoSession:
     def get_outputs(self):
         return [type("O", (), {"name": contract.LAST_HIDDEN_STATE})()]
 
-    def run(self, names, feed):
+    def run(self, names, feed, options=None):
         self.calls.append(feed[contract.INPUT_IDS].shape[0])
         return [feed[contract.INPUT_IDS][..., None].astype(np.float32)]
 

@@ -31,7 +31,7 @@ class PoisonableSession:
     def get_outputs(self):
         return [type("O", (), {"name": "last_hidden_state"})()]
 
-    def run(self, names, feed):
+    def run(self, names, feed, options=None):
         if (feed["input_ids"] >= POISON).any():
             raise RuntimeError("indices element out of data bounds")
         return [feed["input_ids"][..., None].astype(np.float32)]

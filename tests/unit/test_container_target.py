@@ -240,7 +240,8 @@ def test_fp16_onnx_export_is_checked_against_fp32(tmp_path, m3_dir):
         assert "cannot run" in report.figures["skipped"]
     else:
         assert "min cosine >= 0.999" in report.heading and report.ok, report
-        assert set(report.figures) == {"last_hidden_state", "token_weights", "colbert_vecs", "fused ops", "calibration"}
+        assert set(report.figures) == {"last_hidden_state", "token_weights", "colbert_vecs", "fused ops", "calibration",
+                                       "packed graph"}
     # Fused in fp32 before the conversion, whose casts would hide the patterns from the fuser.
     assert "SkipLayerNormalization" in manifest.fused_ops, report
 

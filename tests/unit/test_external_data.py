@@ -59,8 +59,11 @@ def test_fp16_and_int8_keep_one_data_file_when_asked(tmp_path, m3_dir, variant):
     manifest, report = export_model(ExportOptions(str(m3_dir), tmp_path / "m3", external_data=True, **variant))
     assert report.ok, report.figures
     assert manifest.dtype == variant.get("dtype", "int8")
-    assert export_files(tmp_path / "m3") == ["model.onnx", DATA]
-    assert graph_data_files(tmp_path / "m3" / "model.onnx") == [DATA]
+    packed = ["model.packed.onnx"] if manifest.dtype == "fp16" else []  # the fp16 graph is packed too
+    assert manifest.packed_file == (packed[0] if packed else None)
+    assert export_files(tmp_path / "m3") == ["model.onnx", DATA, *packed]
+    for graph in ("model.onnx", *packed):  # the packed graph reads the same weights file, no copy
+        assert graph_data_files(tmp_path / "m3" / graph) == [DATA]
     assert (tmp_path / "m3" / DATA).stat().st_mode == (tmp_path / "m3" / "model.onnx").stat().st_mode
 
 

@@ -1,11 +1,14 @@
-"""The encode stage's GPU batching: shape buckets, no length-ratio cut, budgets, every row once, the
-policy a config gets, and results equal to the CPU rule's on a real (tiny) bge-m3 graph."""
+"""The encode stage's GPU batching: shape buckets, no length-ratio cut, budgets, every row once, passes
+cut where they cost least (launches against padding), the packed graph and CUDA graphs in the plan,
+the four traffic mixes on paper, the policy a config gets, and results equal to the CPU rule's on a
+real (tiny) bge-m3 graph."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from prensa.bench import gpu_mixes
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest
 from prensa.stages import contract, load_stage
@@ -41,22 +44,71 @@ def test_row_buckets(max_rows, expected):
     assert encode.row_buckets(max_rows) == expected
 
 
+def plan_cost(policy, lengths, batches) -> float:
+    """What a plan costs by the policy's own measure (`GpuBatching.cost`)."""
+    return sum(float(policy.cost(np.array([len(b)]), int(lengths[b].max()), np.array([int(lengths[b].sum())]))[0])
+               for b in batches)
+
+
+def greedy_fill(policy, lengths) -> list[np.ndarray]:
+    """The plan before the cost-based cut: longest first, each pass filled to the budget at its bucket."""
+    order, batches, start = encode.longest_first(lengths), [], 0
+    while start < len(order):
+        take = policy.row_cap(encode.bucket(int(lengths[order[start]]), policy.length_buckets))
+        batches.append(order[start:start + take])
+        start += take
+    return batches
+
+
 @pytest.mark.parametrize("seed", range(25))
-def test_gpu_plan_covers_every_row_once_within_budget_and_fills_each_pass(seed):
+def test_gpu_plan_covers_every_row_once_within_budget_and_costs_least(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 513, size=rng.integers(1, 300))
     budget, max_rows = int(rng.choice([2048, 16384, 131072])), int(rng.choice([8, 48, 64]))
     policy = encode.GpuBatching(budget, max_rows, encode.gpu_length_buckets(512))
     batches = policy.plan(lengths)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
-    for index, batch in enumerate(batches):
+    for batch in batches:
         rows, width = policy.shape(lengths[batch].tolist())
         assert width >= lengths[batch].max() and width in policy.length_buckets
         assert len(batch) <= rows <= max_rows
         assert rows * width <= budget or len(batch) == 1
         assert (rows, width) in policy.shapes()
-        if index < len(batches) - 1:  # only the last pass may hold fewer rows than its shape takes
-            assert len(batch) == min(max_rows, budget // width)
+    # no worse than filling each pass, nor than a pass per row
+    assert plan_cost(policy, lengths, batches) <= plan_cost(policy, lengths, greedy_fill(policy, lengths)) + 1e-6
+    assert plan_cost(policy, lengths, batches) <= plan_cost(policy, lengths, [np.array([i]) for i in
+                                                                             range(len(lengths))]) + 1e-6
+
+
+def test_a_long_row_is_cut_off_where_its_padding_costs_more_than_a_pass():
+    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 256, encode.gpu_length_buckets(512))
+    lengths = np.array([20] * 100 + [500] + [20] * 155)
+    assert [b.tolist() for b in policy.plan(lengths)] == [[100], [i for i in range(256) if i != 100]]
+    # a row only a little longer stays: splitting would save less padding than a pass costs
+    lengths = np.array([20] * 7 + [60])
+    assert len(policy.plan(lengths)) == 1
+
+
+def test_packed_passes_fill_real_tokens_and_take_their_own_shape():
+    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, encode.gpu_length_buckets(512),
+                                packed_max_tokens=4096)
+    lengths = np.array([500, *[20] * 300])
+    batches = policy.plan(lengths)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+    assert all(lengths[b].sum() <= 4096 for b in batches)
+    assert len(batches) == 2  # as few as the 6,500 real tokens allow: lengths are no reason to cut
+    longest = next(b for b in batches if 0 in b)
+    assert policy.shape(lengths[longest].tolist()) == (len(longest), 500)  # its own shape: padding is free
+
+
+def test_small_passes_take_their_captured_shape():
+    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, encode.gpu_length_buckets(512))
+    captured = frozenset(encode.captured_shapes(base, contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS))
+    assert captured and all(r * w <= contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS for r, w in captured)
+    policy = encode.GpuBatching(base.max_batch_tokens, base.max_rows, base.length_buckets, captured=captured,
+                                packed_max_tokens=contract.DEFAULT_PACKED_MAX_TOKENS)
+    assert policy.shape([12]) == (1, 32) and policy.shape([30, 9, 17]) == (4, 32)
+    assert policy.shape([300] * 100) == (100, 300)  # past the captured shapes: the packed graph
 
 
 def test_gpu_plan_never_cuts_on_length_ratio():
@@ -127,7 +179,7 @@ class EchoSession:
     def get_outputs(self):
         return [type("O", (), {"name": "last_hidden_state"})()]
 
-    def run(self, names, feed):
+    def run(self, names, feed, options=None):
         assert feed["attention_mask"].sum(axis=1).min() > 0, "an all-masked row reached the graph"
         self.shapes.append(feed["input_ids"].shape)
         return [feed["input_ids"][..., None].astype(np.float32)]
@@ -223,3 +275,85 @@ def test_rendered_cuda_encoder_config_asks_for_the_gpu_policy(m3_export, tmp_pat
     params = {"execution_provider": "cuda", "max_batch_tokens": "16384", "max_length": str(manifest.max_length)}
     assert isinstance(encode.batching_policy(params, 16, cuda_active=True), encode.GpuBatching)
     assert isinstance(encode.batching_policy(params, 16, cuda_active=False), encode.CpuBatching)
+
+
+def traffic_figures(mix: str, policy, window: int):
+    """The mix through `policy` a window at a time, as the stage sees it: each pass's shape, real
+    tokens and how it runs (packed, or replayed from a CUDA graph)."""
+    lengths, shapes = gpu_mixes.token_lengths(mix), []
+    for rows in gpu_mixes.windows(lengths, window):
+        for batch in policy.plan(rows):
+            shape = policy.shape(rows[batch].tolist())
+            captured = shape in policy.captured
+            shapes.append((shape, int(rows[batch].sum()), policy.packed_max_tokens is not None and not captured,
+                           captured))
+    return lengths, gpu_mixes.plan_figures(shapes)
+
+
+def gpu_policy(packed: bool) -> object:
+    window = contract.GPU_WINDOW_ROWS
+    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, window, encode.gpu_length_buckets(512))
+    return encode.GpuBatching(base.max_batch_tokens, window, base.length_buckets,
+                              captured=frozenset(encode.captured_shapes(base, contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS)),
+                              packed_max_tokens=contract.DEFAULT_PACKED_MAX_TOKENS if packed else None)
+
+
+@pytest.mark.parametrize("mix", gpu_mixes.MIXES)
+def test_the_packed_policy_reaches_sorted_batches_on_every_mix(mix):
+    """Issue 46's bar on paper (the H200's figures, `gpu_mixes.PassCost`): with the packed graph and
+    CUDA graphs, a window of the stage's rows at a time, at least 0.9 of sorted batches on the same
+    engine, computing no padding but what captured shapes pad."""
+    lengths, figures = traffic_figures(mix, gpu_policy(packed=True), contract.GPU_WINDOW_ROWS)
+    assert figures.real_tokens == int(lengths.sum())
+    assert gpu_mixes.sorted_ms(lengths, packed=True) / figures.ms >= 0.9, figures
+    assert figures.padding <= 1.1, figures  # only the small passes replayed from CUDA graphs pad
+    # passes that pay every launch are few: what the real tokens need, and one more a window
+    windows = -(-len(lengths) // contract.GPU_WINDOW_ROWS)
+    eager = figures.passes - figures.replayed
+    assert eager <= int(lengths.sum()) // contract.DEFAULT_PACKED_MAX_TOKENS + 2 * windows, figures
+
+
+def test_the_unpacked_policy_no_longer_pads_a_window_to_its_longest_row():
+    """Without a packed graph (TensorRT, an unfused export), the realistic mix: the cost-based cut
+    against the old fill-the-budget plan, which padded 4.3 tokens for each real one."""
+    policy = gpu_policy(packed=False)
+    lengths, figures = traffic_figures("realistic", policy, 256)
+    old = [(policy.bucket_shape(len(b), int(w[b].max())), int(w[b].sum()), False, False)
+           for w in gpu_mixes.windows(lengths, 256) for b in greedy_fill(policy, w)]
+    before = gpu_mixes.plan_figures(old)
+    assert before.padding > 3.5 and figures.padding < 1.6, (before, figures)
+    assert figures.ms < 0.6 * before.ms
+
+
+class EchoGraphs:
+    """Stands in for `CudaGraphs`: replays the shapes it holds, echoing ids as EchoSession does."""
+
+    def __init__(self, shapes):
+        self.bound, self.shapes = set(shapes), []
+
+    def __contains__(self, shape):
+        return shape in self.bound
+
+    def run(self, feed):
+        self.shapes.append(feed["input_ids"].shape)
+        return [feed["input_ids"][..., None].astype(np.float32)]
+
+
+def test_each_pass_runs_where_the_plan_meant_it_to():
+    """Captured shapes replay their CUDA graph, other passes go to the packed graph at their own shape,
+    and the padded-token counter counts what each computes (real tokens on the packed graph)."""
+    plain, packed = EchoSession(), EchoSession()
+    base = encode.GpuBatching(4096, 64, encode.gpu_length_buckets(256))
+    captured = frozenset(encode.captured_shapes(base, 512))
+    graphs = EchoGraphs(captured)
+    policy = encode.GpuBatching(4096, 64, base.length_buckets, captured=captured, packed_max_tokens=2048)
+    encoder = encode.TokenBudgetEncoder(plain, 0, 16384, 1.25, 64, {"last_hidden_state"}, batching=policy,
+                                        packed=packed, graphs=graphs)
+    requests = ragged(np.random.default_rng(4), 60)
+    for request, result in zip(requests, encoder.encode(requests)):
+        np.testing.assert_array_equal(result["last_hidden_state"][..., 0], request["input_ids"])
+    assert graphs.shapes and packed.shapes and not plain.shapes
+    assert set(graphs.shapes) <= captured and not set(packed.shapes) & captured
+    real = sum(int(r["attention_mask"].sum()) for r in requests)
+    replayed = sum(r * w for r, w in graphs.shapes)
+    assert encoder.real_tokens == real and real < encoder.padded_tokens <= real + replayed

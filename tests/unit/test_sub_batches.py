@@ -42,7 +42,7 @@ class FakeSession:
     def get_outputs(self):
         return [type("O", (), {"name": "last_hidden_state"})()]
 
-    def run(self, names, feed):
+    def run(self, names, feed, options=None):
         self.calls.append(feed["input_ids"].shape)
         return [np.repeat(feed["input_ids"][..., None].astype(np.float32), 2, axis=-1)]
 

@@ -110,6 +110,14 @@ def export(
             help="Cross-encoders and classifiers: how a pair longer than the max length is cut. longest_first: the longer text loses tokens first (TEI, sentence-transformers' CrossEncoder); capped_query: the query keeps at most 3/4 of the max length, the document the rest (FlagEmbedding's FlagReranker)."
         ),
     ] = ExportOptions.pair_truncation,
+    pack: Annotated[
+        bool | None,
+        typer.Option(
+            "--pack/--no-pack",
+            help="Also write model.packed.onnx, the fused graph in onnxruntime's packing mode: on CUDA it computes over real tokens only, whatever the padding. Default: for fp16 ONNX exports (the GPU's format). Checked against the unpacked graph by the encode stage on CUDA when it loads.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Export a model to ONNX (and optionally a TensorRT engine) plus tokenizer and manifest, and verify it."""
     require("export", "export")
@@ -144,6 +152,7 @@ def export(
         external_data=external_data,
         calibrate=calibrate,
         pair_truncation=pair_truncation,
+        pack=pack,
     )
     failure: SourceError | TensorRTUnavailable | TensorRTError | None
     with step_progress(console) as step:

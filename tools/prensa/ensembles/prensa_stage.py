@@ -79,6 +79,20 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_GPU_MAX_BATCH_TOKENS = 131072
 GPU_SMALLEST_LENGTH_BUCKET = 32
 GPU_UNTOLD_MAX_BUCKET = 512
+# What one GPU pass costs besides its tokens, in tokens' worth of compute: the GPU policy cuts a
+# pass in two only where that saves more padding than this. An eager pass of bge-m3's 24 layers
+# launches its kernels in about 12 ms, what some 8,000 tokens cost on an H200 (docs/gpu.md).
+DEFAULT_GPU_PASS_OVERHEAD_TOKENS = 8192
+# The same pass replayed from a CUDA graph launches in about 1.5 ms.
+DEFAULT_GPU_GRAPH_OVERHEAD_TOKENS = 1024
+# The packed graph's passes (`prensa.export.packing`): real tokens per pass, padding not counted.
+DEFAULT_PACKED_MAX_TOKENS = 65536
+# CUDA graphs are captured for the GPU shapes of at most this many tokens (rows x width): queries
+# and small batches, where the launches cost more than the compute.
+DEFAULT_CUDA_GRAPH_MAX_TOKENS = 8192
+# Rows the encode stage on CUDA may take in one `execute` (its Triton max_batch_size): the passes
+# it plans are only as good as the window of rows it sees.
+GPU_WINDOW_ROWS = 1024
 
 
 class TensorType(NamedTuple):

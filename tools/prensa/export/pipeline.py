@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
-from prensa.export import calibration, llm_reranker
+from prensa.export import calibration, llm_reranker, packing
 from prensa.export.graph_store import move_graph, remove_staging, rewrite_graph, save_graph, staging
 from prensa.export.inspect import ModelPlan, plan_model, require_memory, require_native_code
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 ONNX_FILE = "model.onnx"
 FUSED_FIGURE = "fused ops"  # the report line that says which fusions were kept, or why none
+PACKED_FIGURE = "packed graph"  # the report line that names the packed graph, or why there is none
 OPSET = 17
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 # Texts of different lengths, so verification covers padding inside a batch.
@@ -95,6 +96,8 @@ class ExportOptions:
     calibrate: bool | None = None
     # rerank and classify: how a pair too long for the model is cut
     pair_truncation: PairTruncation = PairTruncation.LONGEST_FIRST
+    # the packed graph for onnxruntime's CUDA provider (`packing`); None: for fp16 graphs, the GPU's
+    pack: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -745,6 +748,39 @@ def _build_tensorrt(
     )
 
 
+def _pack(
+    graph: GraphInfo, report: VerifyReport, options: ExportOptions, pad_id: int, step: Step
+) -> tuple[str | None, bool, VerifyReport]:
+    """The packed graph beside an ONNX export that asks for one (`ExportOptions.pack`), and whether
+    it was checked against the unpacked graph, or the report's line saying why there is none. Its
+    ops run on CUDA only: checked here where onnxruntime's CUDA provider runs, and in any case by the
+    encode stage when it loads (`packing`). A packed graph that disagrees is not kept."""
+    target = options.out / packing.PACKED_FILE
+    target.unlink(missing_ok=True)  # a previous export's, into the same directory
+    wanted = options.pack if options.pack is not None else graph.dtype == "fp16"
+    if not wanted or options.format is not ExportFormat.ONNX or not report.ok:
+        return None, False, report
+    if graph.dtype == "int8":
+        reason: str | None = "int8 graphs are for CPUs; packing is for onnxruntime's CUDA provider"
+    elif not graph.fused_ops:
+        reason = "the graph has no fused ops to pack (exported with --no-fuse-ops, or none matched)"
+    else:
+        with step("Writing the packed graph (padding removed inside the encoder, for CUDA)"):
+            reason = packing.write_packed_graph(options.out / ONNX_FILE, target)
+    checked = False
+    if reason is None and packing.cuda_available():
+        with step("Checking the packed graph against the unpacked one on CUDA"):
+            reason = packing.check_on_cuda(options.out / ONNX_FILE, target, graph, pad_id)
+        checked = reason is None
+        if reason:
+            target.unlink()
+    where = "agrees on CUDA" if checked else "checked on CUDA when the encode stage loads it"
+    figure = f"none: {reason}" if reason else f"{packing.PACKED_FILE} ({where})"
+    figures = {**report.figures, PACKED_FIGURE: figure}
+    packed = None if reason else packing.PACKED_FILE
+    return packed, checked, VerifyReport(report.heading, figures, report.ok)
+
+
 def _calibrate(
     manifest: Manifest,
     report: VerifyReport,
@@ -830,6 +866,8 @@ def export_model(
     engine = None
     if options.format is ExportFormat.TENSORRT:
         engine, report = _build_tensorrt(graph, report, tokenizer, plan, options, step)
+    pad_id = int(tokenizer.pad_token_id or 0)
+    packed_file, packed_checked, report = _pack(graph, report, options, pad_id, step)
     with step("Writing tokenizer and sentence-transformers configs"):
         tokenizer.save_pretrained(options.out)
         for extra in ST_FILES:
@@ -848,7 +886,7 @@ def export_model(
         dtype=graph.dtype,
         inputs=graph.inputs,
         outputs=graph.outputs,
-        pad_id=int(tokenizer.pad_token_id or 0),
+        pad_id=pad_id,
         special_ids=special_ids(tokenizer),
         pooling=plan.pooling,
         graph_pooling=plan.graph_pooling,
@@ -858,6 +896,8 @@ def export_model(
         attention_heads=_attention_heads(config),
         pair_template=plan.template,
         pair_truncation=options.pair_truncation,
+        packed_file=packed_file,
+        packed_checked=packed_checked,
         tensorrt=engine,
         fused_ops=graph.fused_ops,
         prompts=prompts,

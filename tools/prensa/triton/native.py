@@ -3,7 +3,9 @@
 A TensorRT plan (`platform: tensorrt_plan`) when the export has one, else the onnxruntime
 backend, optionally with TensorRT as its execution accelerator. Native backends batch only
 requests whose shapes are equal (no ragged inputs here), so the tokenizer pads each request to a
-length bucket and the dynamic batcher merges requests of the same bucket.
+length bucket and the dynamic batcher merges requests of the same bucket. The onnxruntime backend
+runs the export's packed graph where the export checked it on a GPU (`served_graph`): the buckets
+then cost buffers, not compute. A TensorRT engine computes every padded token of its bucket.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ def check_servable(manifest: Manifest, max_batch_size: int, onnx_tensorrt: bool)
             f"the TensorRT engine accepts at most {engine.profile.max_batch} rows, the repository "
             f"--max-batch-size is {max_batch_size}: lower it or re-export with --trt-max-batch"
         )
+
+
+def served_graph(manifest: Manifest, onnx_tensorrt: bool) -> str:
+    """The ONNX file the onnxruntime backend loads: the packed graph where the export checked it
+    against the unpacked one on CUDA (nothing here can check it at load), else the plain one; TensorRT
+    as onnxruntime's accelerator takes no packed ops."""
+    if manifest.packed_file and manifest.packed_checked and not onnx_tensorrt:
+        return manifest.packed_file
+    return manifest.onnx_file
 
 
 def _shapes(inputs: list[str], batch: int, length: int) -> str:
@@ -111,7 +122,10 @@ def encoder_config(
     if manifest.tensorrt:
         config.update(platform="tensorrt_plan", default_model_filename=manifest.tensorrt.file)
     else:
-        config.update(backend="onnxruntime", default_model_filename=manifest.onnx_file)
+        config.update(
+            backend="onnxruntime",
+            default_model_filename=served_graph(manifest, accelerator_cache is not None),
+        )
         if accelerator_cache:
             config["optimization"] = tensorrt_accelerator(
                 manifest, max_batch_size, accelerator_cache

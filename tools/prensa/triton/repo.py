@@ -268,11 +268,12 @@ def _python_stage(
     parameters: Mapping[str, object],
     warmup: dict[str, ConfigDict],
     instances: int = 1,
+    max_batch_size: int | None = None,
 ) -> ConfigDict:
     return {
         "name": name,
         "backend": "python",
-        "max_batch_size": options.max_batch_size,
+        "max_batch_size": max_batch_size or options.max_batch_size,
         "input": [t.as_input() for t in inputs],
         "output": [t.as_output() for t in outputs],
         "dynamic_batching": dynamic_batching(options.queue_delay_us, options.max_queue_size),
@@ -282,10 +283,20 @@ def _python_stage(
     }
 
 
+def encoder_window(options: ServingOptions) -> int:
+    """Rows Triton may merge into one `execute` of the encode stage. On CUDA at least
+    `contract.GPU_WINDOW_ROWS`: a GPU pass pays its launches however few its rows, and the stage can
+    only plan passes over the rows one `execute` brings (docs/gpu.md)."""
+    if options.execution_provider == "cuda":
+        window: int = max(options.max_batch_size, contract.GPU_WINDOW_ROWS)
+        return window
+    return options.max_batch_size
+
+
 def encoder_rows(manifest: Manifest, options: ServingOptions) -> int:
     """Rows per forward pass. Dynamically quantised (int8) graphs scale activations per tensor,
     so a row's result would depend on its batch neighbours and their padding: run them alone."""
-    return 1 if manifest.dtype == "int8" else options.max_batch_size
+    return 1 if manifest.dtype == "int8" else encoder_window(options)
 
 
 # A SPLADE pass holds its [tokens x vocabulary] MLM logits (and onnxruntime's copies of them) before
@@ -512,6 +523,8 @@ class ModelRenderer:
         if self.options.execution_provider == "cuda":
             # (the stage's GpuBatching; its CPU fallback cuts)
             parameters["max_length"] = self.m.max_length
+            if packed := self.packed_graph():
+                parameters["packed_onnx_file"] = packed
         else:
             parameters["length_ratio"] = self.options.length_ratio
         return parameters
@@ -588,9 +601,20 @@ class ModelRenderer:
             self.encode_parameters(),
             warmup,
             instances=self.options.encode_instances,
+            max_batch_size=encoder_window(self.options),
         )
         self._write(self.stage_dir("encode"), config, "encode", files)
-        link_graph_files(self.model.export_dir, self.stage_dir("encode") / "1", self.m.onnx_file)
+        self.place_graphs(self.stage_dir("encode") / "1")
+
+    def packed_graph(self) -> str | None:
+        """The export's packed graph where the Python-backend encoder runs on CUDA, its only provider."""
+        return self.m.packed_file if self.options.execution_provider == "cuda" else None
+
+    def place_graphs(self, version: Path) -> None:
+        """The graph a Python-backend encoder runs, and on CUDA the packed one, with their weights."""
+        for graph in (self.m.onnx_file, self.packed_graph()):
+            if graph is not None:
+                link_graph_files(self.model.export_dir, version, graph)
 
     def native_encode(self) -> None:
         warmup, files = self._bucket_warmup(tuple(self.encoder_inputs()))
@@ -613,7 +637,8 @@ class ModelRenderer:
                 self.model.export_dir / self.m.tensorrt.file, directory / "1" / self.m.tensorrt.file
             )
         else:
-            link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
+            graph = native.served_graph(self.m, options.onnx_tensorrt)
+            link_graph_files(self.model.export_dir, directory / "1", graph)
 
     def pool(self) -> None:
         warmup, files = self._token_warmup((contract.INPUT_IDS, contract.ATTENTION_MASK))
@@ -730,7 +755,7 @@ class ModelRenderer:
                 stage_model_file(stage), directory / "1" / f"{stage_module_name(stage)}.py"
             )
         self.place_tokenizer(directory / "1")
-        link_graph_files(self.model.export_dir, directory / "1", self.m.onnx_file)
+        self.place_graphs(directory / "1")
 
     def all_dirs(self) -> list[Path]:
         """Every directory either pipeline writes for this model, the model clients call first."""
@@ -778,3 +803,18 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
         renderer.render()
         written += [directory.name for directory in renderer.model_dirs()]
     return written
+
+
+def encode_stage_config(
+    export_dir: Path, manifest: Manifest, options: ServingOptions
+) -> dict[str, Any]:
+    """The encode stage's model config as `build_repository` writes it (its batch size and
+    parameters, as Triton hands them to the stage): for running the stage outside Triton on an
+    export, as the GPU benchmark does."""
+    renderer = ModelRenderer(
+        ModelSource("encode", export_dir, manifest), export_dir.parent, options
+    )
+    return {
+        "max_batch_size": encoder_window(options),
+        "parameters": string_parameters(renderer.encode_parameters()),
+    }

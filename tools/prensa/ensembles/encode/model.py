@@ -12,14 +12,20 @@ rows not yet computed are not computed at all. Config parameters: `onnx_file`,
 `max_batch_tokens`, `length_ratio`, `max_rows`, `pad_id`, `intra_op_threads`,
 `execution_provider` (cpu|cuda), `per_token_outputs`, `allow_spinning` (true|false), and for the
 GPU policy below `batching` (auto|cpu|gpu), `gpu_max_batch_tokens`, `max_length`,
-`length_buckets`, `warmup_buckets` (true|false).
+`length_buckets`, `warmup_buckets` (true|false), `gpu_pass_overhead_tokens`,
+`gpu_graph_overhead_tokens`, `cuda_graphs` (true|false), `cuda_graph_max_tokens`,
+`packed_onnx_file` and `packed_max_tokens`.
 
-On a GPU the length-ratio cut costs more than it saves: the GPU wants large batches, pays little
-for padding until it is compute-bound, and pays a one-off cost for each new input shape. So with
-`execution_provider` cuda (unless the config sets `length_ratio`, or `batching` says otherwise)
-the stage uses `GpuBatching`: rows sorted longest first, each forward pass as many rows as the
-token budget `gpu_max_batch_tokens` and `max_rows` allow, padded to a length bucket and a row
-bucket (see the contract's GPU defaults), so a few shapes recur and are warmed at load.
+On a GPU the length-ratio cut costs more than it saves: every pass of a deep encoder pays
+milliseconds of kernel launches however few its rows, and each new input shape a one-off cost. So
+with `execution_provider` cuda (unless the config sets `length_ratio`, or `batching` says
+otherwise) the stage uses `GpuBatching`: rows sorted longest first and cut into the passes that
+cost least, launches and computed tokens together, each padded to a length bucket and a row bucket
+(see the contract's GPU defaults), so a few shapes recur and are warmed at load. Two things lower
+those costs where they load and agree with the plain graph on this device: CUDA graphs captured for
+the small shapes (queries, small batches) replay a pass's launches at once, and the export's packed
+graph (`prensa.export.packing`) computes a larger pass over its real tokens only, so padding no
+longer costs compute.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
@@ -98,21 +105,50 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
     return (*(2**k for k in range(max_rows.bit_length()) if 2**k < max_rows), max(max_rows, 1))
 
 
-def plan_bucketed_batches(
-    lengths: npt.NDArray[Any], max_batch_tokens: int, max_rows: int, length_buckets: Sequence[int]
-) -> list[npt.NDArray[Any]]:
-    """Indices of rows per forward pass, longest rows first, with no length-ratio cut: each pass
-    takes as many rows as fit `max_rows` and the budget at its longest row's length bucket (rows x
-    bucket length <= `max_batch_tokens`); a row whose bucket alone passes the budget runs alone."""
-    order = np.argsort(-np.maximum(np.asarray(lengths, dtype=np.int64), 1), kind="stable")
-    batches: list[npt.NDArray[Any]] = []
-    start = 0
-    while start < len(order):
-        width = bucket(max(int(lengths[order[start]]), 1), length_buckets)
-        take = max(1, min(max_rows, max_batch_tokens // width))
-        batches.append(order[start : start + take].astype(np.int64))
-        start += take
-    return batches
+@lru_cache(maxsize=8)
+def padded_row_counts(max_rows: int) -> npt.NDArray[Any]:
+    """For each count of rows up to `max_rows` (its index), the row bucket it is padded to."""
+    buckets = row_buckets(max_rows)
+    return np.array([0, *(bucket(rows, buckets) for rows in range(1, max_rows + 1))])
+
+
+def longest_first(lengths: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Row indices by length, longest first (ties in arrival order); a length under 1 counts 1."""
+    return np.argsort(-np.maximum(np.asarray(lengths, dtype=np.int64), 1), kind="stable")
+
+
+def plan_gpu_passes(lengths: npt.NDArray[Any], policy: GpuBatching) -> list[npt.NDArray[Any]]:
+    """Indices of rows per forward pass, longest rows first, cut where the passes cost least in all
+    (`GpuBatching.cost`), within the row limit and the padded-token budget (a row whose bucket
+    alone passes the budget runs alone). So one long row no longer pads a whole pass of short
+    ones, and short rows are not split into passes that each pay the launches: a dynamic programme
+    over the cut points, each pass the rows from one cut to the next."""
+    order = longest_first(lengths)
+    count = len(order)
+    if not count:
+        return []
+    sizes = np.maximum(np.asarray(lengths, dtype=np.int64)[order], 1)
+    real = np.concatenate([[0], np.cumsum(sizes)])
+    cost = np.full(count + 1, np.inf)
+    cost[0] = 0.0
+    start_of = np.zeros(
+        count + 1, dtype=np.int64
+    )  # where the pass that ends before each row starts
+    for start in range(count):
+        width = bucket(
+            int(sizes[start]), policy.length_buckets
+        )  # its longest row: rows come longest first
+        rows = np.arange(1, min(count - start, policy.row_cap(width)) + 1)
+        candidate = cost[start] + policy.cost(rows, width, real[start + rows] - real[start])
+        ends = start + rows
+        better = candidate < cost[ends]
+        cost[ends[better]] = candidate[better]
+        start_of[ends[better]] = start
+    cuts, end = [], count
+    while end > 0:
+        cuts.append((int(start_of[end]), end))
+        end = int(start_of[end])
+    return [order[a:b].astype(np.int64) for a, b in reversed(cuts)]
 
 
 @dataclass(frozen=True)
@@ -133,30 +169,57 @@ class CpuBatching:
 
 @dataclass(frozen=True)
 class GpuBatching:
-    """Few fixed shapes: passes filled to the budget, padded to a length bucket and a row bucket."""
+    """Few fixed shapes: passes cut where they cost least (`plan_gpu_passes`), each padded to a
+    length bucket and a row bucket. A pass costs its launches plus what it computes: a shape with a
+    CUDA graph (`captured`) launches for `graph_overhead_tokens`' worth of compute instead of
+    `pass_overhead_tokens`; a pass of the packed graph (`packed_max_tokens` set) computes its real
+    tokens, up to that many, and takes its own rows and longest length as its shape."""
 
     max_batch_tokens: int
     max_rows: int
     length_buckets: tuple[int, ...]
+    pass_overhead_tokens: int = contract.DEFAULT_GPU_PASS_OVERHEAD_TOKENS
+    captured: frozenset[tuple[int, int]] = frozenset()
+    graph_overhead_tokens: int = contract.DEFAULT_GPU_GRAPH_OVERHEAD_TOKENS
+    packed_max_tokens: int | None = None
 
     def plan(self, lengths: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
-        return plan_bucketed_batches(
-            lengths, self.max_batch_tokens, self.max_rows, self.length_buckets
-        )
+        return plan_gpu_passes(lengths, self)
 
     def row_cap(self, width: int) -> int:
         """The most rows one pass of `width` tokens takes."""
         return max(1, min(self.max_rows, self.max_batch_tokens // width))
 
+    def bucket_shape(self, rows: int, width: int) -> tuple[int, int]:
+        """(rows, width) padded to their buckets, never past what the budget allows there."""
+        width = bucket(max(width, 1), self.length_buckets)
+        return min(bucket(rows, row_buckets(self.max_rows)), self.row_cap(width)), width
+
     def shape(self, lengths: Sequence[int]) -> tuple[int, int]:
-        """(rows, width) of the forward pass over rows of these lengths: the length bucket of the
-        longest, and the row bucket of their count (never past what the budget allows there)."""
-        width = bucket(max(max(lengths), 1), self.length_buckets)
-        cap = self.row_cap(width)
-        return min(bucket(len(lengths), row_buckets(self.max_rows)), cap), width
+        """(rows, width) of the forward pass over rows of these lengths: its bucket shape where that
+        is captured or there is no packed graph, else the rows' own (the packed graph's)."""
+        rows, width = len(lengths), max(max(lengths), 1)
+        padded = self.bucket_shape(rows, width)
+        if self.packed_max_tokens is None or padded in self.captured:
+            return padded
+        return rows, width
+
+    def cost(self, rows: npt.NDArray[Any], width: int, real: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """What passes of `rows` rows (an array), their longest `width` and `real` tokens cost, in
+        tokens' worth of compute, as `shape` would run them."""
+        width = bucket(width, self.length_buckets)
+        heights = np.minimum(padded_row_counts(self.max_rows)[rows], self.row_cap(width))
+        captured = np.isin(heights, [r for r, w in self.captured if w == width])
+        padded = heights * width
+        eager = self.pass_overhead_tokens + (
+            padded
+            if self.packed_max_tokens is None
+            else np.where(real <= self.packed_max_tokens, real, np.inf)
+        )
+        return np.where(captured, self.graph_overhead_tokens + padded, eager)
 
     def shapes(self) -> list[tuple[int, int]]:
-        """Every (rows, width) `shape` can return for rows within the length buckets."""
+        """Every bucket shape a pass can take: those warmed at load, and those a CUDA graph may hold."""
         return sorted(
             {
                 (min(rows, self.row_cap(width)), width)
@@ -197,7 +260,16 @@ def batching_policy(params: dict[str, str], max_rows: int, cuda_active: bool = T
         int(params.get("gpu_max_batch_tokens", contract.DEFAULT_GPU_MAX_BATCH_TOKENS)),
         max_rows,
         tuple(sorted(buckets)),
+        int(params.get("gpu_pass_overhead_tokens", contract.DEFAULT_GPU_PASS_OVERHEAD_TOKENS)),
+        graph_overhead_tokens=int(
+            params.get("gpu_graph_overhead_tokens", contract.DEFAULT_GPU_GRAPH_OVERHEAD_TOKENS)
+        ),
     )
+
+
+def captured_shapes(batching: GpuBatching, max_tokens: int) -> tuple[tuple[int, int], ...]:
+    """The GPU policy's shapes of at most `max_tokens` tokens: those worth a CUDA graph."""
+    return tuple(s for s in batching.shapes() if s[0] * s[1] <= max_tokens)
 
 
 @dataclass
@@ -207,11 +279,18 @@ class Row:
     length: int
 
 
+def log(message: str) -> None:
+    """A line on the stub's stderr, which Triton's log keeps."""
+    print(f"prensa encode: {message}", file=sys.stderr, flush=True)
+
+
 def create_session(
-    onnx_path: Path, threads: int, provider: str, spinning: bool = True
+    onnx_path: Path, threads: int, provider: str, spinning: bool = True, cuda_graph: bool = False
 ) -> ort.InferenceSession:
     """`spinning`: onnxruntime's idle threads spin for more work (fastest for one busy session);
-    off where several sessions share the cores, so an idle one does not slow the busy one."""
+    off where several sessions share the cores, so an idle one does not slow the busy one.
+    `cuda_graph`: on CUDA, a session that can capture CUDA graphs (`CudaGraphs`), or a plain one
+    where onnxruntime cannot give it (some node off the GPU), saying why."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
@@ -224,23 +303,172 @@ def create_session(
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     available = ort.get_available_providers()
+    if cuda_graph and CUDA_PROVIDER in available:
+        try:
+            return ort.InferenceSession(
+                str(onnx_path), options, providers=[(CUDA_PROVIDER, {"enable_cuda_graph": "1"})]
+            )
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises plain exceptions
+            log(f"no CUDA graphs for {onnx_path.name}: {str(exc).splitlines()[0]}")
     session = ort.InferenceSession(
         str(onnx_path),
         options,
         providers=[p for p in (CUDA_PROVIDER, "CPUExecutionProvider") if p in available],
     )
     if session.get_providers()[0] != CUDA_PROVIDER:
-        print(
-            f"prensa encode: execution_provider cuda asked, running on {session.get_providers()[0]}: "
-            f"onnxruntime {ort.__version__} has {available}",
-            file=sys.stderr,
-            flush=True,
+        log(
+            f"execution_provider cuda asked, running on {session.get_providers()[0]}: "
+            f"onnxruntime {ort.__version__} has {available}"
         )
     return session
 
 
+def graph_run(graph_id: int) -> ort.RunOptions:
+    """Run options naming a CUDA graph: `graph_id` >= 1 captures (then replays) it, -1 runs eagerly."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return options
+
+
+def eager(session: Any) -> ort.RunOptions | None:
+    """The run options of an eager run: on a session that captures CUDA graphs, none captured."""
+    options = session.get_provider_options().get(CUDA_PROVIDER, {})
+    return graph_run(-1) if options.get("enable_cuda_graph") in ("1", "True", "true") else None
+
+
+def check_feed(max_length: int, pad_id: int, rows: int = 6) -> dict[str, npt.NDArray[Any]]:
+    """Ragged rows of made-up token ids (the lowest 100 past the special ones: every vocabulary has
+    them), one of the model's full length: what `packed_refusal` and `CudaGraphs` compare on."""
+    lengths = [max_length, 1, 7, min(33, max_length), max(max_length // 3, 1), 2][:rows]
+    rng = np.random.default_rng(0)
+    feed: dict[str, npt.NDArray[Any]] = contract.token_arrays(len(lengths), max(lengths), pad_id)
+    for row, length in enumerate(lengths):
+        feed[contract.INPUT_IDS][row, :length] = rng.integers(5, 100, size=length)
+        feed[contract.ATTENTION_MASK][row, :length] = 1
+    return feed
+
+
+def disagreement(
+    got: Sequence[npt.NDArray[Any]],
+    want: Sequence[npt.NDArray[Any]],
+    names: Sequence[str],
+    mask: npt.NDArray[Any],
+    per_token: set[str],
+) -> str | None:
+    """Which output of `got` differs from `want` past fp16's noise, or None: per real token (and per
+    pooled row) a cosine of at least 0.999, logits within 0.02."""
+    for name, a, b in zip(names, got, want):
+        a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+        if name in per_token:
+            a, b = a[mask.astype(bool)], b[mask.astype(bool)]
+        if name == contract.LOGITS:
+            worst = float(np.abs(a - b).max(initial=0.0))
+            if worst > 0.02:
+                return f"{name} differ by {worst:.3g}"
+            continue
+        a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        cosine = np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-30), 1.0)
+        if len(cosine) and float(cosine.min()) < 0.999:
+            return f"{name}: cosine {float(cosine.min()):.5f}"
+    return None
+
+
+def packed_refusal(
+    session: Any,
+    packed: Any,
+    pad_id: int,
+    max_length: int,
+    per_token: set[str],
+) -> str | None:
+    """Why the packed session may not serve, or None: it must run, and give the unpacked graph's
+    outputs on a ragged batch (`check_feed`), on this very device."""
+    feed = check_feed(max_length, pad_id)
+    names = [o.name for o in session.get_outputs()]
+    try:
+        want = session.run(names, inputs_of(session, feed), eager(session))
+        got = packed.run(names, inputs_of(packed, feed))
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises plain exceptions
+        return f"it does not run: {str(exc).splitlines()[0]}"
+    return disagreement(got, want, names, feed[contract.ATTENTION_MASK], per_token)
+
+
+def inputs_of(session: Any, feed: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+    names = {i.name for i in session.get_inputs()}
+    return {k: v for k, v in feed.items() if k in names}
+
+
+@dataclass
+class BoundGraph:
+    binding: Any  # onnxruntime's IOBinding, its buffers at the addresses the graph replays
+    options: ort.RunOptions
+    inputs: dict[str, Any]  # OrtValues on the device
+    outputs: list[Any]
+
+
+class CudaGraphs:
+    """One CUDA graph per (rows, width), captured on a session made with `cuda_graph`: a replay
+    launches a whole pass at once, where an eager pass of a deep encoder spends milliseconds
+    launching kernels (docs/gpu.md). Each shape keeps its own buffers on the device, since a graph
+    replays at fixed addresses: a pass is copied into them, replayed and copied back. Each graph is
+    checked against an eager run of its shape when captured."""
+
+    def __init__(
+        self, session: Any, shapes: Sequence[tuple[int, int]], pad_id: int, per_token: set[str]
+    ) -> None:
+        self.session = session
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.bound = {
+            shape: self._capture(graph_id, shape, pad_id, per_token)
+            for graph_id, shape in enumerate(shapes, start=1)
+        }
+
+    def _capture(
+        self, graph_id: int, shape: tuple[int, int], pad_id: int, per_token: set[str]
+    ) -> BoundGraph:
+        rows, width = shape
+        feed = inputs_of(self.session, check_feed(width, pad_id, rows=1))
+        feed = {k: np.ascontiguousarray(np.repeat(v, rows, axis=0)) for k, v in feed.items()}
+        reference = self.session.run(self.output_names, feed, eager(self.session))
+        binding = self.session.io_binding()
+        inputs = {}
+        for name, array in feed.items():
+            inputs[name] = ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0)
+            binding.bind_ortvalue_input(name, inputs[name])
+        outputs = []
+        for name, array in zip(self.output_names, reference):
+            outputs.append(
+                ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, "cuda", 0)
+            )
+            binding.bind_ortvalue_output(name, outputs[-1])
+        options = graph_run(graph_id)
+        for _ in range(2):  # onnxruntime runs once before it captures, then replays
+            self.session.run_with_iobinding(binding, options)
+        replayed = [value.numpy() for value in outputs]
+        mask = feed[contract.ATTENTION_MASK]
+        if wrong := disagreement(replayed, reference, self.output_names, mask, per_token):
+            raise RuntimeError(
+                f"the CUDA graph of {rows} x {width} replays other outputs ({wrong})"
+            )
+        return BoundGraph(binding, options, inputs, outputs)
+
+    def __contains__(self, shape: object) -> bool:
+        return shape in self.bound
+
+    def run(self, feed: dict[str, npt.NDArray[Any]]) -> list[npt.NDArray[Any]]:
+        bound = self.bound[cast(tuple[int, int], feed[contract.INPUT_IDS].shape)]
+        for name, value in bound.inputs.items():
+            value.update_inplace(np.ascontiguousarray(feed[name]))
+        self.session.run_with_iobinding(bound.binding, bound.options)
+        return [value.numpy() for value in bound.outputs]
+
+
 class TokenBudgetEncoder:
-    """Runs one ONNX encoder over many padded requests with as little padding as possible."""
+    """Runs one ONNX encoder over many padded requests with as little padding as possible.
+
+    On a GPU a pass may run three ways: replayed from a CUDA graph (`graphs`) where its shape has
+    one, on the packed graph (`packed`) otherwise, else on `session` (`GpuBatching` plans for the
+    same three)."""
 
     def __init__(
         self,
@@ -252,9 +480,16 @@ class TokenBudgetEncoder:
         per_token_outputs: set[str],
         *,
         batching: Batching | None = None,
+        packed: ort.InferenceSession | None = None,
+        graphs: CudaGraphs | None = None,
+        eager_options: ort.RunOptions | None = None,
     ) -> None:
-        """`batching` None: the CPU rule with the budget, ratio and rows given here."""
+        """`batching` None: the CPU rule with the budget, ratio and rows given here.
+        `eager_options`: `session`'s runs outside its CUDA graphs (`eager`)."""
         self.session = session
+        self.packed = packed
+        self.graphs = graphs
+        self.eager = eager_options
         self.input_names = {i.name for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
         self.pad_id = pad_id
@@ -346,21 +581,38 @@ class TokenBudgetEncoder:
                 array[position, : m.length] = requests[m.request][name][m.row, : m.length]
         for array in feed.values():
             array[len(members) :] = array[len(members) - 1]
-        self.padded_tokens += width * height
-        self.real_tokens += sum(m.length for m in members)
-        values = self.session.run(
-            self.output_names, {k: v for k, v in feed.items() if k in self.input_names}
+        real = sum(m.length for m in members)
+        # what the pass computes: the packed graph, its real tokens; any other, every padded one
+        packed = self.packed is not None and (
+            self.graphs is None or (height, width) not in self.graphs
         )
+        self.real_tokens += real
+        self.padded_tokens += real if packed else width * height
+        values = self._forward(feed, packed)
         return {name: value[: len(members)] for name, value in zip(self.output_names, values)}
+
+    def _forward(
+        self, feed: dict[str, npt.NDArray[Any]], packed: bool
+    ) -> Sequence[npt.NDArray[Any]]:
+        """One pass: replayed where its shape has a CUDA graph, else on the packed or plain session."""
+        if self.graphs is not None and feed[contract.INPUT_IDS].shape in self.graphs:
+            return self.graphs.run(feed)
+        if packed and self.packed is not None:
+            return cast(
+                list[npt.NDArray[Any]],
+                self.packed.run(self.output_names, inputs_of(self.packed, feed)),
+            )
+        return cast(
+            list[npt.NDArray[Any]],
+            self.session.run(self.output_names, inputs_of(self.session, feed), self.eager),
+        )
 
     def warm_up(self, shapes: Sequence[tuple[int, int]]) -> None:
         """Run each (rows, width) once on pad tokens, so no request pays a new shape's first run."""
         for height, width in shapes:
             feed = contract.token_arrays(height, width, self.pad_id)
             feed[contract.ATTENTION_MASK][:] = 1
-            self.session.run(
-                self.output_names, {k: v for k, v in feed.items() if k in self.input_names}
-            )
+            self.session.run(self.output_names, inputs_of(self.session, feed), self.eager)
 
     def _scatter(
         self,
@@ -384,35 +636,111 @@ class TokenBudgetEncoder:
                 out[member.row] = value
 
 
+def load_packed(
+    session: Any, path: Path, threads: int, pad_id: int, max_length: int, per_token: set[str]
+) -> Any:
+    """The packed graph's session when it gives the unpacked graph's outputs here, else None with
+    the reason logged (the unpacked graph then serves every pass)."""
+    try:
+        packed = create_session(path, threads, "cuda")
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises plain exceptions
+        log(f"serving {path.name} unpacked: the packed graph does not load: {exc}")
+        return None
+    reason = (
+        f"it runs on {packed.get_providers()[0]}"
+        if packed.get_providers()[0] != CUDA_PROVIDER
+        else packed_refusal(session, packed, pad_id, max_length, per_token)
+    )
+    if reason:
+        log(f"serving unpacked: the packed graph {path.name} is not used: {reason}")
+        return None
+    log(f"the packed graph {path.name} serves passes of more than a captured shape")
+    return packed
+
+
+def load_graphs(
+    session: Any, batching: GpuBatching, params: dict[str, str], pad_id: int, per_token: set[str]
+) -> CudaGraphs | None:
+    """CUDA graphs for the small shapes (`captured_shapes`), or None with the reason logged."""
+    if eager(session) is None:
+        return None
+    max_tokens = int(params.get("cuda_graph_max_tokens", contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS))
+    shapes = captured_shapes(batching, max_tokens)
+    try:
+        graphs = CudaGraphs(session, shapes, pad_id, per_token)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises plain exceptions
+        log(f"no CUDA graphs: {str(exc).splitlines()[0]}")
+        return None
+    log(f"CUDA graphs captured for {len(shapes)} shapes of up to {max_tokens} tokens")
+    return graphs
+
+
 def load_encoder(config: dict[str, Any], version_dir: Path) -> TokenBudgetEncoder:
-    """The encoder a model config's parameters describe (see the module docstring)."""
+    """The encoder a model config's parameters describe (see the module docstring). On CUDA with
+    its max length known: CUDA graphs for the small shapes (unless `cuda_graphs` is false) and the
+    packed graph (`packed_onnx_file`), each where it loads and agrees with the plain graph."""
     params = contract.parameters(config)
     max_rows = int(
         params.get("max_rows", str(config.get("max_batch_size", contract.DEFAULT_MAX_BATCH_SIZE)))
     )
-    session = create_session(
-        version_dir / params["onnx_file"],
+    threads, provider = (
         int(params.get("intra_op_threads", "0")),
         params.get("execution_provider", "cpu"),
-        params.get("allow_spinning", "true") == "true",
     )
+    max_length = int(params["max_length"]) if params.get("max_length") else None
+    session = create_session(
+        version_dir / params["onnx_file"],
+        threads,
+        provider,
+        params.get("allow_spinning", "true") == "true",
+        cuda_graph=provider == "cuda"
+        and max_length is not None
+        and params.get("cuda_graphs", "true") == "true",
+    )
+    pad_id = int(params["pad_id"])
+    per_token = set(filter(None, params.get("per_token_outputs", "").split(",")))
     batching = batching_policy(params, max_rows, session.get_providers()[0] == CUDA_PROVIDER)
+    packed = graphs = None
+    if isinstance(batching, GpuBatching) and max_length is not None:
+        graphs = load_graphs(session, batching, params, pad_id, per_token)
+        if params.get("packed_onnx_file"):
+            packed = load_packed(
+                session,
+                version_dir / params["packed_onnx_file"],
+                threads,
+                pad_id,
+                max_length,
+                per_token,
+            )
+        batching = replace(
+            batching,
+            captured=frozenset(graphs.bound) if graphs is not None else frozenset(),
+            packed_max_tokens=int(
+                params.get("packed_max_tokens", contract.DEFAULT_PACKED_MAX_TOKENS)
+            )
+            if packed is not None
+            else None,
+        )
     encoder = TokenBudgetEncoder(
         session,
-        pad_id=int(params["pad_id"]),
+        pad_id=pad_id,
         max_batch_tokens=int(params["max_batch_tokens"]),
         length_ratio=float(params.get("length_ratio", contract.DEFAULT_LENGTH_RATIO)),
         max_rows=max_rows,
-        per_token_outputs=set(filter(None, params.get("per_token_outputs", "").split(","))),
+        per_token_outputs=per_token,
         batching=batching,
+        packed=packed,
+        graphs=graphs,
+        eager_options=eager(session),
     )
     # Only where the max length is known: a bucket past the model's positions would not run.
     if (
         isinstance(batching, GpuBatching)
-        and params.get("max_length")
+        and packed is None
+        and max_length is not None
         and params.get("warmup_buckets", "true") == "true"
     ):
-        encoder.warm_up(batching.shapes())
+        encoder.warm_up([s for s in batching.shapes() if graphs is None or s not in graphs])
     return encoder
 
 
