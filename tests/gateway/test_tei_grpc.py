@@ -381,9 +381,9 @@ def test_overload_is_resource_exhausted(start_tei, need):
 
 
 def test_connections_past_the_cap_are_refused(start_tei):
-    """--max-connections bounds gRPC connections as it bounds HTTP ones: past it a new connection is
-    closed before its first call, and the place frees when a client leaves."""
-    capped = start_tei(max_connections=1)
+    """--max-grpc-connections bounds the port's connections: past it a new connection is closed
+    before its first call, and the place frees when a client leaves."""
+    capped = start_tei(max_grpc_connections=1)
     assert len(capped.embed.Embed(pb.EmbedRequest(inputs="ok")).embeddings) == 384  # its channel holds the one place
     own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, not the first channel's
     with grpc.insecure_channel(f"127.0.0.1:{capped.port}", options=own) as second:
@@ -458,3 +458,112 @@ def test_two_workers_serve_grpc_on_one_port(triton, direct, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def silent(port: int, count: int) -> list[socket.socket]:
+    """`count` TCP connections to `port` that never send a byte (no HTTP/2 preface)."""
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """Whether the server closes `sock` within `within_s` (what it sends first, its SETTINGS, read)."""
+    deadline = time.monotonic() + within_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if sock.recv(4096) == b"":
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return False
+
+
+def test_a_connection_that_never_speaks_is_closed_at_the_handshake_deadline(start_tei):
+    gateway = start_tei(grpc_handshake_timeout_s=1.0)
+    [sock] = silent(gateway.port, 1)
+    started = time.monotonic()
+    try:
+        assert closed_by_server(sock, 15.0), "the server kept a preface-less connection"
+    finally:
+        sock.close()
+    assert time.monotonic() - started < 10.0
+
+
+def test_a_fresh_client_is_served_while_silent_connections_fill_the_http_cap(start_tei):
+    """Silent gRPC connections count against the port's own budget, not --max-connections: past
+    HTTP's cap of 50, a fresh gRPC client and a fresh HTTP client are both served at once."""
+    gateway = start_tei(max_connections=50)
+    held = silent(gateway.port, 60)
+    try:
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.insecure_channel(f"127.0.0.1:{gateway.port}", options=own) as fresh:
+            reply = stubs.EmbedStub(fresh).Embed(pb.EmbedRequest(inputs="ok"), timeout=10)
+        assert len(reply.embeddings) == 384
+        assert gateway.http.post("/embed", json={"inputs": "ok"}).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_silent_connections_give_their_places_back_at_the_deadline(start_tei):
+    """With the port's own cap full of connections that never speak, a fresh client is refused,
+    then served once the handshake deadline has closed them."""
+    gateway = start_tei(max_grpc_connections=5, grpc_handshake_timeout_s=2.0)
+    held = silent(gateway.port, 5)
+    try:
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.insecure_channel(f"127.0.0.1:{gateway.port}", options=own) as fresh:
+            started = time.monotonic()
+            reply = stubs.EmbedStub(fresh).Embed(pb.EmbedRequest(inputs="ok"), timeout=30, wait_for_ready=True)
+            assert len(reply.embeddings) == 384 and time.monotonic() - started < 25
+        assert all(closed_by_server(sock, 5.0) for sock in held)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_two_keys_are_no_key(start_tei):
+    """Two authorization entries are ambiguous, whichever comes first: refused, as HTTP refuses two
+    Authorization headers."""
+    keyed = start_tei(api_key="secret")
+    for pair in ((("authorization", "Bearer secret"), ("authorization", "Bearer wrong")),
+                 (("authorization", "Bearer wrong"), ("authorization", "Bearer secret")),
+                 (("authorization", "Bearer secret"), ("authorization", "Bearer secret"))):
+        error = refused(lambda m=pair: keyed.embed.Embed(pb.EmbedRequest(inputs="ok"), metadata=m))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    twice = [(b"authorization", b"Bearer secret"), (b"authorization", b"Bearer secret")]
+    answer = keyed.http.post("/embed", json={"inputs": "ok"}, headers=twice)
+    assert answer.status_code == 401
+    assert keyed.http.post("/embed", json={"inputs": "ok"}, headers={"authorization": "Bearer secret"}).status_code == 200
+
+
+def raw_embed(channel: grpc.Channel, body: bytes, metadata=()) -> grpc.RpcError:
+    """Embed called with `body` as the request message's bytes, whatever they hold."""
+    call = channel.unary_unary("/tei.v1.Embed/Embed", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    return refused(lambda: call(body, metadata=metadata, timeout=10))
+
+
+def test_a_message_that_does_not_parse_is_invalid_after_the_key(start_tei):
+    keyed = start_tei(api_key="secret")
+    bad_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (inputs, a string): two bytes that are not UTF-8
+    assert raw_embed(keyed.channel, bad_utf8).code() == grpc.StatusCode.UNAUTHENTICATED
+    error = raw_embed(keyed.channel, bad_utf8, (("authorization", "Bearer secret"),))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not parse" in error.details()
+    # a well-formed message still goes through
+    good = pb.EmbedRequest(inputs="ok").SerializeToString()
+    call = keyed.channel.unary_unary("/tei.v1.Embed/Embed", request_serializer=lambda b: b,
+                                     response_deserializer=pb.EmbedResponse.FromString)
+    assert len(call(good, metadata=(("authorization", "Bearer secret"),)).embeddings) == 384
+
+
+def test_the_connection_bounds_are_printed_at_start(settings, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="prensa.gateway")
+    for _ in serve_grpc(settings, grpc_handshake_timeout_s=7.0, grpc_idle_timeout_s=90.0):
+        break
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("TEI gRPC connections"))
+    assert "7 s to handshake" in line and "closed after 90 s idle" in line

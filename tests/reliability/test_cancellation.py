@@ -208,6 +208,34 @@ def test_window_keeps_the_rows_of_a_cancelled_caller_until_triton_answers():
     asyncio.run(scenario())
 
 
+def test_a_call_that_waits_past_the_queue_time_leaves_overloaded():
+    """--max-queue-time: a call that finds no room in Triton within it is refused at that moment (429,
+    RESOURCE_EXHAUSTED), leaves the queue without taking rows, and the calls behind it go on."""
+    from prensa.gateway.errors import ErrorKind, GatewayError
+
+    async def scenario() -> None:
+        window, answer = TritonWindow(2, max_wait_s=0.2), asyncio.Event()
+
+        async def call(name: str) -> str:
+            if name == "long":
+                await answer.wait()
+            return name
+
+        running = asyncio.ensure_future(window.run(2, lambda: call("long")))
+        await asyncio.sleep(0.01)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(GatewayError) as refused:
+            await window.run(1, lambda: call("late"))
+        waited = asyncio.get_running_loop().time() - started
+        assert refused.value.kind is ErrorKind.OVERLOADED and "--max-queue-time" in refused.value.message
+        assert 0.15 < waited < 1.0 and window.in_triton == 2 and not window._waiting
+        next_call = asyncio.ensure_future(window.run(1, lambda: call("next")))
+        answer.set()
+        assert await running == "long" and await next_call == "next" and window.in_triton == 0
+
+    asyncio.run(scenario())
+
+
 class EchoSession:
     """An onnxruntime stand-in that echoes ids as the hidden state and records each sub-batch's rows."""
 

@@ -230,6 +230,68 @@ def test_a_client_that_never_reads_its_answer_is_dropped_and_the_memory_returns(
     assert after - before < 0.25 * clients * size
 
 
+def unread(port: int, request: bytes) -> socket.socket:
+    """A client that sends `request` and reads nothing (a small receive buffer, so the server sees it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(request)
+    return sock
+
+
+def unsent_bytes(url: str) -> float:
+    """The gateway's own count of answer bytes its clients have not read (`prensa_unsent_answer_bytes`)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("prensa_unsent_answer_bytes "))
+
+
+def plain_rss() -> int:
+    """The process's resident memory as an operator sees it: no trim of our own first."""
+    return psutil.Process().memory_info().rss
+
+
+def test_unread_answers_stay_under_the_cap(gateway_on, cap_mb=80):
+    """Eight clients post /embed_all for 32 long inputs (a 37 MB answer each) and never read. With
+    --max-unsent-bytes, the gateway holds no more than the cap: the answers past it, and requests
+    while it is full, get 503 with Retry-After. When the write timeout drops the readers, the memory
+    goes back to the system without anyone trimming it. (`cap_mb=None` measures the same clients
+    with a cap far above eight answers: the figures without one, in docs/performance.md.)"""
+    write_s, clients = 5.0, 8
+    cap = (cap_mb or 4096) << 20
+    url = gateway_on(write_timeout_s=write_s, max_unsent_bytes=cap)
+    body = httpx.Request("POST", "/embed_all", json={"inputs": [LONG_TEXT] * 32}).content
+    request = (b"POST /embed_all HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    size = len(httpx.post(f"{url}/embed_all", content=body, headers={"content-type": "application/json"},
+                          timeout=60).content)
+    port, before = port_of(url), rss()
+    peak, peak_held = before, 0.0
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(closing(unread(port, request))) for _ in range(clients)]
+
+        def settled() -> bool:
+            nonlocal peak, peak_held
+            peak = max(peak, plain_rss())
+            peak_held = max(peak_held, unsent_bytes(url))
+            return accepted(port) == 0
+
+        wait_until(settled, 120 + 3 * write_s, "clients that read nothing dropped")
+        time.sleep(2.0)  # the gateway's trim follows the last answer by half a second
+        after = plain_rss()
+        answers = [read_to_end(sock) for sock in sockets]
+    refused = [a for a in answers if status_line(a) == 503]
+    print(f"cap {cap_mb} MB: answer {size / 1e6:.1f} MB, {clients} unread; held at most {peak_held / 1e6:.0f} MB; "
+          f"RSS peak +{(peak - before) / 1e6:.0f} MB, "
+          f"after the drop +{(after - before) / 1e6:.0f} MB (no trim by the test); {len(refused)} got 503")
+    if cap_mb is None:
+        assert not refused and peak_held > 4 * size  # every answer sat in memory
+        return
+    assert refused, [status_line(a) for a in answers]  # held ones are dropped meanwhile, making room
+    assert all(b"retry-after: " in a.lower() for a in refused)
+    assert 0 < peak_held <= cap, "more than the cap of unread answers held"
+    assert after - before < 0.5 * size
+
+
 def test_an_unread_answer_holds_permits_until_it_is_sent(gateway_on):
     """A 37 MB answer waiting for its client holds one permit per MiB (`ANSWER_BYTES_PER_PERMIT`):
     with 64 permits, a 32-input request is refused while it waits, admitted once it is gone."""

@@ -26,7 +26,7 @@ from prensa.gateway import (
 )
 from prensa.gateway.backend import Backend, BackendFactory
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
-from prensa.gateway.limits import Permits, SharedPermits
+from prensa.gateway.limits import Permits, SharedPermits, UnsentAnswers
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
@@ -140,6 +140,7 @@ class GatewayApp(FastAPI):
             settings.max_concurrent_requests, metrics.inputs_in_flight.set, shared_permits
         )
         metrics.inputs_limit.set(settings.max_concurrent_requests)
+        self.unsent = UnsentAnswers(settings.max_unsent_bytes, metrics.unsent_answer_bytes.set)
         self.traces = provider(settings) if settings.otlp_endpoint else None
         self.tracer = self.traces.get_tracer("prensa.gateway") if self.traces else None
         self.vertex = vertex
@@ -173,7 +174,15 @@ class GatewayApp(FastAPI):
             if isinstance(kind, type)
         }
         app: ASGIApp = DirectRoutes(super().build_middleware_stack(), direct, cast(Any, handlers))
-        app = PacedAnswer(app, self.permits)
+        app = PacedAnswer(
+            app,
+            self.permits,
+            self.unsent,
+            # the write timeout drops a client that reads nothing, and its answer with it
+            max(int(settings.write_timeout_s), 1),
+            on_reject,
+            self.error_shapes,
+        )
         app = CancelOnHangUp(app)
         app = JsonBody(app, settings.payload_limit, on_reject, self.error_shapes)
         if settings.api_key:

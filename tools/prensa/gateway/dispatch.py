@@ -49,7 +49,11 @@ class ModelDispatch:
         self.calls = calls_in_triton(model, client.replica_count)
         self.chunk_rows = max(1, min(model.max_batch_size, settings.max_client_batch_size))
         # A fused model drops a cancelled call itself (its batcher, or the model before computing it).
-        self.window = None if model.fused else TritonWindow(self.calls * model.max_batch_size)
+        self.window = (
+            None
+            if model.fused
+            else TritonWindow(self.calls * model.max_batch_size, settings.max_queue_time_s)
+        )
         # by outputs, with pairs or not
         self.coalescers: dict[tuple[tuple[str, ...], bool], Coalescer] = {}
 

@@ -26,6 +26,9 @@ class ErrorKind(str, Enum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
+    SENDING = (
+        "sending"  # too many bytes of answers wait for clients to read them (--max-unsent-bytes)
+    )
     BACKEND = "backend"
     UNHEALTHY = "unhealthy"
 
@@ -44,6 +47,7 @@ ERROR_TABLE: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.PAYLOAD_TOO_LARGE: (413, "PayloadTooLarge"),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "UnsupportedMediaType"),
     ErrorKind.OVERLOADED: (429, "Overloaded"),
+    ErrorKind.SENDING: (503, "Overloaded"),
     ErrorKind.BACKEND: (424, "Backend"),
     ErrorKind.UNHEALTHY: (503, "Unhealthy"),
 }

@@ -7,6 +7,9 @@ before them (API key, JSON body, size) are in `middleware`.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
+import gc
 import logging
 import resource
 from collections import deque
@@ -14,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
-from prensa.gateway.errors import overloaded
+from prensa.gateway.errors import ErrorKind, GatewayError, overloaded
 
 T = TypeVar("T")
 log = logging.getLogger("prensa.gateway")
@@ -92,6 +95,78 @@ class Permits:
             self._on_change(self.in_use)
 
 
+class UnsentAnswers:
+    """Bytes of answers this process holds for clients that have not read them yet, at most
+    `capacity`: an answer is held whole until its last piece is written, however slowly its client
+    reads, so a few clients that never read would otherwise hold any amount of memory."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int], None] = lambda _: None) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._on_change = on_change
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.capacity
+
+    @contextmanager
+    def hold(self, size: int) -> Iterator[bool]:
+        """True (and `size` bytes counted for the block) if they fit, else False and nothing counted."""
+        if self.held + size > self.capacity:
+            yield False
+            return
+        self.held += size
+        self._on_change(self.held)
+        try:
+            yield True
+        finally:
+            self.held -= size
+            self._on_change(self.held)
+
+
+# A trim runs this long after the last large answer ended (the ends of a burst of them, and the
+# frees that follow an end, served by one trim), and at most this long after the first.
+TRIM_DELAY_S, TRIM_MAX_DELAY_S = 0.5, 5.0
+
+
+class MemoryTrim:
+    """Hands the memory of large answers back to the system once they are gone. An answer dropped
+    with its client leaves through an exception whose traceback holds the frames, and so the body,
+    in a reference cycle that only a full collection finds (a 37 MB body counts as one object
+    toward the collector's thresholds); and glibc keeps freed heap pages for reuse, so a process
+    that held 300 MB of unread answers would stay that large. So a trim collects cycles, then
+    trims the heap, TRIM_DELAY_S after the last ask (at most TRIM_MAX_DELAY_S after the first): each
+    walks the whole heap. Where libc is not glibc, only the collection runs."""
+
+    def __init__(self) -> None:
+        self.pending: asyncio.TimerHandle | None = None
+        self.first = 0.0
+
+    def ask(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self.pending is None:
+            self.first = now
+        else:
+            self.pending.cancel()
+        delay = min(TRIM_DELAY_S, max(self.first + TRIM_MAX_DELAY_S - now, 0.0))
+        self.pending = loop.call_later(delay, self._trim)
+
+    def _trim(self) -> None:
+        self.pending = None
+        gc.collect()
+        if (libc := _libc()) is not None:
+            libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, macOS): its allocator returns memory its own way
+        return None
+
+
 class TritonWindow:
     """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
     first served, and a call whose client hangs up while it waits leaves without reaching Triton.
@@ -101,10 +176,12 @@ class TritonWindow:
     Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
     counted until Triton answers, even for a client that is gone (its call runs on, its answer is
     dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
-    A call of more rows than `capacity` waits for an empty window and runs alone."""
+    A call of more rows than `capacity` waits for an empty window and runs alone. A call that waits
+    longer than `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_wait_s: float | None = None) -> None:
         self.capacity = max(capacity, 1)
+        self.max_wait_s = max_wait_s
         self.in_triton = 0
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
         # the event loop keeps only weak references to tasks
@@ -117,17 +194,30 @@ class TritonWindow:
             turn = asyncio.get_running_loop().create_future()
             self._waiting.append((rows, turn))
             try:
-                await turn
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled():  # admitted just before the cancellation
+                await asyncio.wait_for(asyncio.shield(turn), self.max_wait_s)
+            except (asyncio.CancelledError, TimeoutError) as stop:
+                if turn.done() and not turn.cancelled():  # admitted just before
+                    if isinstance(stop, TimeoutError):
+                        return await self._call(rows, call)
                     self._release(rows)
                 else:
+                    turn.cancel()
                     with suppress(ValueError):
                         self._waiting.remove((rows, turn))
                     self._admit()  # it may have held back smaller calls behind it
+                if isinstance(stop, TimeoutError):
+                    raise GatewayError(
+                        ErrorKind.OVERLOADED,
+                        f"Model is overloaded: no room in Triton within --max-queue-time "
+                        f"{self.max_wait_s:g} s",
+                    ) from None
                 raise
         else:
             self.in_triton += rows
+        return await self._call(rows, call)
+
+    async def _call(self, rows: int, call: Callable[[], Awaitable[T]]) -> T:
+        """Run `call()` holding `rows` (already counted) until Triton answers."""
         task = asyncio.ensure_future(call())
         self._calls.add(task)
         task.add_done_callback(lambda done: self._finished(done, rows))
@@ -161,14 +251,26 @@ def connection_ceiling() -> int:
     return max(limit - RESERVED_FDS, 1)
 
 
-def connection_cap(requested: int | None) -> int:
-    """`--max-connections`, or the ceiling when unset or above it (a cap above the descriptor
-    limit would let accept() fail before the cap refuses anyone)."""
+def grpc_connection_cap(requested: int | None) -> int:
+    """`--max-grpc-connections`, or a quarter of the ceiling when unset (never past the ceiling)."""
     ceiling = connection_ceiling()
-    if requested is not None and requested > ceiling:
+    return _capped("--max-grpc-connections", requested or max(ceiling // 4, 1), ceiling)
+
+
+def connection_cap(requested: int | None, grpc_cap: int | None = None) -> int:
+    """`--max-connections` (HTTP), or the ceiling when unset or above it (a cap above the descriptor
+    limit would let accept() fail before the cap refuses anyone), less the gRPC port's own budget
+    `grpc_cap` when it has one: the two never share descriptors."""
+    ceiling = max(connection_ceiling() - (grpc_cap or 0), 1)
+    return ceiling if requested is None else _capped("--max-connections", requested, ceiling)
+
+
+def _capped(flag: str, requested: int, ceiling: int) -> int:
+    if requested > ceiling:
         log.warning(
-            "--max-connections %d is above what the file-descriptor limit (ulimit -n) allows; using %d",
+            "%s %d is above what the file-descriptor limit (ulimit -n) leaves it; using %d",
+            flag,
             requested,
             ceiling,
         )
-    return ceiling if requested is None else min(requested, ceiling)
+    return min(requested, ceiling)

@@ -211,6 +211,12 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.unsent_answer_bytes = Gauge(
+            "prensa_unsent_answer_bytes",
+            "Bytes of answers held for clients that have not read them (--max-unsent-bytes)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.inputs_limit = Gauge(
             "prensa_inputs_limit",
             "Permits in all (--max-concurrent-requests): inputs in flight past it get 429",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body
-from prensa.gateway.limits import Permits
+from prensa.gateway.limits import MemoryTrim, Permits, UnsentAnswers
 from prensa.gateway.logs import ERROR_KEY, ID_KEY
 
 # An answer holds one permit per this many bytes while it is being sent, in pieces of this size:
@@ -64,12 +64,24 @@ def header(scope: Scope, name: bytes) -> str:
     )
 
 
+def only_header(scope: Scope, name: bytes) -> str:
+    """The value of header `name` (lower case) when it comes once, else "": a second value is
+    ambiguous, and taking either would let the other slip by unchecked."""
+    values = [value for key, value in scope["headers"] if key.lower() == name]
+    return values[0].decode("latin-1") if len(values) == 1 else ""
+
+
 async def respond(
-    send: Send, status: int, body: bytes = b"", content_type: bytes | None = None
+    send: Send,
+    status: int,
+    body: bytes = b"",
+    content_type: bytes | None = None,
+    extra: dict[str, str] | None = None,
 ) -> None:
     headers = [(b"content-length", str(len(body)).encode())]
     if content_type:
         headers.append((b"content-type", content_type))
+    headers += [(name.lower().encode(), value.encode()) for name, value in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -86,7 +98,11 @@ async def reject(
     state = scope.setdefault("state", {})
     state[ERROR_KEY] = error.message
     await respond(
-        send, error.status, error_body(error, shape, state.get(ID_KEY, "")), b"application/json"
+        send,
+        error.status,
+        error_body(error, shape, state.get(ID_KEY, "")),
+        b"application/json",
+        error.headers,
     )
 
 
@@ -102,7 +118,7 @@ class ApiKey:
         if (
             scope["type"] != "http"
             or (scope["method"] in OPEN_METHODS and scope["path"] in self.open_paths)
-            or key_matches(header(scope, b"authorization"), self.api_key)
+            or key_matches(only_header(scope, b"authorization"), self.api_key)
         ):
             await self.app(scope, receive, send)
             return
@@ -248,34 +264,87 @@ class CancelOnHangUp:
 
 
 class PacedAnswer:
-    """Sends a body over `ANSWER_BYTES_PER_PERMIT` a MiB at a time, holding one of `permits` per
-    MiB meanwhile: the server writes a body whole and waits for a slow client only before the next
-    send, so the answer waits here, counted, not in the connection's buffer."""
+    """Sends a body over `ANSWER_BYTES_PER_PERMIT` a MiB at a time, each piece only once the client
+    has taken the last (the server waits for the transport to drain before its next send), so the
+    answer waits here, counted, not in the connection's buffer. Meanwhile it holds one of `permits`
+    per MiB and its bytes in `unsent`: an answer that `unsent` cannot hold is replaced by a 503 with
+    Retry-After, and while `unsent` is full, requests get that 503 before any work. Once a large
+    answer is gone, its memory goes back to the system (`trim`)."""
 
-    def __init__(self, app: ASGIApp, permits: Permits) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        permits: Permits,
+        unsent: UnsentAnswers,
+        retry_after_s: int,
+        on_reject: Callable[[ErrorKind], None],
+        shape_of: Callable[[str], ErrorShape] = lambda path: ErrorShape.TEI,
+    ) -> None:
         self.app = app
         self.permits = permits
+        self.unsent = unsent
+        self.retry_after_s = retry_after_s
+        self.on_reject = on_reject
+        self.shape_of = shape_of
+        self.trim = MemoryTrim()
+
+    def backlog(self) -> GatewayError:
+        return GatewayError(
+            ErrorKind.SENDING,
+            f"The gateway holds {self.unsent.held} bytes of answers its clients have not read "
+            f"(--max-unsent-bytes {self.unsent.capacity}); retry later",
+            self.retry_after_s,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.unsent.full and scope["method"] == "POST":
+            await reject(scope, send, self.backlog(), self.on_reject, self.shape_of(scope["path"]))
+            return
+        start: Message | None = None
+        paced = False
 
         async def sending(message: Message) -> None:
+            nonlocal start, paced
+            if message["type"] == "http.response.start":
+                start = message  # sent with the first piece of the body, once it is known to fit
+                return
             body = message.get("body", b"") if message["type"] == "http.response.body" else b""
-            if len(body) <= ANSWER_BYTES_PER_PERMIT:
+            if start is None or len(body) <= ANSWER_BYTES_PER_PERMIT:
+                if start is not None:
+                    await send(start)
+                    start = None
                 await send(message)
                 return
-            more, view = message.get("more_body", False), memoryview(body)
-            with self.permits.charge(len(body) // ANSWER_BYTES_PER_PERMIT):
-                for start in range(0, len(body), ANSWER_BYTES_PER_PERMIT):
-                    end = start + ANSWER_BYTES_PER_PERMIT
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": bytes(view[start:end]),
-                            "more_body": more or end < len(body),
-                        }
+            paced = True
+            with self.unsent.hold(len(body)) as held:
+                if not held:
+                    start = None
+                    await reject(
+                        scope, send, self.backlog(), self.on_reject, self.shape_of(scope["path"])
                     )
+                    return
+                await send(start)
+                start = None
+                await self._pieces(send, body, message.get("more_body", False))
 
-        await self.app(scope, receive, sending)
+        try:
+            await self.app(scope, receive, sending)
+        finally:  # a client dropped mid-answer ends it with an exception: that memory goes back too
+            if paced:
+                self.trim.ask()
+
+    async def _pieces(self, send: Send, body: bytes, more: bool) -> None:
+        view = memoryview(body)
+        with self.permits.charge(len(body) // ANSWER_BYTES_PER_PERMIT):
+            for start in range(0, len(body), ANSWER_BYTES_PER_PERMIT):
+                end = start + ANSWER_BYTES_PER_PERMIT
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": bytes(view[start:end]),
+                        "more_body": more or end < len(body),
+                    }
+                )

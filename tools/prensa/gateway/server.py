@@ -37,7 +37,12 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from prensa.gateway.limits import SharedPermits, connection_cap, connection_ceiling
+from prensa.gateway.limits import (
+    SharedPermits,
+    connection_cap,
+    connection_ceiling,
+    grpc_connection_cap,
+)
 from prensa.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -97,7 +102,12 @@ class ConnectionLimits:
             settings.request_read_timeout_s,
             settings.write_timeout_s,
             settings.max_header_size,
-            connection_cap(settings.max_connections),
+            connection_cap(
+                settings.max_connections,
+                grpc_connection_cap(settings.max_grpc_connections)
+                if settings.tei_grpc_port is not None
+                else None,
+            ),
         )
 
 

@@ -103,13 +103,52 @@ class GatewaySettings:
         "Seconds a client may read nothing of its answer before it is disconnected and the answer freed.",
         flag="--write-timeout",
     )
+    max_unsent_bytes: int = setting(
+        256 << 20,
+        "Bytes of answers a gateway process holds for clients that have not read them yet; past it, "
+        "requests get 503 with Retry-After, and an answer that would not fit is replaced by that 503.",
+    )
     max_header_size: int = setting(65_536, "Max bytes of a request's URL and headers (431 above).")
     max_connections: int | None = setting(
         None,
-        "Open client connections before new ones get 503 and are closed (on --tei-grpc-port, closed "
-        "before their handshake: UNAVAILABLE); default and ceiling: the file-descriptor limit (ulimit -n, "
-        "whose soft value prensa raises to the hard one at start) less 64 kept for the gateway's own files "
-        "and sockets.",
+        "Open HTTP client connections before new ones get 503 and are closed; default and ceiling: the "
+        "file-descriptor limit (ulimit -n, whose soft value prensa raises to the hard one at start) less 64 "
+        "kept for the gateway's own files and sockets, less what --max-grpc-connections takes.",
+    )
+    # The TEI gRPC port's own bounds: grpc core closes its connections, not the HTTP server.
+    max_grpc_connections: int | None = setting(
+        None,
+        "With --tei-grpc-port: open gRPC connections before new ones are closed before their handshake "
+        "(UNAVAILABLE); their own budget, so silent gRPC connections cannot lock HTTP clients out, nor "
+        "silent HTTP ones gRPC clients. Default: a quarter of the file-descriptor ceiling.",
+    )
+    grpc_handshake_timeout_s: float = setting(
+        10.0,
+        "Seconds a new gRPC connection may take to send its HTTP/2 preface and settings before it is closed.",
+        flag="--grpc-handshake-timeout",
+    )
+    grpc_idle_timeout_s: float = setting(
+        300.0,
+        "Seconds a gRPC connection with no call in flight stays open (then GOAWAY: clients reconnect "
+        "on their next call).",
+        flag="--grpc-idle-timeout",
+    )
+    grpc_max_connection_age_s: float = setting(
+        3600.0,
+        "Seconds a gRPC connection may live before it is asked to go away (GOAWAY), so that clients "
+        "spread again over workers and replicas.",
+        flag="--grpc-max-connection-age",
+    )
+    grpc_connection_age_grace_s: float = setting(
+        60.0,
+        "Seconds the calls and streams of a gRPC connection past its age get to finish before it is closed.",
+        flag="--grpc-connection-age-grace",
+    )
+    max_queue_time_s: float | None = setting(
+        None,
+        "Seconds an admitted request (HTTP, or a gRPC call or stream message) may wait for room in Triton "
+        "before it is refused (429, RESOURCE_EXHAUSTED); unset: it waits its turn.",
+        flag="--max-queue-time",
     )
     log_level: str = setting("info", "Level of prensa's log: debug, info, warning or error.")
     json_output: bool = setting(False, "Log JSON lines instead of text (TEI's flag).")
@@ -181,6 +220,13 @@ class GatewaySettings:
             "graceful_timeout_s",
             "max_header_size",
             "max_connections",
+            "max_grpc_connections",
+            "max_unsent_bytes",
+            "grpc_handshake_timeout_s",
+            "grpc_idle_timeout_s",
+            "grpc_max_connection_age_s",
+            "grpc_connection_age_grace_s",
+            "max_queue_time_s",
             "max_tokenize_tokens",
             "workers",
         )

@@ -52,10 +52,39 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.TOKENIZER: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.BACKEND: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.SENDING: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.UNHEALTHY: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
 }
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request message protobuf could not parse (`lenient`), refused by its call after the key."""
+
+    error: str
+
+
+def lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`parse`, giving a `Malformed` instead of raising on bytes it cannot read."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, or a bad UTF-8 string field
+            return Malformed(str(exc) or type(exc).__name__)
+
+    return deserialize
+
+
+def parsed(message: Q) -> Q:
+    """`message`, or a GatewayError (INVALID_ARGUMENT) for one that did not parse."""
+    if isinstance(message, Malformed):
+        raise GatewayError(
+            ErrorKind.MALFORMED, f"the request message does not parse: {message.error}"
+        )
+    return message
 
 
 class WrongModel(GatewayError):
@@ -163,11 +192,14 @@ class Calls:
         """The call's metadata read once; a missing or wrong API key ends it UNAUTHENTICATED (TEI's
         interceptor), before anything else is looked at."""
         metadata: dict[str, str] = {}
+        keys: list[str] = []
         for key, value in context.invocation_metadata() or ():
             if isinstance(value, str):  # "-bin" keys carry bytes; none of them is read here
                 metadata.setdefault(key, value)
-        if self.settings.api_key and not key_matches(
-            metadata.get(AUTH_KEY, ""), self.settings.api_key
+                keys.append(key)
+        # two keys are no key (as two Authorization headers on HTTP): neither is taken over the other
+        if self.settings.api_key and (
+            keys.count(AUTH_KEY) != 1 or not key_matches(metadata[AUTH_KEY], self.settings.api_key)
         ):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
         headers = [
@@ -193,7 +225,7 @@ class Calls:
         self.metrics.started(method)
         with self.traced(call), self.hang_up_logged(call):
             try:
-                reply = await work(message, call.model, request_context)
+                reply = await work(parsed(message), call.model, request_context)
             except GatewayError as error:
                 await self.fail(context, call, error)
             call.add(request_context)
@@ -246,7 +278,7 @@ class Calls:
                     received=time.perf_counter(), request_id=call.request_id
                 )
             )
-            return await work(message, call.model, request_context)
+            return await work(parsed(message), call.model, request_context)
 
         results = in_order(messages, part, self.settings.max_client_batch_size)
         with self.traced(call), self.hang_up_logged(call):
@@ -267,7 +299,7 @@ class Calls:
         """One message of a stream: a request of its own, counted under `method` as HTTP counts its routes."""
         request_context = RequestContext(received=time.perf_counter(), request_id=call.request_id)
         self.metrics.started(method)
-        reply = await work(message, call.model, request_context)
+        reply = await work(parsed(message), call.model, request_context)
         record_success(self.metrics, method, request_context)
         call.add(request_context)
         return reply
@@ -277,7 +309,7 @@ class Calls:
         """A call cancelled (its client hung up, or the server stopped) still gets its log line."""
         try:
             yield
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # a stream is closed, not cancelled
             self.log(call, grpc.StatusCode.CANCELLED)
             raise
 

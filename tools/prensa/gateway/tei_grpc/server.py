@@ -23,13 +23,45 @@ from typing import Any
 import grpc
 from grpc_reflection.v1alpha import reflection
 
-from prensa.gateway.limits import connection_cap
+from prensa.gateway.limits import grpc_connection_cap
 from prensa.gateway.responses import Gateway
+from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tei_grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from prensa.gateway.tei_grpc.health import add_health
 from prensa.gateway.tei_grpc.servicers import SERVICE_NAMES, add_servicers
 
 log = logging.getLogger("prensa.gateway")
+
+
+# A connection is pinged after this long without traffic, and closed if no answer comes in the
+# timeout: a peer that vanished (a dead client, a dropped NAT mapping) gives its slot back.
+KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60.0, 20.0
+# Clients may ping a connection without calls at most this often (grpc's default refuses any
+# ping more often than every 5 minutes, and closes the connection with ENHANCE_YOUR_CALM).
+MIN_CLIENT_PING_S = 10.0
+
+
+def connection_bounds(settings: GatewaySettings) -> dict[str, int]:
+    """grpc core's options for the connections the port holds: how many, how long a handshake, an
+    idle connection and any connection may last, and the keepalive that finds dead peers. A
+    connection that never sends its HTTP/2 preface is closed at the handshake deadline, an idle one
+    gets GOAWAY (a client reconnects on its next call), and the cap is the port's own descriptor
+    budget (`limits.grpc_connection_cap`), apart from HTTP's."""
+
+    def ms(seconds: float) -> int:
+        return max(int(seconds * 1000), 1)
+
+    return {
+        "grpc.max_allowed_incoming_connections": grpc_connection_cap(settings.max_grpc_connections),
+        "grpc.server_handshake_timeout_ms": ms(settings.grpc_handshake_timeout_s),
+        "grpc.max_connection_idle_ms": ms(settings.grpc_idle_timeout_s),
+        "grpc.max_connection_age_ms": ms(settings.grpc_max_connection_age_s),
+        "grpc.max_connection_age_grace_ms": ms(settings.grpc_connection_age_grace_s),
+        "grpc.keepalive_time_ms": ms(KEEPALIVE_S),
+        "grpc.keepalive_timeout_ms": ms(KEEPALIVE_TIMEOUT_S),
+        "grpc.http2.min_ping_interval_without_data_ms": ms(MIN_CLIENT_PING_S),
+        "grpc.keepalive_permit_without_calls": 1,
+    }
 
 
 def address(host: str, port: int) -> str:
@@ -48,15 +80,12 @@ class TeiGrpcServer:
     async def start(cls, gateway: Gateway, host: str, port: int, reuse_port: bool) -> TeiGrpcServer:
         """Listening once this returns; a port it cannot bind is a RuntimeError naming it (the gateway
         then does not start, as with its HTTP port)."""
+        bounds = connection_bounds(gateway.settings)
         options = [
             ("grpc.so_reuseport", int(reuse_port)),
             # a message is a request body: the same limit as HTTP's (gRPC answers RESOURCE_EXHAUSTED above it)
             ("grpc.max_receive_message_length", gateway.settings.payload_limit),
-            # --max-connections as on HTTP: past it a new connection is closed before its handshake
-            (
-                "grpc.max_allowed_incoming_connections",
-                connection_cap(gateway.settings.max_connections),
-            ),
+            *bounds.items(),
         ]
         server = grpc.aio.server(options=options)
         add_servicers(server, gateway)
@@ -73,6 +102,16 @@ class TeiGrpcServer:
             ) from exc
         await server.start()
         log.info("TEI gRPC API (%s) on %s", ", ".join(SERVICE_NAMES), where)
+        log.info(
+            "TEI gRPC connections: at most %d, %g s to handshake, closed after %g s idle, asked to go "
+            "away after %g s (%g s grace), pinged after %g s without traffic",
+            bounds["grpc.max_allowed_incoming_connections"],
+            bounds["grpc.server_handshake_timeout_ms"] / 1000,
+            bounds["grpc.max_connection_idle_ms"] / 1000,
+            bounds["grpc.max_connection_age_ms"] / 1000,
+            bounds["grpc.max_connection_age_grace_ms"] / 1000,
+            bounds["grpc.keepalive_time_ms"] / 1000,
+        )
         return cls(server, where)
 
     def begin_stop(self, grace_s: float) -> None:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from importlib.metadata import version
 from typing import Any, cast
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
@@ -28,7 +29,7 @@ from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import Gateway
 from prensa.gateway.tei_grpc import tei_pb2 as pb
 from prensa.gateway.tei_grpc import tei_pb2_grpc
-from prensa.gateway.tei_grpc.calls import Calls, WrongModel
+from prensa.gateway.tei_grpc.calls import Calls, WrongModel, lenient
 from prensa.gateway.tokenization import (
     Item,
     Truncation,
@@ -524,9 +525,33 @@ class TokenizeServicer(Servicer):
             yield reply
 
 
+class LenientServer:
+    """A grpc.aio server as the generated `add_*Servicer_to_server` functions see it, each method's
+    request parsed leniently (`calls.lenient`): a message protobuf cannot parse reaches its call, which
+    refuses it INVALID_ARGUMENT once the API key is checked, as HTTP checks the key before the body.
+    gRPC's own answer to such a message is UNKNOWN, before any check."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """The generated code registers each service twice; the methods below do both."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        parsed = {
+            name: handler._replace(request_deserializer=lenient(handler.request_deserializer))
+            for name, handler in handlers.items()
+        }
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, parsed),)
+        )
+        self.server.add_registered_method_handlers(service, parsed)
+
+
 def add_servicers(server: Any, gateway: Gateway) -> None:
     """TEI's five services on `server` (a grpc.aio server), answering from `gateway`."""
     calls, work = Calls(gateway), Handlers(gateway)
+    server = LenientServer(server)
     tei_pb2_grpc.add_InfoServicer_to_server(InfoServicer(calls, work), server)
     tei_pb2_grpc.add_EmbedServicer_to_server(EmbedServicer(calls, work), server)
     tei_pb2_grpc.add_PredictServicer_to_server(PredictServicer(calls, work), server)
