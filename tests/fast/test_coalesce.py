@@ -46,6 +46,26 @@ def test_split_rows_gives_each_caller_its_rows():
     assert parts[2]["a"].tolist() == [[4, 5], [6, 7], [8, 9]]
 
 
+def test_a_call_not_sent_within_the_queue_time_leaves_overloaded():
+    """--max-queue-time: a call still waiting for a place when it passes is refused, takes nothing,
+    and the calls sent before it are answered."""
+    async def scenario():
+        model = FakeModel()
+        coalescer = Coalescer(model.send, max_calls=1, max_rows=8, max_wait_s=0.1)
+        first = asyncio.ensure_future(coalescer.call(["a"], None, "r1"))
+        await asyncio.sleep(0)
+        try:
+            await coalescer.call(["late"], None, "r2")
+        except GatewayError as error:
+            refused = error
+        assert refused.kind is ErrorKind.OVERLOADED and "--max-queue-time" in refused.message
+        assert not coalescer.waiting and model.calls == [["a"]]
+        model.gate.set()
+        assert (await first)["lengths"].tolist() == [[1]]
+
+    run(scenario())
+
+
 def test_a_lone_call_goes_at_once_and_waiting_calls_leave_together():
     async def scenario():
         model = FakeModel()

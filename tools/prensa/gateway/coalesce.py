@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from prensa.gateway.errors import ErrorKind, GatewayError
+from prensa.gateway.errors import ErrorKind, GatewayError, queue_time_passed
 
 Outputs = dict[str, npt.NDArray[Any]]
 # Sends texts (and their pairs) to Triton as one call: `(texts, pairs, request_id) -> outputs`.
@@ -67,8 +67,11 @@ class Coalescer:
         max_calls: int,
         max_rows: int,
         on_merge: Callable[[int], None] = lambda requests: None,
+        max_wait_s: float | None = None,
     ) -> None:
+        """`max_wait_s` (--max-queue-time): a call not sent within it leaves overloaded."""
         self.send = send
+        self.max_wait_s = max_wait_s
         self.on_merge = on_merge  # told how many waiting calls leave together
         self.max_calls = max(max_calls, 1)
         self.max_rows = max(max_rows, 1)
@@ -90,7 +93,13 @@ class Coalescer:
         waiting = Waiting(texts, pairs, request_id)
         self.waiting.append(waiting)
         try:
-            return await asyncio.shield(waiting.answer)
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting.answer), self.max_wait_s)
+            except TimeoutError:
+                if waiting in self.waiting:  # not sent within the queue time: it leaves now
+                    self.waiting.remove(waiting)
+                    raise queue_time_passed(self.max_wait_s) from None
+                return await asyncio.shield(waiting.answer)  # sent: its answer is on its way
         except asyncio.CancelledError:
             if waiting in self.waiting:  # not sent yet: it leaves without reaching Triton
                 self.waiting.remove(waiting)

@@ -80,6 +80,7 @@ class ModelDispatch:
                 max_calls=self.calls,
                 max_rows=self.model.max_batch_size,
                 on_merge=self.on_merge,
+                max_wait_s=self.settings.max_queue_time_s,
             )
         return await self.coalescers[key].call(texts, pairs, request_id)
 

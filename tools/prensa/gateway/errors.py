@@ -92,6 +92,14 @@ def overloaded() -> GatewayError:
     return GatewayError(ErrorKind.OVERLOADED, "Model is overloaded")
 
 
+def queue_time_passed(max_wait_s: float | None) -> GatewayError:
+    """A request that found no room in Triton within --max-queue-time."""
+    return GatewayError(
+        ErrorKind.OVERLOADED,
+        f"Model is overloaded: no room in Triton within --max-queue-time {max_wait_s:g} s",
+    )
+
+
 def validation(message: str) -> GatewayError:
     """TEI prefixes input validation messages this way."""
     return GatewayError(ErrorKind.VALIDATION, f"Input validation error: {message}")

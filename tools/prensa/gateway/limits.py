@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
-from prensa.gateway.errors import ErrorKind, GatewayError, overloaded
+from prensa.gateway.errors import overloaded, queue_time_passed
 
 T = TypeVar("T")
 log = logging.getLogger("prensa.gateway")
@@ -206,11 +206,7 @@ class TritonWindow:
                         self._waiting.remove((rows, turn))
                     self._admit()  # it may have held back smaller calls behind it
                 if isinstance(stop, TimeoutError):
-                    raise GatewayError(
-                        ErrorKind.OVERLOADED,
-                        f"Model is overloaded: no room in Triton within --max-queue-time "
-                        f"{self.max_wait_s:g} s",
-                    ) from None
+                    raise queue_time_passed(self.max_wait_s) from None
                 raise
         else:
             self.in_triton += rows
