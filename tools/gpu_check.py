@@ -662,7 +662,8 @@ def serve_through_prensa(
                 workload,
                 [LONE_QUERY],
                 options,
-                work / f"serve-bge-m3-{length}",
+                # no space in a repository's path: a Triton on one never got ready (300 s)
+                work / f"serve-bge-m3-{str(length).replace(' ', '-')}",
                 step,
             )
             for system in systems:

@@ -61,8 +61,14 @@ def test_dry_run_measures_every_part_and_serves_through_prensa(tmp_path):
         assert 0.85 * length <= measured["mean_tokens"] <= length
         assert {s["name"] for s in measured["systems"]} == {"prensa (Triton gRPC)", "prensa (gateway HTTP)"}
         for system in measured["systems"]:
-            assert [r["concurrency"] for r in system["runs"]] == [2, 4]
+            assert [r["concurrency"] for r in system["runs"]] == [1, 2, 4]
             assert all(r["errors"] == 0 and r["seq_per_s"] > 0 and r["share_of_peak"] > 0 for r in system["runs"])
+    mix = serving["bge-m3 realistic mix"]  # token lengths drawn as the GPU mixes draw them
+    assert all(r["errors"] == 0 and r["seq_per_s"] > 0 for s in mix["systems"] for r in s["runs"])
+    engine = report["engine_on_mixes"]  # on the CPU the stage falls back to its CPU rule
+    assert engine["provider"] == "CPUExecutionProvider" and not engine["packed_graph"]
+    for name in ("realistic", "queries", "passages", "half"):
+        assert engine[name]["stage_seq_per_s"] > 0 and engine[name]["computed_per_real_token"] >= 1
     rerank = serving["rerank 100 passages"]
     assert rerank["encoder"]["average_batch"] == 100  # all pairs of a request in one execute
     assert all(s["p50_ms_100_pairs"] > 0 and s["runs"][0]["errors"] == 0 for s in rerank["systems"])
