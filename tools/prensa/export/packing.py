@@ -16,10 +16,12 @@ export with a packed graph keeps them in `model.onnx.data` beside the graphs, wh
 from __future__ import annotations
 
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from prensa.export.onnx_graph import GraphInfo
+
+if TYPE_CHECKING:  # onnx is the export extra's: `import prensa.cli` must not load it
+    import onnx
 
 PACKED_FILE = "model.packed.onnx"
 PACKED_OPS = ("RemovePadding", "RestorePadding")
@@ -46,6 +48,7 @@ def write_packed_graph(graph: Path, target: Path) -> str | None:
     """Write the packed form of `graph` to `target` (see the module docstring), moving `graph`'s
     weights into its data file first if they are inside it; returns why it could not be packed
     (nothing written) or None."""
+    import onnx
     from onnxruntime.transformers.convert_to_packing_mode import PackingMode
     from onnxruntime.transformers.onnx_model import OnnxModel
 
