@@ -278,16 +278,8 @@ def test_rendered_cuda_encoder_config_asks_for_the_gpu_policy(m3_export, tmp_pat
 
 
 def traffic_figures(mix: str, policy, window: int):
-    """The mix through `policy` a window at a time, as the stage sees it: each pass's shape, real
-    tokens and how it runs (packed, or replayed from a CUDA graph)."""
-    lengths, shapes = gpu_mixes.token_lengths(mix), []
-    for rows in gpu_mixes.windows(lengths, window):
-        for batch in policy.plan(rows):
-            shape = policy.shape(rows[batch].tolist())
-            captured = shape in policy.captured
-            shapes.append((shape, int(rows[batch].sum()), policy.packed_max_tokens is not None and not captured,
-                           captured))
-    return lengths, gpu_mixes.plan_figures(shapes)
+    lengths = gpu_mixes.token_lengths(mix)
+    return lengths, gpu_mixes.planned(lengths, policy, window)
 
 
 def gpu_policy(packed: bool) -> object:

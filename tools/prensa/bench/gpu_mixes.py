@@ -138,14 +138,21 @@ def policy_figures(mix: str, window: int, packed: bool, graphs: bool) -> tuple[P
         captured=frozenset(captured if graphs else ()),
         packed_max_tokens=contract.DEFAULT_PACKED_MAX_TOKENS if packed else None,
     )
+    figures = planned(lengths, policy, window)
+    return figures, sorted_ms(lengths, packed=packed) / figures.ms
+
+
+def planned(lengths: npt.NDArray[Any], policy: Any, window: int) -> PlanFigures:
+    """`lengths` through the stage's GPU `policy` a window of rows at a time, as the stage sees them:
+    each pass's shape, its real tokens and how it runs (packed, or replayed from a CUDA graph)."""
     shapes = []
     for rows in windows(lengths, window):
         for batch in policy.plan(rows):
             shape = policy.shape(rows[batch].tolist())
             replayed = shape in policy.captured
-            shapes.append((shape, int(rows[batch].sum()), packed and not replayed, replayed))
-    figures = plan_figures(shapes)
-    return figures, sorted_ms(lengths, packed=packed) / figures.ms
+            packed = policy.packed_max_tokens is not None and not replayed
+            shapes.append((shape, int(rows[batch].sum()), packed, replayed))
+    return plan_figures(shapes)
 
 
 def main() -> None:

@@ -288,20 +288,22 @@ class PacedAnswer:
         self.shape_of = shape_of
         self.trim = MemoryTrim()
 
-    def backlog(self) -> GatewayError:
-        return GatewayError(
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        """503 with Retry-After: the answers held for clients that have not read them are at the cap."""
+        backlog = GatewayError(
             ErrorKind.SENDING,
             f"The gateway holds {self.unsent.held} bytes of answers its clients have not read "
             f"(--max-unsent-bytes {self.unsent.capacity}); retry later",
             self.retry_after_s,
         )
+        await reject(scope, send, backlog, self.on_reject, self.shape_of(scope["path"]))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.unsent.full and scope["method"] == "POST":
-            await reject(scope, send, self.backlog(), self.on_reject, self.shape_of(scope["path"]))
+            await self._refuse(scope, send)
             return
         start: Message | None = None
         paced = False
@@ -322,9 +324,7 @@ class PacedAnswer:
             with self.unsent.hold(len(body)) as held:
                 if not held:
                     start = None
-                    await reject(
-                        scope, send, self.backlog(), self.on_reject, self.shape_of(scope["path"])
-                    )
+                    await self._refuse(scope, send)
                     return
                 await send(start)
                 start = None

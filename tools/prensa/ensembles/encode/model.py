@@ -582,20 +582,19 @@ class TokenBudgetEncoder:
         for array in feed.values():
             array[len(members) :] = array[len(members) - 1]
         real = sum(m.length for m in members)
-        # what the pass computes: the packed graph, its real tokens; any other, every padded one
-        packed = self.packed is not None and (
-            self.graphs is None or (height, width) not in self.graphs
-        )
+        replayed = self.graphs is not None and (height, width) in self.graphs
+        packed = self.packed is not None and not replayed
         self.real_tokens += real
+        # what the pass computes: the packed graph, its real tokens; any other, every padded one
         self.padded_tokens += real if packed else width * height
-        values = self._forward(feed, packed)
+        values = self._forward(feed, replayed, packed)
         return {name: value[: len(members)] for name, value in zip(self.output_names, values)}
 
     def _forward(
-        self, feed: dict[str, npt.NDArray[Any]], packed: bool
+        self, feed: dict[str, npt.NDArray[Any]], replayed: bool, packed: bool
     ) -> Sequence[npt.NDArray[Any]]:
         """One pass: replayed where its shape has a CUDA graph, else on the packed or plain session."""
-        if self.graphs is not None and feed[contract.INPUT_IDS].shape in self.graphs:
+        if replayed and self.graphs is not None:
             return self.graphs.run(feed)
         if packed and self.packed is not None:
             return cast(
