@@ -1,8 +1,8 @@
 """Tiny random models of the layouts teams deploy now, saved as their real repositories are:
 sentence-transformers 5 directories (and the legacy 2.x-4.x form), Dense layers, decoder
 embedders (Qwen3-Embedding, gte-Qwen2, e5-mistral, Llama), EmbeddingGemma, ModernBERT, SPLADE
-saved by `SparseEncoder`, and Qwen3-Reranker. Tokenizers are trained on the spot: nothing is
-downloaded. Each builder returns the directory."""
+saved by `SparseEncoder`, and Qwen3-Reranker. Tokenizers are built on the spot from a small
+corpus, the same on every run: nothing is downloaded. Each builder returns the directory."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from tokenizers import (
     processors,
     trainers,
 )
+
+from tests.tiny_models import corpus_words, unigram_model
 
 CORPUS = [
     "Berlin is the capital and largest city of Germany.",
@@ -64,12 +66,13 @@ def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_
     """A BERT-style tokenizer ([CLS] text [SEP]), for ModernBERT and BERT layouts."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    words = corpus_words(CORPUS, normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer())
+    chars = sorted({c for word in words for c in word})
+    pieces = dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *words])
+    tok = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
-        vocab_size=500, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
@@ -84,12 +87,10 @@ def gemma_tokenizer(directory: Path):
     """A unigram tokenizer with Gemma's specials: `<bos>` before and `<eos>` after each text."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.Unigram())
+    tok = Tokenizer(unigram_model(CORPUS, ["<pad>", "<eos>", "<bos>", "<unk>"], "<unk>"))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=500, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                                                            unk_token="<unk>"))
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", pair="<bos> $A <eos> $B <eos>",
                                                        special_tokens=[("<bos>", 2), ("<eos>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",

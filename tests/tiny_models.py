@@ -7,6 +7,7 @@ is exercised against the reference implementations on identical weights.
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from tokenizers import (
     normalizers,
     pre_tokenizers,
     processors,
-    trainers,
 )
 
 CORPUS = [
@@ -35,15 +35,32 @@ CORPUS = [
 XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
+def corpus_words(corpus: list[str], normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer) -> list[str]:
+    """The corpus's words as a tokenizer splits them, the most frequent first and ties by their text:
+    a vocabulary built from them is the same on every run, where the trainers of `tokenizers` break
+    ties in hash order and give another vocabulary, so other random models, on each run."""
+    counts = Counter(word for text in corpus for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    return sorted(counts, key=lambda word: (-counts[word], word))
+
+
+def unigram_model(corpus: list[str], specials: list[str], unk: str) -> models.Unigram:
+    """A unigram vocabulary of the corpus's whole words (after Metaspace) and its single characters,
+    words far likelier than characters, so a seen word is one token and any other text splits."""
+    words = corpus_words(corpus, normalizers.NFKC(), pre_tokenizers.Metaspace())
+    scores = {piece: 0.0 for piece in specials}
+    scores.update({word: -1.0 - rank / 1000 for rank, word in enumerate(words) if word not in scores})
+    scores.update({char: -20.0 for char in sorted({c for word in words for c in word}) if char not in scores})
+    return models.Unigram(list(scores.items()), unk_id=specials.index(unk), byte_fallback=False)
+
+
 def xlmr_tokenizer(directory: Path, model_max_length: int = 512):
     """A unigram tokenizer with XLM-R's special tokens, ids and templates, saved as a fast tokenizer."""
     from transformers import XLMRobertaTokenizerFast
 
-    tok = Tokenizer(models.Unigram())
+    tok = Tokenizer(unigram_model(CORPUS, XLMR_SPECIALS, "<unk>"))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=400, special_tokens=XLMR_SPECIALS, unk_token="<unk>"))
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )
