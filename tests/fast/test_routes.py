@@ -165,8 +165,9 @@ def test_classify_answers_vllm_and_infinity_each_in_its_shape(http, oracle):
             assert [p["score"] for p in got] == sorted((p["score"] for p in got), reverse=True)
             assert {p["label"]: p["score"] for p in got} == pytest.approx(dict(zip(labels, expected[row].tolist())),
                                                                            abs=ATOL)
-    window = http.post("/classify", json={"input": "dog", "model": "classify", "truncate_prompt_tokens": 4})
-    assert window.status_code == 422 and "truncate_prompt_tokens" in window.text
+    too_long = http.post("/classify", json={"input": "dog", "model": "classify",
+                                            "truncate_prompt_tokens": MAX_LENGTH + 1})
+    assert too_long.status_code == 422 and "truncate_prompt_tokens" in too_long.text
 
 
 def test_predict_equals_the_stage_code(http, oracle):

@@ -97,8 +97,10 @@ def test_rerank_document_defaults(http):
     assert cohere_v1["meta"]["api_version"]["version"] == "1" and cohere_v1["id"]
     asked = http.post("/v1/rerank", json={**body, "return_documents": True}, headers={"X-Fern-SDK-Name": "cohere"})
     assert all("document" in r for r in asked.json()["results"])
-    v2 = http.post("/v2/rerank", json={**body, "top_n": 2}).json()
+    v2 = http.post("/v2/rerank", json={**body, "top_n": 2, "return_documents": False}).json()
     assert len(v2["results"]) == 2 and all("document" not in r for r in v2["results"])
+    vllm = http.post("/v2/rerank", json=body).json()  # vLLM's clients send no `return_documents` and read them
+    assert all(r["document"] == {"text": PASSAGES[r["index"]]} for r in vllm["results"])
     assert v2["meta"]["api_version"]["version"] == "2"
     scores = [r["relevance_score"] for r in v2["results"]]
     assert scores == sorted(scores, reverse=True)

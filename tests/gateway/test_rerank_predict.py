@@ -30,14 +30,16 @@ def test_rerank_sorted_scores(http, direct, need, model):
     assert [r["text"] for r in raw] == [PASSAGES[i] for i in order]
 
 
-def test_rerank_in_infinitys_shape(http, direct, tokenizer):
-    """Infinity's body (`documents`, `return_documents`, `top_n`, `raw_scores`) gets Infinity's answer."""
+def test_rerank_in_vllms_and_infinitys_shape(http, direct, tokenizer):
+    """vLLM's and Infinity's body (`documents`; Infinity's `return_documents`, `top_n`, `raw_scores`) gets
+    their answer: each document as vLLM's `{"text"}`, or Infinity's string when asked for."""
     expected = direct("msmarco", [QUERY] * len(PASSAGES), PASSAGES)
     order = np.argsort(-expected["scores"][:, 0], kind="stable").tolist()
     body = {"query": QUERY, "documents": PASSAGES, "model": "msmarco"}
     answer = http.post("/rerank", json=body).json()
     assert answer["object"] == "rerank" and answer["model"] == "msmarco" and answer["id"] and answer["created"]
-    assert [r["index"] for r in answer["results"]] == order and all("document" not in r for r in answer["results"])
+    assert [r["index"] for r in answer["results"]] == order
+    assert [r["document"] for r in answer["results"]] == [{"text": PASSAGES[i]} for i in order]
     np.testing.assert_allclose([r["relevance_score"] for r in answer["results"]], expected["scores"][order, 0], atol=1e-6)
     pair = tokenizer("msmarco")
     assert answer["usage"]["prompt_tokens"] == sum(len(pair.encode(QUERY, p).ids) for p in PASSAGES)

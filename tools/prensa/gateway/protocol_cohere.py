@@ -7,7 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prensa.gateway.protocol_common import INPUT_TYPE, InputType, TruncateEnd, Usage
+from prensa.gateway.protocol_common import (
+    INPUT_TYPE,
+    InputType,
+    TruncateEnd,
+    Usage,
+    VllmActivation,
+    VllmTruncation,
+)
 
 CohereTruncate = TruncateEnd
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -33,8 +40,11 @@ INSTRUCTION = (
 )
 
 
-class RerankV1Request(BaseModel):
-    """Cohere's `/v1/rerank` and Jina's `/v1/rerank`."""
+MAX_TOKENS_PER_DOC = "Cut each document to its first N tokens first (Cohere v2's, vLLM's)."
+
+
+class RerankV1Request(VllmTruncation, VllmActivation):
+    """Cohere's `/v1/rerank` and Jina's `/v1/rerank`, and vLLM's body there."""
 
     model: str | None = Field(None, description=MODEL)
     query: str = Field(description="The query every document is scored against.")
@@ -50,20 +60,23 @@ class RerankV1Request(BaseModel):
         description="Split long documents into up to N windows beside the query; a document scores "
         "its best window (Cohere v1). Absent: documents are truncated.",
     )
+    max_tokens_per_doc: int | None = Field(None, ge=1, description=MAX_TOKENS_PER_DOC)
     instruction: str | None = Field(None, description=INSTRUCTION)
 
 
-class RerankV2Request(BaseModel):
-    """Cohere's `/v2/rerank`."""
+class RerankV2Request(VllmTruncation, VllmActivation):
+    """Cohere's `/v2/rerank`, and vLLM's body there."""
 
     model: str | None = Field(None, description=MODEL)
     query: str = Field(description="The query every document is scored against.")
     documents: Documents = Field(description=DOCUMENTS)
     top_n: int | None = Field(None, ge=1, description=TOP_N)
-    max_tokens_per_doc: int | None = Field(
-        None, ge=1, description="Cut each document to N tokens first (Cohere v2)."
+    max_tokens_per_doc: int | None = Field(None, ge=1, description=MAX_TOKENS_PER_DOC)
+    return_documents: bool | None = Field(
+        None,
+        description='Echo each document as `{"text": ...}`; absent: echoed (as vLLM, whose clients '
+        "read them), false: left out.",
     )
-    return_documents: bool = Field(False, description='Echo each document as `{"text": ...}`.')
     instruction: str | None = Field(None, description=INSTRUCTION)
 
 

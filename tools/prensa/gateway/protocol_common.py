@@ -1,5 +1,5 @@
 """Wire pieces several APIs share (pydantic and plain values only): token counts, the chunking
-field, the input roles of NIM and Cohere, and their `truncate` ends."""
+field, the input roles of NIM and Cohere, their `truncate` ends, and vLLM's pooling options."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from prensa.gateway.chunking import DEFAULT_OVERLAP
+from prensa.gateway.errors import validation
+from prensa.gateway.quantize import EmbedDType, Endianness
 
 
 class Usage(BaseModel):
@@ -81,3 +83,51 @@ def truncate_end(truncate: str | None) -> tuple[bool | None, str]:
     """NIM's or Cohere's `truncate` as `Service.truncation` takes it: (truncate, direction), None
     leaving it to --auto-truncate."""
     return TRUNCATE_ENDS[truncate] if truncate else (None, "right")
+
+
+class VllmTruncation(BaseModel):
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=-1,
+        description="vLLM's: keep each input's first N tokens, special tokens included (at most the "
+        "model's max length); -1: cut at the model's max length; absent: --auto-truncate.",
+    )
+
+
+class VllmEncoding(BaseModel):
+    """vLLM's options for base64 vectors; float vectors are JSON numbers whatever they say, as vLLM's."""
+
+    embed_dtype: EmbedDType = Field(
+        "float32", description="The type base64 vectors are written in (vLLM's)."
+    )
+    endianness: Endianness = Field(
+        "native",
+        description="Their byte order (vLLM's); native is the server's (little on x86 and ARM).",
+    )
+
+
+class VllmActivation(BaseModel):
+    """vLLM's switch between a cross-encoder's scores and its raw logits."""
+
+    use_activation: bool | None = Field(
+        None,
+        description="vLLM's: false answers the logit (as `raw_scores`), true the activated score.",
+    )
+    activation: bool | None = Field(None, description="vLLM's earlier name of `use_activation`.")
+
+
+def activated(raw_scores: bool | None, body: VllmActivation) -> bool:
+    """Whether scores come activated (sigmoid or softmax) rather than raw: `raw_scores` (TEI's,
+    Infinity's) and vLLM's `use_activation` / `activation`; fields that disagree are refused."""
+    said = {
+        name: value
+        for name, value in (
+            ("raw_scores", None if raw_scores is None else not raw_scores),
+            ("use_activation", body.use_activation),
+            ("activation", body.activation),
+        )
+        if value is not None
+    }
+    if len(set(said.values())) > 1:
+        raise validation(f"{' and '.join(f'`{name}`' for name in said)} disagree")
+    return next(iter(said.values()), True)

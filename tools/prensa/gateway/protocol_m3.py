@@ -7,7 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, VllmList
+from prensa.gateway.protocol_common import (
+    CHUNKING,
+    ChunkingRequest,
+    VllmActivation,
+    VllmList,
+    VllmTruncation,
+)
 from prensa.gateway.protocol_tei import PROMPT, Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
@@ -67,9 +73,9 @@ class M3Embedding(BaseModel):
     )
 
 
-class ScoreRequest(TruncatedRequest):
-    """prensa's bge-m3 body (`query`, `passages`), or vLLM's (`text_1`/`text_2`, or `queries`/`documents`),
-    answered in vLLM's shape."""
+class ScoreRequest(TruncatedRequest, VllmTruncation, VllmActivation):
+    """prensa's bge-m3 body (`query`, `passages`), or vLLM's (`text_1`/`text_2`, `queries` with
+    `documents` or `items`, `data_1`/`data_2`), answered in vLLM's shape."""
 
     query: str | None = Field(
         None, description="The query (bge-m3's hybrid scores); with `passages`."
@@ -82,6 +88,9 @@ class ScoreRequest(TruncatedRequest):
     text_2: str | list[str] | None = Field(None, description="vLLM: the second text of each pair.")
     queries: str | list[str] | None = Field(None, description="vLLM's newer name for `text_1`.")
     documents: str | list[str] | None = Field(None, description="vLLM's newer name for `text_2`.")
+    items: str | list[str] | None = Field(None, description="vLLM's other name for `text_2`.")
+    data_1: str | list[str] | None = Field(None, description="vLLM's other name for `text_1`.")
+    data_2: str | list[str] | None = Field(None, description="vLLM's other name for `text_2`.")
 
 
 class VllmScore(BaseModel):

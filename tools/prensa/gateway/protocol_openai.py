@@ -15,6 +15,8 @@ from prensa.gateway.protocol_common import (
     InputType,
     TruncateEnd,
     Usage,
+    VllmEncoding,
+    VllmTruncation,
 )
 
 # One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
@@ -36,7 +38,7 @@ NimTruncate = TruncateEnd
 NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(VllmTruncation, VllmEncoding):
     input: EmbeddingInput = Field(
         description="A text, a list of token ids, or a list of texts and/or token-id lists."
     )
@@ -45,10 +47,15 @@ class EmbeddingRequest(BaseModel):
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float",
-        description="`float`: JSON numbers; `base64`: little-endian float32 bytes, base64-encoded.",
+        description="`float`: JSON numbers; `base64`: the vector's bytes base64-encoded (float32, "
+        "little-endian unless `embed_dtype` and `endianness` say otherwise).",
     )
     dimensions: int | None = Field(
         None, description="Keep the first N dimensions (Matryoshka), then re-normalise."
+    )
+    normalize: bool | None = Field(
+        None,
+        description="vLLM's: false answers the vectors unnormalised; absent or true L2-normalised.",
     )
     user: str | None = Field(None, description="Accepted for compatibility and ignored.")
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
@@ -93,6 +100,11 @@ class ModelCard(BaseModel):
     )
     task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
     max_model_len: int = Field(description="Max tokens per input, special tokens included.")
+    backend: str = Field(description="Always `triton` (Infinity's field).")
+    capabilities: list[str] = Field(description="Infinity's names: embed, rerank, classify.")
+    stats: dict[str, float] = Field(
+        description="Infinity's: rows per Triton call, and the gateway's inputs in flight (of all models)."
+    )
 
 
 class ModelList(BaseModel):

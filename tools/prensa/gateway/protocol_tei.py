@@ -7,7 +7,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
-from prensa.gateway.protocol_common import CHUNKING, ChunkingRequest, Usage, VllmList
+from prensa.gateway.protocol_common import (
+    CHUNKING,
+    ChunkingRequest,
+    Usage,
+    VllmActivation,
+    VllmEncoding,
+    VllmList,
+    VllmTruncation,
+)
 
 # A text, a token-id list, or a batch mixing both.
 Inputs = str | list[int] | list[str | list[int]]
@@ -93,8 +101,8 @@ class Prediction(BaseModel):
     label: str = Field(description="The label's name.")
 
 
-class RerankRequest(TruncatedRequest):
-    """TEI's body (`texts`), or Infinity's (`documents`, answered in Infinity's shape)."""
+class RerankRequest(TruncatedRequest, VllmTruncation, VllmActivation):
+    """TEI's body (`texts`), or vLLM's and Infinity's (`documents`, answered in their shape)."""
 
     query: str = Field(description="The query.")
     texts: list[str] | None = Field(
@@ -104,17 +112,24 @@ class RerankRequest(TruncatedRequest):
     )
     documents: list[str] | None = Field(
         None,
-        description="Passages in Infinity's body: the answer is then "
-        "Infinity's `{object, results, model, usage, ...}`.",
+        description="Passages in vLLM's and Infinity's body: the answer is then theirs, "
+        "`{object, id, model, usage, results, created}`.",
     )
     raw_scores: bool = Field(False, description="Return logits instead of sigmoid scores.")
     return_text: bool = Field(
         False, description="Echo each passage in the response (with `texts`)."
     )
-    return_documents: bool = Field(
-        False, description="Echo each document in the response (with `documents`)."
+    return_documents: bool | None = Field(
+        None,
+        description="With `documents`: true echoes each as a string (Infinity's); otherwise each "
+        'comes as `{"text": ...}` (vLLM\'s, whose clients require it).',
     )
     top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
+    max_tokens_per_doc: int | None = Field(
+        None,
+        ge=1,
+        description="Cut each passage to its first N tokens first (vLLM's, Cohere v2's).",
+    )
     weights: list[float] | None = Field(
         None,
         min_length=3,
@@ -135,15 +150,21 @@ class Rank(BaseModel):
     text: str | None = Field(None, description="The passage, with `return_text`.")
 
 
+class RankedDocument(BaseModel):
+    text: str = Field(description="The document.")
+
+
 class InfinityRank(BaseModel):
     relevance_score: float = Field(
         description="Sigmoid of the logit, or the logit with `raw_scores`."
     )
     index: int = Field(description="Position of the document in `documents`.")
-    document: str | None = Field(None, description="The document, with `return_documents`.")
+    document: RankedDocument | str = Field(
+        description="The document: `{\"text\": ...}` (vLLM's), or the string with `return_documents` (Infinity's)."
+    )
 
 
-class ClassifyRequest(ModelRequest):
+class ClassifyRequest(ModelRequest, VllmTruncation, VllmActivation):
     """vLLM's `/classify` body, or Infinity's: the same `input` and `model`; a body with Infinity's
     `raw_scores` (true or false) is answered in Infinity's shape, any other in vLLM's."""
 
@@ -155,14 +176,9 @@ class ClassifyRequest(ModelRequest):
         description="Infinity's: logits instead of probabilities; present, the "
         "answer is Infinity's `{object: classify, data: [[{score, label}]]}`.",
     )
-    truncate_prompt_tokens: int | None = Field(
-        None,
-        description="vLLM's: -1 (the model's max length) is served; a "
-        "smaller window is refused (422).",
-    )
 
 
-class PoolingRequest(ModelRequest):
+class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding):
     """vLLM's `/pooling` body: each input's pooled vector (`embed`) or its tokens' vectors (`token_embed`)."""
 
     input: str | list[str] = Field(description="A text or a list of texts.")
@@ -172,11 +188,8 @@ class PoolingRequest(ModelRequest):
         "vector; token_embed: the encoder's vector of every token.",
     )
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: little-endian float32 (`embed` only)."
-    )
-    truncate_prompt_tokens: int | None = Field(
-        None,
-        description="-1 (the model's max length) is served; a smaller window is refused (422).",
+        "float",
+        description="base64: the vector's bytes (`embed_dtype`, `endianness`; `embed` only).",
     )
 
 
@@ -221,7 +234,7 @@ class InfinityClassifications(BaseModel):
 
 
 class InfinityRerank(BaseModel):
-    """Infinity's answer to a `/rerank` body with `documents`."""
+    """vLLM's and Infinity's answer to a `/rerank` body with `documents`: the same but for `document`."""
 
     object: str = Field("rerank", description="Always `rerank`.")
     results: list[InfinityRank] = Field(description="Documents by score, best first.")
@@ -246,11 +259,33 @@ class SimilarityRequest(ModelRequest):
 
 
 class TokenizeRequest(ModelRequest):
-    inputs: str | list[str] = Field(description="A text or a list of texts.")
+    """TEI's body (`inputs`), or vLLM's (`prompt`), answered in its own shape."""
+
+    inputs: str | list[str] | None = Field(
+        None, description="A text or a list of texts (TEI's); or give `prompt`."
+    )
+    prompt: str | None = Field(
+        None,
+        description="vLLM's: one text, answered `{count, max_model_len, tokens, token_strs}`.",
+    )
     add_special_tokens: bool = Field(
         True, description="Add the model's special tokens ([CLS], </s>, ...)."
     )
     prompt_name: str | None = Field(None, description=PROMPT)
+    return_token_strs: bool = Field(
+        False, description="vLLM's: each token's string in `token_strs` (with `prompt`)."
+    )
+
+
+class VllmTokens(BaseModel):
+    """vLLM's answer to `/tokenize` with `prompt`."""
+
+    count: int = Field(description="How many tokens.")
+    max_model_len: int = Field(description="Max tokens per input, special tokens included.")
+    tokens: list[int] = Field(description="Token ids.")
+    token_strs: list[str] | None = Field(
+        description="Each token's string, with `return_token_strs`."
+    )
 
 
 class SimpleToken(BaseModel):

@@ -4,14 +4,18 @@ int8/uint8 map each dimension's calibration range [min, max] onto 256 steps; the
 model's own (computed at export over a fixed corpus), so a text's codes never depend on what
 else is in its batch. Values outside the range are clipped rather than wrapped around.
 binary/ubinary keep the sign bits, packed eight to a byte (binary offset by -128 into int8).
+base64 vectors are written in one of vLLM's `embed_dtype`s, rounded to nearest even as torch's
+casts round (ml_dtypes' bfloat16 and float8 types), in the byte order asked.
 """
 
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -21,9 +25,29 @@ RANGED = frozenset({"int8", "uint8"})
 STEPS = 255
 
 
-def base64_float32(vector: npt.NDArray[Any]) -> str:
-    """Little-endian float32 bytes, base64-encoded (OpenAI's `encoding_format: base64`)."""
-    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+# vLLM's `embed_dtype` names
+EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
+EMBED_DTYPES: dict[str, Any] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+    "fp8_e5m2": ml_dtypes.float8_e5m2,
+}
+# vLLM's `endianness`; native is this machine's
+Endianness = Literal["native", "little", "big"]
+
+
+def base64_vector(
+    vector: npt.NDArray[Any], dtype: str = "float32", endianness: str = "little"
+) -> str:
+    """`vector`'s bytes in `dtype` and byte order, base64-encoded; the defaults are OpenAI's
+    `encoding_format: base64` (little-endian float32)."""
+    values = np.asarray(vector, dtype=np.float32).astype(EMBED_DTYPES[dtype])
+    order = sys.byteorder if endianness == "native" else endianness
+    if order != sys.byteorder:
+        values = values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
 
 
 def quantize(
@@ -47,10 +71,17 @@ def quantize(
     raise ValueError(f"unknown precision {precision}")
 
 
-def as_type(vectors: npt.NDArray[Any], kind: str, ranges: npt.NDArray[Any] | None) -> Any:
-    """`vectors` [n, dim] as one embedding type: base64 float32 strings, or `quantize`'s arrays."""
+def as_type(
+    vectors: npt.NDArray[Any],
+    kind: str,
+    ranges: npt.NDArray[Any] | None,
+    dtype: str = "float32",
+    endianness: str = "little",
+) -> Any:
+    """`vectors` [n, dim] as one embedding type: base64 strings (`base64_vector`), or `quantize`'s
+    arrays."""
     if kind == "base64":
-        return [base64_float32(row) for row in vectors]
+        return [base64_vector(row, dtype, endianness) for row in vectors]
     return quantize(vectors, kind, ranges)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter, Response
 
-from prensa.gateway.chunking import best_of, chunk_texts, cut_texts
-from prensa.gateway.models import Capability, ServedModel, named_model
+from prensa.gateway.chunking import cut_texts
+from prensa.gateway.models import Capability, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_cohere import (
     CohereEmbedRequest,
@@ -27,18 +27,17 @@ from prensa.gateway.protocol_cohere import (
     RerankV1Request,
     RerankV2Request,
 )
-from prensa.gateway.protocol_common import truncate_end
+from prensa.gateway.protocol_common import activated, truncate_end
 from prensa.gateway.protocol_openai import ERRORS
 from prensa.gateway.quantize import as_type, check_ranged
-from prensa.gateway.request_context import RequestContext
+from prensa.gateway.reranking import document_scores
 from prensa.gateway.responses import (
     CountedRoute,
-    Gateway,
     GatewayRequest,
     ModelParam,
     json_response,
 )
-from prensa.gateway.tokenization import Item, Truncation
+from prensa.gateway.tokenization import Item
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["Cohere and Jina"])
 COHERE_SDK_HEADER = "x-fern-sdk-name"
@@ -46,57 +45,6 @@ COHERE_SDK_HEADER = "x-fern-sdk-name"
 
 def cohere_meta(version: str, **billed: int) -> dict[str, Any]:
     return {"api_version": {"version": version}, "billed_units": billed}
-
-
-async def document_scores(
-    gw: Gateway,
-    served: ServedModel,
-    query: str,
-    texts: list[str],
-    truncation: Truncation,
-    context: RequestContext,
-    max_chunks: int | None = None,
-    max_tokens: int | None = None,
-    instruction: str | None = None,
-) -> tuple[npt.NDArray[Any], int]:
-    """One relevance score per document (sigmoid of the logit) and the tokens read. `max_tokens`
-    cuts documents first; `max_chunks` scores up to that many windows of a long document and keeps
-    its best, instead of truncating it."""
-    if max_tokens is not None and max_tokens < served.max_length:
-        texts = await gw.service.tokenizer_work(
-            len(texts), cut_texts, served.require_tokenizer(), texts, max_tokens
-        )
-    if not max_chunks:
-        values, tokens = await gw.service.relevance(
-            served, query, texts, truncation, False, context, instruction=instruction
-        )
-        return values, int(tokens.sum())
-    # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
-    beside = (
-        served.pair_template.text(query, "", instruction)
-        if served.pair_template is not None
-        else query
-    )
-    windows = await gw.service.tokenizer_work(
-        len(texts),
-        chunk_texts,
-        served.require_tokenizer(),
-        beside,
-        texts,
-        served.max_length,
-        max_chunks,
-        None if served.pair_template is not None else served.pair_truncation,
-    )
-    values, tokens = await gw.service.relevance(
-        served,
-        query,
-        cast("list[str]", windows.items),
-        truncation,
-        False,
-        context,
-        instruction=instruction,
-    )
-    return best_of(values, windows), int(tokens.sum())
 
 
 def document_texts(documents: list[str | RerankDocument]) -> list[str]:
@@ -122,21 +70,24 @@ async def cohere_rerank(
     version: str,
     with_documents: bool,
     max_chunks: int | None = None,
-    max_tokens: int | None = None,
 ) -> Response:
     gw, context = http.gateway, http.context
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
+    truncation = gw.service.windowed(
+        served, None, "right", request.truncate_prompt_tokens, not served.is_m3
+    )
     scores, tokens = await document_scores(
         gw,
         served,
         request.query,
         texts,
-        gw.service.truncation(*truncate_end(None)),
+        truncation,
         context,
         max_chunks,
-        max_tokens,
+        request.max_tokens_per_doc,
         request.instruction,
+        raw_scores=not activated(None, request),
     )
     meta = cohere_meta(version, search_units=1) | (
         {"tokens": {"input_tokens": tokens}} if version == "2" else {}
@@ -179,9 +130,8 @@ async def rerank_v1(
 async def rerank_v2(
     request: RerankV2Request, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
-    return await cohere_rerank(
-        request, http, model, "2", request.return_documents, max_tokens=request.max_tokens_per_doc
-    )
+    # Cohere's default leaves documents out; vLLM's clients, which send no `return_documents`, read them
+    return await cohere_rerank(request, http, model, "2", request.return_documents is not False)
 
 
 def embeddings_by_type(

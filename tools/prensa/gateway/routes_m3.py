@@ -13,8 +13,9 @@ from fastapi import APIRouter, Response
 from prensa.gateway import hybrid
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.m3_answers import OUTPUT_TENSORS, embed_m3_payload
-from prensa.gateway.models import Capability, named_model
+from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
+from prensa.gateway.protocol_common import activated
 from prensa.gateway.protocol_m3 import HybridScore, M3Embedding, M3Request, ScoreRequest, VllmScores
 from prensa.gateway.protocol_tei import ERRORS
 from prensa.gateway.request_context import RequestContext
@@ -25,6 +26,7 @@ from prensa.gateway.responses import (
     ModelParam,
     json_response,
 )
+from prensa.gateway.tokenization import Truncation
 from prensa.manifest import Task
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["bge-m3"])
@@ -43,6 +45,21 @@ async def embed_m3(request: M3Request, http: GatewayRequest, model: ModelParam =
     return json_response(await embed_m3_payload(request, gw, served, http.context), http.context)
 
 
+# vLLM's names of a pair's first and second texts, each a name for the same field
+FIRST_TEXTS = ("text_1", "queries", "data_1")
+SECOND_TEXTS = ("text_2", "documents", "items", "data_2")
+
+
+def one_of(request: ScoreRequest, names: tuple[str, ...]) -> str | list[str] | None:
+    """The one field of `names` the body gives; two are refused."""
+    given = [name for name in names if getattr(request, name) is not None]
+    if len(given) > 1:
+        raise validation(
+            f"{' and '.join(f'`{name}`' for name in given)} are names for the same field: give one"
+        )
+    return getattr(request, given[0]) if given else None
+
+
 def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
     """vLLM's pairs: one first text for every second one, or one each."""
     if request.query is not None or request.passages is not None or request.weights is not None:
@@ -50,18 +67,12 @@ def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
             "give bge-m3's `query` and `passages` (with `weights`) or vLLM's `text_1` and `text_2`, "
             "not both"
         )
-    if (request.text_1 is not None and request.queries is not None) or (
-        request.text_2 is not None and request.documents is not None
-    ):
-        raise validation(
-            "`text_1`/`text_2` and `queries`/`documents` are two names for the same fields: give one"
-        )
-    first, second = (
-        request.text_1 if request.text_1 is not None else request.queries,
-        (request.text_2 if request.text_2 is not None else request.documents),
-    )
+    first, second = one_of(request, FIRST_TEXTS), one_of(request, SECOND_TEXTS)
     if first is None or second is None:
-        raise validation("`text_1` and `text_2` are both required")
+        raise validation(
+            "`text_1` and `text_2` are both required (or `queries` with `documents` or `items`, "
+            "or `data_1` and `data_2`)"
+        )
     lefts, rights = (
         ([first] if isinstance(first, str) else first),
         ([second] if isinstance(second, str) else second),
@@ -77,16 +88,32 @@ def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
     return lefts, rights
 
 
+def score_truncation(request: ScoreRequest, gw: Gateway, served: ServedModel) -> Truncation:
+    """TEI's `truncate` or vLLM's `truncate_prompt_tokens` (over each pair for a reranker)."""
+    return gw.service.windowed(
+        served,
+        request.truncate,
+        request.truncation_direction,
+        request.truncate_prompt_tokens,
+        served.task is Task.RERANK,
+    )
+
+
 async def vllm_scores(
-    request: ScoreRequest, gw: Gateway, name: str | None, context: RequestContext
+    request: ScoreRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> dict[str, Any]:
     """vLLM's `/score`: a reranker's sigmoid scores of the pairs, or an embedder's cosine similarity."""
     lefts, rights = score_pairs(request)
-    served = await gw.registry.pick(None, name)
-    truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+    truncation = score_truncation(request, gw, served)
+    raw = not activated(None, request)
     if served.task is Task.RERANK:
-        values, tokens = await gw.service.scores(served, lefts, rights, truncation, False, context)
+        values, tokens = await gw.service.scores(served, lefts, rights, truncation, raw, context)
         scores, used = values[:, 0], int(tokens.sum())
+    elif raw:
+        raise validation(
+            f"model `{served.name}` is an embedder: its score is a cosine similarity, with no "
+            "activation to leave out (`use_activation`)"
+        )
     elif served.can(Capability.DENSE):
         unique = list(dict.fromkeys([*lefts, *rights]))
         result = await gw.service.dense(
@@ -110,7 +137,7 @@ async def vllm_scores(
     }
 
 
-VLLM_FIELDS = ("text_1", "text_2", "queries", "documents")
+VLLM_FIELDS = (*FIRST_TEXTS, *SECOND_TEXTS)
 
 
 @router.post(
@@ -121,12 +148,11 @@ VLLM_FIELDS = ("text_1", "text_2", "queries", "documents")
 async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam = None) -> Response:
     """Dense, sparse, ColBERT and their weighted means for each passage against the query, as
     FlagEmbedding's `BGEM3FlagModel.compute_score`; query and passages are encoded in one call.
-    A body with vLLM's `text_1`/`text_2` (or `queries`/`documents`) gets vLLM's `/score` instead."""
+    A body with vLLM's `text_1`/`text_2` (or its other names) gets vLLM's `/score` instead."""
     gw, context = http.gateway, http.context
     if any(getattr(request, field) is not None for field in VLLM_FIELDS):
-        return json_response(
-            await vllm_scores(request, gw, named_model(model, request.model), context), context
-        )
+        served = await gw.registry.pick(None, named_model(model, request.model))
+        return json_response(await vllm_scores(request, gw, served, context), context)
     served = await gw.registry.pick(Capability.M3, named_model(model, request.model))
     if request.query is None or request.passages is None:
         raise validation(
@@ -134,10 +160,12 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
         )
     if not request.passages:
         raise GatewayError(ErrorKind.EMPTY, "`passages` cannot be empty")
+    if request.use_activation is not None or request.activation is not None:
+        raise validation("bge-m3's hybrid scores have no activation (`use_activation`)")
     rows = await gw.service.m3(
         served,
         [request.query, *request.passages],
-        gw.service.truncation(request.truncate, request.truncation_direction),
+        score_truncation(request, gw, served),
         frozenset().union(*OUTPUT_TENSORS.values()),
         context,
     )

@@ -5,10 +5,13 @@ these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from fastapi import APIRouter, Response
 
 from prensa.gateway.errors import validation
+from prensa.gateway.limits import Permits
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
 from prensa.gateway.protocol_common import asked_chunking, truncate_end
@@ -19,7 +22,8 @@ from prensa.gateway.protocol_openai import (
     ModelCard,
     ModelList,
 )
-from prensa.gateway.quantize import as_type, check_ranged
+from prensa.gateway.quantize import RANGED, as_type, check_ranged
+from prensa.gateway.request_context import RequestContext
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -28,7 +32,7 @@ from prensa.gateway.responses import (
     ModelParam,
     json_response,
 )
-from prensa.gateway.tokenization import as_items
+from prensa.gateway.tokenization import Truncation, as_items
 
 router = APIRouter(route_class=CountedRoute, responses=ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=ERRORS, tags=["OpenAI"])
@@ -79,19 +83,87 @@ def prompt_choice(
     return None, task_role
 
 
+def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedModel) -> Truncation:
+    """NIM's `truncate` or vLLM's `truncate_prompt_tokens`, not both."""
+    truncate, direction = truncate_end(request.truncate)
+    return gw.service.windowed(served, truncate, direction, request.truncate_prompt_tokens)
+
+
 def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
     """The type each vector is written in (`quantize.as_type`), checked before any inference."""
     kind = request.embedding_type or "float"
     if request.encoding_format == "base64":
         if kind not in ("float", "base64"):
             raise validation(
-                f"`encoding_format` base64 carries float32 vectors; `embedding_type` {kind} is integers"
+                f"`encoding_format` base64 carries float vectors; `embedding_type` {kind} is integers"
             )
         return "base64"
+    if kind in RANGED and request.normalize is False:
+        raise validation(
+            f"`embedding_type` {kind} is calibrated on normalised vectors; drop `normalize: false`"
+        )
     check_ranged(
         served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind]
     )
     return kind
+
+
+async def embeddings_payload(
+    request: EmbeddingRequest,
+    gw: Gateway,
+    served: ServedModel,
+    context: RequestContext,
+    role: str | None = None,
+) -> dict[str, Any]:
+    """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
+    if request.late_chunking:
+        raise validation(
+            "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
+        )
+    prompt_name, input_type = prompt_choice(request, served, role)
+    kind = embedding_kind(request, served)
+    truncation = embedding_truncation(request, gw, served)
+    chunking = gw.service.chunking(*asked_chunking(request.chunking))
+    if truncation.window is not None:  # a window of its own cuts long inputs: no chunks
+        if request.chunking is not None and request.chunking.enabled:
+            raise validation("give `chunking` or `truncate_prompt_tokens`, not both")
+        chunking = None
+    items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
+    result = await gw.service.dense(
+        served,
+        items,
+        truncation,
+        request.normalize is not False,
+        request.dimensions,
+        context,
+        chunking,
+    )
+    tokens = int(result.num_tokens.sum())
+    rows = (
+        result.rows
+        if kind == "float"
+        else as_type(
+            np.asarray(result.rows),
+            kind,
+            served.dense_ranges,
+            request.embed_dtype,
+            request.endianness,
+        )
+    )
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "embedding": row,
+                "index": i,
+                **({"chunks": context.chunks[i]} if context.chunks else {}),
+            }
+            for i, row in enumerate(rows)
+        ],
+        "model": served.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
@@ -99,51 +171,25 @@ def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
 async def openai_embeddings(
     request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
-    """Dense, L2-normalised vectors; right truncation when --auto-truncate is on (the default)."""
-    gw, context = http.gateway, http.context
-    if request.late_chunking:
-        raise validation(
-            "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
-        )
-    served, role = await _embedder(gw, model, request.model)
-    prompt_name, input_type = prompt_choice(request, served, role)
-    kind = embedding_kind(request, served)
-    items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
-    result = await gw.service.dense(
-        served,
-        items,
-        gw.service.truncation(*truncate_end(request.truncate)),
-        True,
-        request.dimensions,
-        context,
-        gw.service.chunking(*asked_chunking(request.chunking)),
-    )
-    tokens = int(result.num_tokens.sum())
-    rows = (
-        result.rows
-        if kind == "float"
-        else as_type(np.asarray(result.rows), kind, served.dense_ranges)
-    )
+    """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); right truncation when
+    --auto-truncate is on (the default)."""
+    served, role = await _embedder(http.gateway, model, request.model)
     return json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "object": "embedding",
-                    "embedding": row,
-                    "index": i,
-                    **({"chunks": context.chunks[i]} if context.chunks else {}),
-                }
-                for i, row in enumerate(rows)
-            ],
-            "model": served.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        },
-        context,
+        await embeddings_payload(request, http.gateway, served, http.context, role), http.context
     )
 
 
-def model_card(model: ServedModel, created: int) -> dict[str, object]:
+# Infinity's names of what a model serves
+INFINITY_CAPABILITIES = {
+    Capability.DENSE: "embed",
+    Capability.RERANK: "rerank",
+    Capability.PREDICT: "classify",
+}
+
+
+def model_card(model: ServedModel, created: int, permits: Permits) -> dict[str, object]:
+    """OpenAI's model card, with vLLM's `root` and `max_model_len` and Infinity's `backend`,
+    `capabilities` and `stats` (the gateway's inputs in flight, shared by every model)."""
     return {
         "id": model.name,
         "object": "model",
@@ -152,20 +198,28 @@ def model_card(model: ServedModel, created: int) -> dict[str, object]:
         "root": model.name,
         "task": model.task,
         "max_model_len": model.max_length,
+        "backend": "triton",
+        "capabilities": [name for cap, name in INFINITY_CAPABILITIES.items() if model.can(cap)],
+        "stats": {
+            "batch_size": model.max_batch_size,
+            "queue_absolute": permits.in_use,
+            "queue_fraction": permits.in_use / max(permits.capacity, 1),
+        },
     }
 
 
 @models_router.get("/v1/models", response_model=ModelList, summary="Served models (OpenAI's list)")
+@models_router.get("/models", response_model=ModelList, include_in_schema=False)  # Infinity's
 async def list_models(http: GatewayRequest) -> Response:
-    registry = http.gateway.registry
-    await registry.ensure()
-    created = int(http.gateway.started)
-    return json_response(
-        {"object": "list", "data": [model_card(m, created) for m in registry.models.values()]}
-    )
+    gw = http.gateway
+    await gw.registry.ensure()
+    created = int(gw.started)
+    cards = [model_card(m, created, gw.service.permits) for m in gw.registry.models.values()]
+    return json_response({"object": "list", "data": cards})
 
 
 @models_router.get("/v1/models/{model_id}", response_model=ModelCard, summary="One served model")
 async def retrieve_model(model_id: str, http: GatewayRequest) -> Response:
-    served = await http.gateway.registry.pick(None, model_id)
-    return json_response(model_card(served, int(http.gateway.started)))
+    gw = http.gateway
+    served = await gw.registry.pick(None, model_id)
+    return json_response(model_card(served, int(gw.started), gw.service.permits))

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import RootModel
+from pydantic import BaseModel, RootModel
 from tokenizers import Tokenizer
 
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, validation
@@ -28,8 +28,9 @@ from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.m3_answers import embed_m3_payload
 from prensa.gateway.models import Capability, ServedModel, named_model
 from prensa.gateway.prompts import prompted
-from prensa.gateway.protocol_common import asked_chunking
-from prensa.gateway.protocol_m3 import M3Request
+from prensa.gateway.protocol_common import activated, asked_chunking
+from prensa.gateway.protocol_m3 import M3Request, ScoreRequest
+from prensa.gateway.protocol_openai import EmbeddingRequest
 from prensa.gateway.protocol_tei import (
     ERRORS,
     ClassifyRequest,
@@ -53,9 +54,11 @@ from prensa.gateway.protocol_tei import (
     VertexResponse,
     VllmClassifications,
     VllmPoolings,
+    VllmTokens,
 )
-from prensa.gateway.quantize import base64_float32
+from prensa.gateway.quantize import base64_vector
 from prensa.gateway.request_context import RequestContext
+from prensa.gateway.reranking import document_scores
 from prensa.gateway.responses import (
     CountedRoute,
     Gateway,
@@ -66,6 +69,8 @@ from prensa.gateway.responses import (
     record_success,
     validate_body,
 )
+from prensa.gateway.routes_m3 import VLLM_FIELDS, vllm_scores
+from prensa.gateway.routes_openai import embeddings_payload
 from prensa.gateway.service import gather
 from prensa.gateway.tokenization import (
     Item,
@@ -74,6 +79,7 @@ from prensa.gateway.tokenization import (
     tokens_json,
     too_many_tokens,
 )
+from prensa.manifest import Task
 
 # read once: importlib.metadata scans site-packages on every call
 PRENSA_VERSION = version("prensa")
@@ -89,13 +95,11 @@ class Operation:
     """One inference route's work: its body, what it needs of a model, and the JSON it answers."""
 
     name: str  # the route's name, and its `method` label in the metrics
-    request: type[ModelRequest]
-    capability: Capability
+    request: type[BaseModel]
+    capability: Capability | None  # None: any model, the operation tells them apart
     run: Callable[[Any, Gateway, ServedModel, RequestContext], Awaitable[Any]]
 
-    async def answer(
-        self, request: ModelRequest, http: GatewayRequest, query_model: str | None
-    ) -> Any:
+    async def answer(self, request: Any, http: GatewayRequest, query_model: str | None) -> Any:
         """The payload for `request`, on the model it names (or the default one)."""
         gw = http.gateway
         served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
@@ -217,9 +221,10 @@ async def _classify(
 ) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
     texts = text_list(request.input)
-    truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
+    truncation = gw.service.windowed(served, None, "right", request.truncate_prompt_tokens)
+    raw = not activated(request.raw_scores, request)
     values, tokens = await gw.service.scores(
-        served, texts, [None] * len(texts), truncation, bool(request.raw_scores), context
+        served, texts, [None] * len(texts), truncation, raw, context
     )
     labels, counted = served.id2label, int(tokens.sum())
     answer = {
@@ -246,23 +251,13 @@ async def _classify(
     }
 
 
-def vllm_window(truncate_prompt_tokens: int | None) -> bool | None:
-    """vLLM's `truncate_prompt_tokens` as the service's `truncate`: -1 cuts at the model's max length,
-    absent leaves it to --auto-truncate; a smaller window is not served."""
-    if truncate_prompt_tokens not in (None, -1):
-        raise validation(
-            "`truncate_prompt_tokens` other than -1 (cut at the model's max length) is not served"
-        )
-    return True if truncate_prompt_tokens == -1 else None
-
-
 async def _pooling(
     request: PoolingRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
     # texts only: vLLM's pooling takes no token ids here
     items: list[Item] = [*text_list(request.input)]
-    truncation = gw.service.truncation(vllm_window(request.truncate_prompt_tokens), "right")
+    truncation = gw.service.windowed(served, None, "right", request.truncate_prompt_tokens)
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
@@ -272,7 +267,7 @@ async def _pooling(
         result = await gw.service.dense(served, items, truncation, True, None, context)
         rows = cast("npt.NDArray[Any]", result.rows)
         data = (
-            [base64_float32(row) for row in rows]
+            [base64_vector(row, request.embed_dtype, request.endianness) for row in rows]
             if request.encoding_format == "base64"
             else list(rows)
         )
@@ -288,10 +283,12 @@ async def _pooling(
 
 
 def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
-    """The passages and whether the body is Infinity's (`documents`) rather than TEI's (`texts`);
-    each shape's echo flag belongs to it alone."""
+    """The passages and whether the body is vLLM's and Infinity's (`documents`) rather than TEI's
+    (`texts`); each shape's echo flag belongs to it alone."""
     if (request.texts is None) == (request.documents is None):
-        raise validation("give `texts` (TEI's body) or `documents` (Infinity's), one of them")
+        raise validation(
+            "give `texts` (TEI's body) or `documents` (vLLM's and Infinity's), one of them"
+        )
     if request.documents is not None:
         if request.return_text:
             raise validation(
@@ -306,31 +303,40 @@ def rerank_passages(request: RerankRequest) -> tuple[list[str], bool]:
 async def _rerank(
     request: RerankRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
-    passages, infinity = rerank_passages(request)
-    scores, tokens = await gw.service.relevance(
+    passages, shared = rerank_passages(request)
+    truncation = gw.service.windowed(
+        served,
+        request.truncate,
+        request.truncation_direction,
+        request.truncate_prompt_tokens,
+        not served.is_m3,
+    )
+    raw_said = request.raw_scores if "raw_scores" in request.model_fields_set else None
+    scores, used = await document_scores(
+        gw,
         served,
         request.query,
         list(passages),
-        gw.service.truncation(request.truncate, request.truncation_direction),
-        request.raw_scores,
+        truncation,
         context,
-        request.weights,
-        request.instruction,
+        max_tokens=request.max_tokens_per_doc,
+        instruction=request.instruction,
+        raw_scores=not activated(raw_said, request),
+        weights=request.weights,
     )
     order = np.argsort(-scores, kind="stable").tolist()[: request.top_n]
-    if infinity:
-        used = int(tokens.sum())
+    if shared:
         return {
             "object": "rerank",
             "model": served.name,
-            "id": str(uuid.uuid4()),
+            "id": f"rerank-{uuid.uuid4().hex}",
             "created": int(time.time()),
             "usage": {"prompt_tokens": used, "total_tokens": used},
             "results": [
                 {
                     "relevance_score": float(scores[i]),
                     "index": i,
-                    **({"document": passages[i]} if request.return_documents else {}),
+                    "document": passages[i] if request.return_documents else {"text": passages[i]},
                 }
                 for i in order
             ],
@@ -381,6 +387,9 @@ POOLING = Operation("pooling", PoolingRequest, Capability.DENSE, _pooling)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
 # What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
+# vLLM's bodies on `/invocations` (and `/`): its embeddings and its pair scores
+EMBEDDINGS = Operation("openai_embeddings", EmbeddingRequest, Capability.DENSE, embeddings_payload)
+SCORE = Operation("score", ScoreRequest, None, vllm_scores)
 DEFAULT_OPERATION = {
     "embed": EMBED,
     "m3": EMBED,
@@ -499,10 +508,15 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
     name = named_model(
         query_model, body.get("model") if isinstance(body.get("model"), str) else None
     )
-    if "query" in body and "texts" in body:
+    if "query" in body and ("texts" in body or "documents" in body):
         operation = RERANK
     elif isinstance(body.get("inputs"), dict):
         operation = SIMILARITY
+    elif any(field in body for field in VLLM_FIELDS):
+        operation = SCORE
+    elif "input" in body and "inputs" not in body:  # vLLM's embeddings or classification body
+        task = (await gw.registry.pick(None, name)).task
+        operation = EMBEDDINGS if task in (Task.EMBED, Task.M3) else CLASSIFY
     else:
         operation = DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
     gw.metrics.started(operation.name)  # before parsing, as CountedRoute counts the named routes
@@ -518,8 +532,11 @@ async def default_route(
     request: JsonObject, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """embed for embedders and bge-m3, embed_sparse for SPLADE, predict for classifiers and rerankers
-    (rerank when the body has `query` and `texts`, similarity when `inputs` is a source sentence with
-    sentences); the model from `?model=`, the body's `model` or the default one."""
+    (rerank when the body has `query` and `texts` or `documents`, similarity when `inputs` is a
+    source sentence with sentences). vLLM's bodies, told apart by their fields as vLLM's own
+    `/invocations` tells them: `/score`'s for `text_1` and its other names, `/v1/embeddings`' (an
+    embedder) or `/classify`'s (any other model) for `input`. The model from `?model=`, the body's
+    `model` or the default one."""
     return json_response(await _dispatch(request.root, http, model), http.context)
 
 
@@ -559,17 +576,38 @@ def _decoded(
     return json_response(tokenizer.decode_batch(batch, skip_special_tokens=skip_special_tokens))
 
 
+def _vllm_tokens(
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool, strings: bool, max_length: int
+) -> Response:
+    """vLLM's `/tokenize` answer, built in a thread."""
+    encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return json_response(
+        {
+            "count": len(encoding.ids),
+            "max_model_len": max_length,
+            "tokens": encoding.ids,
+            "token_strs": encoding.tokens if strings else None,
+        }
+    )
+
+
 @router.post(
     "/tokenize",
-    response_model=list[list[SimpleToken]],
-    summary="Tokenize with the model's tokenizer",
+    response_model=list[list[SimpleToken]] | VllmTokens,
+    summary="Tokenize with the model's tokenizer (TEI's body, or vLLM's with `prompt`)",
 )
 async def tokenize(
     request: TokenizeRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     gw = http.gateway
     served = await gw.registry.pick(None, named_model(model, request.model))
-    texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
+    if (request.inputs is None) == (request.prompt is None):
+        raise validation("give `inputs` (TEI's body) or `prompt` (vLLM's), one of them")
+    if request.prompt is None and request.return_token_strs:
+        raise validation("`return_token_strs` goes with vLLM's `prompt`")
+    vllm = request.prompt is not None
+    given = cast("str | list[str]", request.prompt if vllm else request.inputs)
+    texts = [given] if isinstance(given, str) else given
     # texts stay texts
     texts = cast("list[str]", prompted(served, gw.settings, list(texts), request.prompt_name))
     gw.service.check_batch(len(texts))  # the batch limit answers first (422), as on every route
@@ -581,6 +619,16 @@ async def tokenize(
             limit,
             f"{characters} characters, and no token of the model is longer than "
             f"{served.longest_token}",
+        )
+    if vllm:
+        return await gw.service.tokenizer_work(
+            1,
+            _vllm_tokens,
+            served.require_tokenizer(),
+            texts[0],
+            request.add_special_tokens,
+            request.return_token_strs,
+            served.max_length,
         )
     return await gw.service.tokenizer_work(
         len(texts), _tokens, served.require_tokenizer(), texts, request.add_special_tokens, limit
@@ -655,16 +703,16 @@ async def info(http: GatewayRequest, model: ModelParam = None) -> Response:
 
 @open_router.get(
     "/health",
-    summary="200 when Triton and every stage of every served model are ready, else 503 "
-    "naming what is not",
+    summary="200 (with Infinity's `{unix}`) when Triton and every stage of every served model "
+    "are ready, else 503 naming what is not",
 )
 @open_router.get("/", include_in_schema=False)
 @open_router.get("/ping", include_in_schema=False)
 @open_router.get("/v1/health/ready", include_in_schema=False)  # NIM's readiness route
 async def health(http: GatewayRequest) -> Response:
     problem = await http.gateway.unhealthy()
-    if problem is None:
-        return Response(status_code=200)
+    if problem is None:  # TEI's clients read the status; Infinity's the time
+        return json_response({"unix": time.time()})
     error = GatewayError(ErrorKind.UNHEALTHY, f"unhealthy: {problem}")
     setattr(http.state, ERROR_KEY, error.message)  # for the request's log line
     return Response(

@@ -141,9 +141,14 @@ def needs_token_ids(inference: Inference, prompt_tokens: Sequence[int]) -> bool:
 
 def gateway_tokenizes(inference: Inference, needs_tokens: bool) -> bool:
     """Whether the gateway tokenizes: for the token path, or because Triton's tokenize stage could
-    answer otherwise (it truncates right and refuses nothing)."""
+    answer otherwise (it truncates right at the model's max length and refuses nothing)."""
     truncation = inference.truncation
-    return needs_tokens or not truncation.enabled or truncation.direction == "left"
+    return (
+        needs_tokens
+        or not truncation.enabled
+        or truncation.direction == "left"
+        or truncation.window is not None
+    )
 
 
 def check_batch(size: int, batch_limit: int, split: bool) -> None:
@@ -183,6 +188,43 @@ class Service:
 
     def truncation(self, truncate: bool | None, direction: str) -> Truncation:
         return Truncation(self.settings.auto_truncate if truncate is None else truncate, direction)
+
+    def windowed(
+        self,
+        model: ServedModel,
+        truncate: bool | None,
+        direction: str,
+        window: int | None,
+        pairs: bool = False,
+    ) -> Truncation:
+        """`truncation`, or vLLM's `truncate_prompt_tokens` (`window`), not both: -1 cuts at the
+        model's max length, k at each input's first k tokens, special tokens included (vLLM cuts a
+        pooling model's inputs on the right). A window over the model's, or too small for the
+        special tokens and a token of each text, is refused; so is one on an LLM reranker, whose
+        prompt it would cut."""
+        if window is None:
+            return self.truncation(truncate, direction)
+        if truncate is not None:
+            raise validation("give `truncate` or `truncate_prompt_tokens`, not both")
+        if window == -1:
+            return Truncation(True, direction)
+        if window > model.max_length:
+            raise validation(
+                f"`truncate_prompt_tokens` {window} is greater than model `{model.name}`'s max "
+                f"length {model.max_length}"
+            )
+        if model.pair_template is not None:
+            raise validation(
+                f"`truncate_prompt_tokens` is not served for LLM rerankers (model `{model.name}`): "
+                "a cut prompt loses the question it ends with; give -1 or leave it out"
+            )
+        least = model.require_tokenizer().num_special_tokens_to_add(pairs) + (2 if pairs else 1)
+        if window < least:
+            raise validation(
+                f"`truncate_prompt_tokens` should be -1 or at least {least} (model `{model.name}`'s "
+                f"special tokens and a token of each text), got {window}"
+            )
+        return Truncation(True, direction, window)
 
     def check(self, items: Sequence[Item]) -> None:
         check_items(items, self.settings.max_client_batch_size, self.settings.split_large_batches)
@@ -254,10 +296,18 @@ class Service:
         context.began(model.name, inference.items, inference.pairs)
         # known here, before a cut makes new texts
         prompt_tokens = inference.prompt_tokens()
+        window = inference.truncation.window
+        if window is not None and max(prompt_tokens, default=0) >= window:
+            raise validation(
+                f"the prompt takes {max(prompt_tokens)} tokens, and the inputs are cut to {window}: "
+                "no token of the text would be pooled"
+            )
         if (
             inference.truncation.enabled
             and model.tokenizer is not None
-            and has_long_texts(inference.items, inference.pairs, model.max_length)
+            and has_long_texts(
+                inference.items, inference.pairs, inference.truncation.max_length(model.max_length)
+            )
         ):
             inference = await self._bounded(inference, context)
         needs_tokens = needs_token_ids(inference, prompt_tokens)
@@ -293,7 +343,7 @@ class Service:
                 inference.model.require_tokenizer(),
                 inference.items,
                 inference.pairs,
-                inference.model.max_length,
+                inference.truncation.max_length(inference.model.max_length),
                 inference.truncation.direction,
             )
         context.tokenized(time.perf_counter() - started)
@@ -314,7 +364,7 @@ class Service:
                 tokenizer,
                 items,
                 inference.pairs,
-                model.max_length,
+                inference.truncation.max_length(model.max_length),
                 inference.truncation,
                 model.token_id_limit,
                 model.pair_truncation,
@@ -599,6 +649,10 @@ class Service:
         if instruction is not None:
             raise validation(
                 f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3"
+            )
+        if raw_scores:
+            raise validation(
+                f"model `{model.name}` is bge-m3: its hybrid score has no activation to leave out"
             )
         rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), context)
         try:

@@ -63,6 +63,13 @@ def as_items(inputs: str | list[int] | list[str | list[int]]) -> list[Item]:
 class Truncation:
     enabled: bool
     direction: str  # "right" or "left"
+    # a request's own token cap under the model's max length, special tokens included (vLLM's
+    # `truncate_prompt_tokens`); None: the model's
+    window: int | None = None
+
+    def max_length(self, model_max_length: int) -> int:
+        """The most tokens an input keeps under this truncation."""
+        return model_max_length if self.window is None else min(self.window, model_max_length)
 
 
 @dataclass
