@@ -5,12 +5,14 @@ flag off by default; two workers on one port."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -378,6 +380,31 @@ def test_overload_is_resource_exhausted(start_tei, need):
     error = refused(lambda: small.rerank.Rerank(pb.RerankRequest(query=QUERY, texts=PASSAGES[:2]), metadata=model("reranker")))
     assert (error.code(), error.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "Model is overloaded")
     assert len(small.embed.Embed(pb.EmbedRequest(inputs="ok")).embeddings) == 384  # one input fits
+
+
+def test_refused_streams_reach_the_client_with_the_gateways_code(start_tei):
+    """Many streams past the permits, each still writing when refused: every refusal reaches the
+    client as RESOURCE_EXHAUSTED, the code the gateway chose, never INTERNAL."""
+    small = start_tei(max_concurrent_requests=4)
+
+    async def flood() -> Counter[str]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{small.port}") as channel:
+            stub = stubs.EmbedStub(channel)
+
+            async def stream() -> str:
+                try:
+                    async for _ in stub.EmbedStream(iter([pb.EmbedRequest(inputs=LONG, truncate=True)] * 32),
+                                                    timeout=120):
+                        pass
+                    return "OK"
+                except grpc.aio.AioRpcError as error:
+                    return f"{error.code().name}: {error.details()}"
+
+            return Counter(await asyncio.gather(*[stream() for _ in range(120)]))
+
+    codes = asyncio.run(flood())
+    assert codes["RESOURCE_EXHAUSTED: Model is overloaded"] > 0, codes
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED: Model is overloaded"}, codes
 
 
 def test_connections_past_the_cap_are_refused(start_tei):

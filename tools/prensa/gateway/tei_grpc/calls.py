@@ -6,7 +6,8 @@ A message of a stream is a request of its own (as TEI handles it): counted, time
 (permits, try-acquire) like an HTTP request. A stream's messages run concurrently, at most
 --max-client-batch-size at once, so they merge into shared Triton calls as concurrent HTTP requests
 do (`dispatch`), and their answers go back in the messages' order. The first failure ends the
-stream with its status, as a failed message ends a TEI stream.
+stream with its status, as a failed message ends a TEI stream, once the client has stopped writing
+(or a short while has passed), so that the client reads that status.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
@@ -38,6 +39,8 @@ MODEL_KEY = "model"  # metadata naming the served model, as `?model=` on HTTP (T
 AUTH_KEY = "authorization"
 TRACE_KEYS = ("traceparent", "tracestate")  # W3C trace context, as HTTP headers carry it
 UNAUTHENTICATED = "No valid auth token"  # TEI's gRPC answer to a missing or wrong key
+# how long a failed stream reads what its client still sends before it ends (`drained`)
+DRAIN_SECONDS = 2.0
 
 # TEI's mapping (router/src/grpc/server.rs, `impl From<ErrorResponse> for Status`): Validation and
 # Empty -> INVALID_ARGUMENT, Tokenizer and Backend -> FAILED_PRECONDITION, Overloaded ->
@@ -146,19 +149,24 @@ async def in_order(
 ) -> AsyncGenerator[R, None]:
     """`handle(message)` of every message, up to `limit` at once, yielded in the messages' order.
     Messages are read while earlier ones run; with `limit` unanswered, reading waits (gRPC's flow
-    control then holds the client back). When one fails, or the consumer stops, the rest are cancelled."""
+    control then holds the client back). When one fails, the rest are cancelled and the messages
+    the client is still sending are read and dropped (`drained`) before the failure ends the call;
+    when the consumer stops, the rest are cancelled."""
     slots = asyncio.Semaphore(max(limit, 1))
     queue: asyncio.Queue[asyncio.Future[R] | None] = asyncio.Queue()
+    failed = asyncio.Event()
 
     async def read() -> None:
         try:
             while True:
-                await slots.acquire()
+                if not failed.is_set():
+                    await slots.acquire()
                 try:
                     message = await anext(messages)
                 except StopAsyncIteration:
                     return
-                queue.put_nowait(asyncio.ensure_future(handle(message)))
+                if not failed.is_set():
+                    queue.put_nowait(asyncio.ensure_future(handle(message)))
         finally:
             queue.put_nowait(None)
 
@@ -167,6 +175,10 @@ async def in_order(
         while (task := await queue.get()) is not None:
             try:
                 result = await task
+            except Exception:
+                failed.set()
+                await drained(reader, queue, slots)
+                raise
             finally:
                 slots.release()
             yield result
@@ -174,10 +186,29 @@ async def in_order(
     finally:
         reader.cancel()
         reader.add_done_callback(_done)
-        while not queue.empty():
-            if (left := queue.get_nowait()) is not None:
-                left.cancel()
-                left.add_done_callback(_done)
+        cancel_queued(queue)
+
+
+def cancel_queued(queue: asyncio.Queue[asyncio.Future[R] | None]) -> None:
+    while not queue.empty():
+        if (left := queue.get_nowait()) is not None:
+            left.cancel()
+            left.add_done_callback(_done)
+
+
+async def drained(
+    reader: asyncio.Future[None],
+    queue: asyncio.Queue[asyncio.Future[R] | None],
+    slots: asyncio.Semaphore,
+) -> None:
+    """After a failed message, the client's remaining messages read and dropped, for at most
+    `DRAIN_SECONDS`. A call ended while its client still writes reaches a grpc client as INTERNAL
+    ("Internal error from Core": its write fails before it reads the status), not as the status the
+    gateway chose; a client that stops writing (half-closes, or waits for answers) ends the wait."""
+    cancel_queued(queue)
+    slots.release()  # a reader waiting for a slot goes on, dropping what it reads
+    with suppress(Exception):  # the wait timed out, or reading broke: the failure ends the call
+        await asyncio.wait_for(asyncio.shield(reader), DRAIN_SECONDS)
 
 
 class Calls:
