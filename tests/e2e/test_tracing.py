@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from prensa.addresses import free_port
-from prensa.gateway.tei_grpc import tei_pb2 as pb
-from prensa.gateway.tei_grpc import tei_pb2_grpc as stubs
+from prensa.gateway.grpc import tei_pb2 as pb
+from prensa.gateway.grpc import tei_pb2_grpc as stubs
 from prensa.triton.repo import ServingOptions
 from tests.otlp_collector import Collector, Span
 from tests.reliability.conftest import build_repo, stop_tree, wait_until

@@ -25,8 +25,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from prensa.gateway.app import create_app
-from prensa.gateway.limits import SharedPermits
-from prensa.gateway.local_backend import InProcessBackend
+from prensa.gateway.backends.local import InProcessBackend
+from prensa.gateway.core.limits import SharedPermits
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import GraphOutput, Manifest, Pooling, Task
 from prensa.stages import contract, load_stage

@@ -107,7 +107,7 @@ def answer(response) -> tuple:
 def test_direct_routes_answer_as_fastapi_does(http, through_fastapi, path, monkeypatch):
     """Every inference route runs without FastAPI's per-request machinery (`DirectRoutes`); its
     answers, errors and headers are those of the same route run by FastAPI, for every body above."""
-    from prensa.gateway.responses import GatewayRoute
+    from prensa.gateway.http.routing import GatewayRoute
 
     direct_calls = []
     run_direct = GatewayRoute.run_direct

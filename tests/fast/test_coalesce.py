@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from prensa.gateway.coalesce import Coalescer, split_rows
-from prensa.gateway.dispatch import ModelDispatch
+from prensa.gateway.core.coalesce import Coalescer, split_rows
+from prensa.gateway.core.dispatch import ModelDispatch
 from prensa.gateway.errors import ErrorKind, GatewayError
 from tests.fast.conftest import gateway_client
 
@@ -284,10 +284,10 @@ def test_a_model_read_again_gets_a_whole_new_dispatch(http):
     again with more encoder instances gets all three anew, not a new merger beside an old window."""
     gateway = http.app.state.gateway
     model = gateway.registry.models["embed"]
-    first = gateway.service.dispatch(model)
-    assert gateway.service.dispatch(model) is first
-    again = gateway.service.dispatch(replace(model, encode_instances=model.encode_instances + 2))
+    first = gateway.service.engine.dispatch(model)
+    assert gateway.service.engine.dispatch(model) is first
+    again = gateway.service.engine.dispatch(replace(model, encode_instances=model.encode_instances + 2))
     replicas = max(gateway.client.replica_count, 1)
     assert again is not first and again.calls == first.calls + 2 * replicas
     assert again.window is not None and again.window.capacity == again.calls * model.max_batch_size
-    assert gateway.service.dispatch(replace(model, fused=True)).window is None  # a fused model drops what it must
+    assert gateway.service.engine.dispatch(replace(model, fused=True)).window is None  # a fused model drops what it must

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prensa.gateway.service import Service
+from prensa.gateway.core.service import Service
 
 POISON = 10**6  # past the vocabulary: the encoder's Gather fails
 

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from prensa.gateway.backend import READY, Backend
+from prensa.gateway.backends.base import READY, Backend
+from prensa.gateway.backends.local import InProcessBackend
+from prensa.gateway.backends.replicas import ReplicaPool
+from prensa.gateway.backends.triton import TritonClient
 from prensa.gateway.errors import ErrorKind, GatewayError
-from prensa.gateway.local_backend import InProcessBackend
-from prensa.gateway.replicas import ReplicaPool
-from prensa.gateway.triton_client import TritonClient
 from prensa.stages import contract
 from prensa.tensors import texts_tensor
 from tests.fast.conftest import FUSED, MODELS

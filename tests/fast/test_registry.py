@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from prensa.gateway.models import Registry
+from prensa.gateway.core.registry import Registry
 
 
 class Backend:
@@ -43,7 +43,7 @@ def test_a_model_of_a_task_this_gateway_does_not_know_is_left_out():
     refresh serves the others instead of failing on it."""
     from tritonclient.grpc import model_config_pb2
 
-    from prensa.gateway.models import known_task
+    from prensa.gateway.core.registry import known_task
     from prensa.manifest import Task
 
     def ensemble(task: str) -> model_config_pb2.ModelConfig:

@@ -7,7 +7,7 @@ import multiprocessing
 
 import pytest
 
-from prensa.gateway.limits import SharedPermits
+from prensa.gateway.core.limits import SharedPermits
 from prensa.gateway.settings import GatewaySettings, InvalidSetting
 from prensa.gateway.workers import available_cores, worker_count
 from tests.fast.conftest import gateway_client

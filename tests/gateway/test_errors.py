@@ -13,10 +13,10 @@ import pytest
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from prensa.gateway import triton_client
+from prensa.gateway.backends import triton as triton_client
+from prensa.gateway.backends.triton import translate_error
+from prensa.gateway.core.tokenization import Truncation, as_items, token_id_limit, tokenize_items
 from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body
-from prensa.gateway.tokenization import Truncation, as_items, token_id_limit, tokenize_items
-from prensa.gateway.triton_client import translate_error
 
 
 @pytest.mark.parametrize(("status", "message", "kind", "code"), [

@@ -29,10 +29,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from prensa.addresses import free_port
 from prensa.gateway.errors import ErrorKind
+from prensa.gateway.grpc import tei_pb2 as pb
+from prensa.gateway.grpc import tei_pb2_grpc as stubs
+from prensa.gateway.grpc.calls import STATUS
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.tei_grpc import tei_pb2 as pb
-from prensa.gateway.tei_grpc import tei_pb2_grpc as stubs
-from prensa.gateway.tei_grpc.calls import STATUS
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_cli import wait_healthy
 

@@ -16,8 +16,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from prensa.gateway.errors import GatewayError
-from prensa.gateway.tokenization import (
+from prensa.gateway.core.tokenization import (
     TOKENIZE_WINDOW,
     Truncation,
     bound_texts,
@@ -25,6 +24,7 @@ from prensa.gateway.tokenization import (
     tokenize_items,
     window_chars,
 )
+from prensa.gateway.errors import GatewayError
 from tests.bodies import error_of
 from tests.gateway.conftest import need, tokenizer  # noqa: F401 - fixtures shared with tests/gateway
 from tests.tiny_models import xlmr_tokenizer

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from prensa.gateway.dispatch import SPARE_CALLS
-from prensa.gateway.limits import TritonWindow
+from prensa.gateway.core.dispatch import SPARE_CALLS
+from prensa.gateway.core.limits import TritonWindow
 from prensa.gateway.settings import GatewaySettings
 from prensa.stages import contract, load_stage
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape

@@ -18,10 +18,10 @@ from starlette.routing import BaseRoute, Route
 from prensa.addresses import free_port
 from prensa.cli.gateway import gateway as gateway_command
 from prensa.cli.serve import serve as serve_command
-from prensa.gateway import middleware
 from prensa.gateway.app import create_app
+from prensa.gateway.backends.triton import public_message
+from prensa.gateway.http import middleware
 from prensa.gateway.settings import GatewaySettings
-from prensa.gateway.triton_client import public_message
 from prensa.triton.launcher import TritonOptions, triton_command
 from tests.reliability.conftest import assert_no_leak, listens_on_loopback_only
 

@@ -29,8 +29,8 @@ import psutil
 import pytest
 
 from prensa.addresses import free_port
-from prensa.gateway.limits import RESERVED_FDS
-from prensa.gateway.middleware import ANSWER_BYTES_PER_PERMIT
+from prensa.gateway.core.limits import RESERVED_FDS
+from prensa.gateway.http.middleware import ANSWER_BYTES_PER_PERMIT
 from prensa.gateway.settings import GatewaySettings
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import status_of, stop_tree, wait_until

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from prensa.cli import app
 from prensa.cli.gateway import GatewayAddress
 from prensa.cli.options import parameter_name
-from prensa.gateway.limits import connection_ceiling
+from prensa.gateway.core.limits import connection_ceiling
 from prensa.gateway.server import GatewayProtocol, worker_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.options import command_flag, flag_name, flag_of

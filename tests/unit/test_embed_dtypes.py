@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from prensa.gateway.quantize import EMBED_DTYPES, base64_vector
+from prensa.gateway.core.encodings import EMBED_DTYPES, base64_vector
 
 TORCH_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

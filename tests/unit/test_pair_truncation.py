@@ -11,8 +11,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from prensa.gateway.chunking import document_room
-from prensa.gateway.tokenization import Truncation, tokenize_items
+from prensa.gateway.core.chunking import document_room
+from prensa.gateway.core.tokenization import Truncation, tokenize_items
 from prensa.stages import contract, load_stage
 from tests.tiny_layouts import bert_cross_encoder, wordpiece_tokenizer
 from tests.tiny_models import tiny_reranker, xlmr_tokenizer

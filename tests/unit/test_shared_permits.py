@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from prensa.gateway.limits import SharedPermits
+from prensa.gateway.core.limits import SharedPermits
 
 
 def hold_three(counts, taken, release) -> None:

@@ -28,7 +28,7 @@ from prensa.addresses import LOOPBACK, free_port, http_url
 from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.systems import HttpClient, ServerProcess
 from prensa.gateway.app import create_app
-from prensa.gateway.local_backend import InProcessBackend
+from prensa.gateway.backends.local import InProcessBackend
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.workers import gateway_server
@@ -181,7 +181,7 @@ class TeiGrpcClient:
     async def open(self) -> None:
         import grpc
 
-        from prensa.gateway.tei_grpc import tei_pb2, tei_pb2_grpc
+        from prensa.gateway.grpc import tei_pb2, tei_pb2_grpc
 
         self.channel = grpc.aio.insecure_channel(self.address)
         self.stub = tei_pb2_grpc.EmbedStub(self.channel)

@@ -1,11 +1,16 @@
-"""The HTTP gateway: TEI's native API, OpenAI `/v1/embeddings` and `/v1/models`, Cohere's and
-Jina's rerank and embed, and NIM's ranking, in front of Triton.
+"""The gateway: TEI's native API, OpenAI's, Cohere's, Jina's, NIM's, Ollama's, vLLM's and
+Infinity's shapes, and TEI's gRPC API, in front of Triton. Its floors, each importing only those
+below it:
 
-`app` (factory, middleware, error handlers) -> `routes_tei` / `routes_openai` / `routes_cohere` /
-`routes_nim` (HTTP only, with `responses` for shared plumbing) -> `service` (request -> Triton ->
-result, no HTTP) -> `triton_client` (gRPC aio). `protocol_*` hold the pydantic shapes, `errors` the
-one table of error kinds, `models` the served-model registry and which model a request names,
-`prompts` the sentence-transformers prompts, `quantize` the embedding precisions, `tokenization`
-the gateway-side truncation, `limits` admission, `metrics` the Prometheus series and `settings`
-the flags.
+- `workers`, `server`, `app`: the processes, the uvicorn server and the FastAPI app that assemble
+  everything below (the app also starts `grpc/`'s server);
+- `grpc/` (TEI's gRPC API) and `apis/<family>/` (`protocol`: pydantic shapes; `routes`: parse,
+  call the core, shape the JSON);
+- `http/` (the route classes and middleware every HTTP route stands on) and `state` (the
+  gateway's state, which both servers share);
+- `core/` (the registry of served models, `service`: per-task operations over `engine.infer`,
+  tokenization, chunking, dispatch, admission limits, prompts, encodings, each request's context);
+- `backends/` (Triton's gRPC client, its replicas, the in-process stage code);
+- beneath them all: `settings` (the flags), `errors` (the one table of error kinds), `logs`,
+  `metrics`, `tracing`, `auth`.
 """

@@ -16,46 +16,45 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.addresses import LOOPBACK
-from prensa.gateway import (
-    routes_cohere,
-    routes_m3,
-    routes_nim,
-    routes_ollama,
-    routes_openai,
-    routes_tei,
-)
-from prensa.gateway.backend import Backend, BackendFactory
+from prensa.gateway.apis.cohere import routes as cohere_routes
+from prensa.gateway.apis.errors import TEI_ERRORS
+from prensa.gateway.apis.m3 import routes as m3_routes
+from prensa.gateway.apis.nim import routes as nim_routes
+from prensa.gateway.apis.ollama import routes as ollama_routes
+from prensa.gateway.apis.openai import routes as openai_routes
+from prensa.gateway.apis.tei import routes as tei_routes
+from prensa.gateway.backends.base import Backend, BackendFactory
+from prensa.gateway.backends.replicas import ReplicaPool
+from prensa.gateway.backends.triton import TritonClient
+from prensa.gateway.core.limits import Permits, SharedPermits, UnsentAnswers
+from prensa.gateway.core.registry import Registry
+from prensa.gateway.core.service import Service
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body
-from prensa.gateway.limits import Permits, SharedPermits, UnsentAnswers
+from prensa.gateway.http.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
+from prensa.gateway.http.routing import DirectRoutes, ErrorShapes, GatewayRoute
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
-from prensa.gateway.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
-from prensa.gateway.models import Registry
-from prensa.gateway.protocol_tei import ERRORS as TEI_ERRORS
-from prensa.gateway.replicas import ReplicaPool
-from prensa.gateway.responses import DirectRoutes, ErrorShapes, Gateway, GatewayRoute
-from prensa.gateway.service import Service
 from prensa.gateway.settings import GatewaySettings
+from prensa.gateway.state import Gateway
 from prensa.gateway.tracing import Traced, provider
-from prensa.gateway.triton_client import TritonClient
 
 log = logging.getLogger("prensa.gateway")
 # The routers of inference routes (counted under TEI's metrics), beside the model-listing and operational ones.
 INFERENCE_ROUTERS = [
-    routes_openai.router,
-    routes_cohere.router,
-    routes_nim.router,
-    routes_ollama.router,
-    routes_tei.router,
-    routes_m3.router,
-    routes_tei.default_router,
+    openai_routes.router,
+    cohere_routes.router,
+    nim_routes.router,
+    ollama_routes.router,
+    tei_routes.router,
+    m3_routes.router,
+    tei_routes.default_router,
 ]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
 ROUTERS = [
     *INFERENCE_ROUTERS,
-    routes_openai.models_router,
-    routes_ollama.models_router,
-    routes_tei.open_router,
+    openai_routes.models_router,
+    ollama_routes.models_router,
+    tei_routes.open_router,
 ]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
@@ -67,7 +66,7 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
     if predict := environ.get(VERTEX_PREDICT_ROUTE):
         router.add_api_route(
             predict,
-            routes_tei.vertex,
+            tei_routes.vertex,
             methods=["POST"],
             responses=TEI_ERRORS,
             summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})",
@@ -75,7 +74,7 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
     if health := environ.get(VERTEX_HEALTH_ROUTE):
         router.add_api_route(
             health,
-            routes_tei.health,
+            tei_routes.health,
             methods=["GET"],
             summary=f"Vertex AI health (${VERTEX_HEALTH_ROUTE})",
         )
@@ -119,7 +118,7 @@ class GatewayApp(FastAPI):
     (when configured, so preflights never need the key), `RequestLog` (request ids, a log line
     each), `Traced` (with --otlp-endpoint: a span each, see `tracing`), then `middleware`'s
     admission checks (API key, JSON body and its size, cancel on hang-up, paced answers); the
-    inference routes then run directly (`responses.DirectRoutes`). An exception nothing handles
+    inference routes then run directly (`routing.DirectRoutes`). An exception nothing handles
     ends as FastAPI's 500."""
 
     def __init__(
@@ -222,12 +221,12 @@ def create_app(
 ) -> FastAPI:
     """The gateway; it opens its backend and reads the served models when it starts. `other_metrics`
     are rendered on its /metrics after its own (`prensa serve`'s supervisor). `backend` builds what
-    answers (see `prensa.gateway.backend`), called in the app's event loop: by default
-    `triton_backend`; `local_backend.InProcessBackend.from_settings` runs `settings.repo` in this
+    answers (see `prensa.gateway.backends.base`), called in the app's event loop: by default
+    `triton_backend`; `backends.local.InProcessBackend.from_settings` runs `settings.repo` in this
     process (tests, machines without Triton). `direct_routes` False sends every request through
     FastAPI: what the tests compare the direct routes with. `shared_permits`: this worker's slot of
     the permits all of a gateway's workers share (`prensa.gateway.workers`). `host`: the HTTP
-    server's, where TEI's gRPC API listens too with `settings.tei_grpc_port` (`tei_grpc.server`)."""
+    server's, where TEI's gRPC API listens too with `settings.tei_grpc_port` (`prensa.gateway.grpc.server`)."""
     metrics = GatewayMetrics()
     metrics.others.extend(other_metrics)
     open_backend = backend or triton_backend
@@ -272,7 +271,7 @@ def create_app(
         tei_grpc = None
         if settings.tei_grpc_port is not None:
             # grpc's server only when asked for
-            from prensa.gateway.tei_grpc.server import TeiGrpcServer
+            from prensa.gateway.grpc.server import TeiGrpcServer
 
             try:  # a worker of a pool (it has a slot of shared permits): every worker binds the port
                 tei_grpc = await TeiGrpcServer.start(

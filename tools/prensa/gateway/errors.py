@@ -1,6 +1,6 @@
 """Every error the gateway returns: one table from kind to status code and `error_type`, and the
 two body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}`), written
-here alone. Which shape a path answers is what its route declares (`responses.ErrorShapes`)."""
+here alone. Which shape a path answers is what its route declares (`http.routing.ErrorShapes`)."""
 
 from __future__ import annotations
 

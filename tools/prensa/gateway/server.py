@@ -37,7 +37,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from prensa.gateway.limits import (
+from prensa.gateway.core.limits import (
     SharedPermits,
     connection_cap,
     connection_ceiling,
@@ -46,7 +46,7 @@ from prensa.gateway.limits import (
 from prensa.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from prensa.gateway.backend import BackendFactory
+    from prensa.gateway.backends.base import BackendFactory
 
 log = logging.getLogger("prensa.gateway")
 

@@ -178,7 +178,7 @@ class GatewaySettings:
         "Gateway processes serving the one port, each with its own Triton channels; --max-concurrent-requests "
         "and /metrics count them all together. Default: one per four CPU cores (a container CPU limit counts), at least one.",
     )
-    # TEI's gRPC API (prensa.gateway.tei_grpc) beside the HTTP one, in the same event loop and on the
+    # TEI's gRPC API (prensa.gateway.grpc) beside the HTTP one, in the same event loop and on the
     # same host; off by default. prensa's own --grpc-port is Triton's.
     tei_grpc_port: int | None = setting(
         None,

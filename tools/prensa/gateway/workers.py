@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prensa.gateway.limits import SharedPermits
+from prensa.gateway.core.limits import SharedPermits
 from prensa.gateway.logs import configure_logging
 from prensa.gateway.metrics import MULTIPROCESS_DIR
 from prensa.gateway.server import run_server, worker_server
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-    from prensa.gateway.backend import BackendFactory
+    from prensa.gateway.backends.base import BackendFactory
     from prensa.gateway.server import Serving
 
 log = logging.getLogger("prensa.gateway")

@@ -10,7 +10,7 @@ names, required inputs, batch size) are made here too, with Triton's wording.
 
 Failures are `ModelError`s carrying the message Triton would send (a stage's own error
 response, or an exception out of `execute`) and a gRPC status name, so callers translate them
-as they translate Triton's (`prensa.gateway.triton_client.translate_error`). Native encoders
+as they translate Triton's (`prensa.gateway.backends.triton.translate_error`). Native encoders
 (TensorRT, the onnxruntime backend: the `container` target) are not run: such a model is listed
 UNAVAILABLE with the reason.
 

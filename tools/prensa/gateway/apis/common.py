@@ -1,0 +1,133 @@
+"""Wire pieces several APIs share (pydantic and plain values only): token counts, the chunking
+field, the input roles of NIM and Cohere, their `truncate` ends, and vLLM's pooling options."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from prensa.gateway.core.chunking import DEFAULT_OVERLAP
+from prensa.gateway.core.encodings import EmbedDType, Endianness
+from prensa.gateway.errors import validation
+
+
+class Usage(BaseModel):
+    """Token counts as OpenAI, Jina, Infinity and vLLM report them."""
+
+    prompt_tokens: int = Field(description="Tokens the model read, special tokens included.")
+    total_tokens: int = Field(
+        description="Same as prompt_tokens: embedders and rerankers generate nothing."
+    )
+
+
+class VllmUsage(Usage):
+    completion_tokens: int = Field(0, description="Always 0.")
+
+
+class VllmList(BaseModel):
+    """What every vLLM pooling answer (`/score`, `/classify`, `/pooling`) has around its `data`."""
+
+    id: str = Field(description="A fresh id.")
+    object: str = Field("list", description="Always `list`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The served model that answered.")
+    usage: VllmUsage = Field(description="Token counts.")
+
+
+class ChunkingRequest(BaseModel):
+    enabled: bool = Field(
+        True, description="Cut inputs over the model's max length into windows and combine them."
+    )
+    overlap: int = Field(
+        DEFAULT_OVERLAP, ge=0, description="Tokens two neighbouring windows share."
+    )
+
+
+CHUNKING = (
+    "Long inputs as overlapping windows combined into one answer instead of truncated; absent: the "
+    "server's --chunk-long-inputs."
+)
+
+
+def asked_chunking(asked: ChunkingRequest | None) -> tuple[bool | None, int]:
+    """A request's `chunking` as `Service.chunking` takes it: (enabled, overlap), enabled None when
+    the request does not say."""
+    return (None, DEFAULT_OVERLAP) if asked is None else (asked.enabled, asked.overlap)
+
+
+InputType = Literal[
+    "query",
+    "passage",
+    "document",
+    "search_query",
+    "search_document",
+    "classification",
+    "clustering",
+]
+INPUT_TYPE = (
+    "What the inputs are: query/passage (NIM), search_query/search_document/classification/clustering "
+    "(Cohere). Picks the model's prompt of that role when its sentence-transformers config has one."
+)
+
+# NIM's and Cohere's `truncate`: none, cut the start, or cut the end.
+TruncateEnd = Literal["NONE", "START", "END"]
+TRUNCATE_ENDS: dict[str, tuple[bool, str]] = {
+    "NONE": (False, "right"),
+    "START": (True, "left"),
+    "END": (True, "right"),
+}
+
+
+def truncate_end(truncate: str | None) -> tuple[bool | None, str]:
+    """NIM's or Cohere's `truncate` as `Service.truncation` takes it: (truncate, direction), None
+    leaving it to --auto-truncate."""
+    return TRUNCATE_ENDS[truncate] if truncate else (None, "right")
+
+
+class VllmTruncation(BaseModel):
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=-1,
+        description="vLLM's: keep each input's first N tokens, special tokens included (at most the "
+        "model's max length); -1: cut at the model's max length; absent: --auto-truncate.",
+    )
+
+
+class VllmEncoding(BaseModel):
+    """vLLM's options for base64 vectors; float vectors are JSON numbers whatever they say, as vLLM's."""
+
+    embed_dtype: EmbedDType = Field(
+        "float32", description="The type base64 vectors are written in (vLLM's)."
+    )
+    endianness: Endianness = Field(
+        "native",
+        description="Their byte order (vLLM's); native is the server's (little on x86 and ARM).",
+    )
+
+
+class VllmActivation(BaseModel):
+    """vLLM's switch between a cross-encoder's scores and its raw logits."""
+
+    use_activation: bool | None = Field(
+        None,
+        description="vLLM's: false answers the logit (as `raw_scores`), true the activated score.",
+    )
+    activation: bool | None = Field(None, description="vLLM's earlier name of `use_activation`.")
+
+
+def activated(raw_scores: bool | None, body: VllmActivation) -> bool:
+    """Whether scores come activated (sigmoid or softmax) rather than raw: `raw_scores` (TEI's,
+    Infinity's) and vLLM's `use_activation` / `activation`; fields that disagree are refused."""
+    said = {
+        name: value
+        for name, value in (
+            ("raw_scores", None if raw_scores is None else not raw_scores),
+            ("use_activation", body.use_activation),
+            ("activation", body.activation),
+        )
+        if value is not None
+    }
+    if len(set(said.values())) > 1:
+        raise validation(f"{' and '.join(f'`{name}`' for name in said)} disagree")
+    return next(iter(said.values()), True)

@@ -1,0 +1,51 @@
+"""The error bodies routes declare in their OpenAPI `responses`, by the shape they answer errors in
+(`errors.ErrorShape`): TEI's `{"error", "error_type"}`, or OpenAI's `{"message", "code", "type"}`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from prensa.gateway.errors import ROUTE_ERROR_STATUSES, ErrorShape
+
+
+class ErrorResponse(BaseModel):
+    # what a route declaring this model answers errors with
+    shape: ClassVar[ErrorShape] = ErrorShape.TEI
+
+    error: str = Field(description="What went wrong.")
+    error_type: str = Field(
+        description="Validation, Tokenizer, Empty, Overloaded, Backend, Unhealthy, ..."
+    )
+    request_id: str | None = Field(
+        None, description="The request's id, as the `x-request-id` header says."
+    )
+
+
+# The error bodies a TEI-shaped route documents (its OpenAPI `responses`): TEI's, bge-m3's and
+# Ollama's routes.
+TEI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in ROUTE_ERROR_STATUSES
+}
+
+
+class OpenAIError(BaseModel):
+    # what a route declaring this model answers errors with
+    shape: ClassVar[ErrorShape] = ErrorShape.OPENAI
+
+    message: str = Field(description="What went wrong.")
+    code: int = Field(description="The HTTP status code.")
+    type: str = Field(
+        description="Error kind: Validation, Empty, NotFound, Overloaded, Backend, Unhealthy, ..."
+    )
+    request_id: str | None = Field(
+        None, description="The request's id, as the `x-request-id` header says."
+    )
+
+
+# The error bodies an OpenAI-shaped route documents (`{"message", ...}`, which Cohere's and NIM's
+# clients read too): the OpenAI, Cohere, Jina and NIM routes.
+MESSAGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES
+}

@@ -1,0 +1,1 @@
+"""NIM's ranking API."""

@@ -1,0 +1,111 @@
+"""OpenAI `/v1/embeddings` (with NIM's `input_type` and `truncate`, Jina's and vLLM's fields) and
+`/v1/models` shapes (pydantic only)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from prensa.gateway.apis.common import (
+    CHUNKING,
+    INPUT_TYPE,
+    ChunkingRequest,
+    InputType,
+    TruncateEnd,
+    Usage,
+    VllmEncoding,
+    VllmTruncation,
+)
+
+# One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
+EmbeddingInput = str | list[int] | list[str | list[int]]
+# NIM's (float, int8, uint8, binary, ubinary) and Jina's (float, base64, binary, ubinary) `embedding_type`.
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+EMBEDDING_TYPE = (
+    "NIM's and Jina's precision: float; int8/uint8 (the model's calibration ranges, full dimension), "
+    "binary/ubinary (sign bits packed eight to a byte): integer lists; base64 as `encoding_format`."
+)
+JinaTask = Literal[
+    "retrieval.query", "retrieval.passage", "text-matching", "classification", "separation"
+]
+JINA_TASK = (
+    "Jina's task: the model's prompt of that name when it has one; else retrieval.query and "
+    "retrieval.passage act as `input_type` query and passage, and the other tasks are refused."
+)
+NimTruncate = TruncateEnd
+NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
+
+
+class EmbeddingRequest(VllmTruncation, VllmEncoding):
+    input: EmbeddingInput = Field(
+        description="A text, a list of token ids, or a list of texts and/or token-id lists."
+    )
+    model: str | None = Field(
+        None, description="Served model name; the gateway's default embedding model when absent."
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float",
+        description="`float`: JSON numbers; `base64`: the vector's bytes base64-encoded (float32, "
+        "little-endian unless `embed_dtype` and `endianness` say otherwise).",
+    )
+    dimensions: int | None = Field(
+        None, description="Keep the first N dimensions (Matryoshka), then re-normalise."
+    )
+    normalize: bool | None = Field(
+        None,
+        description="vLLM's: false answers the vectors unnormalised; absent or true L2-normalised.",
+    )
+    user: str | None = Field(None, description="Accepted for compatibility and ignored.")
+    input_type: InputType | None = Field(None, description=INPUT_TYPE)
+    truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
+    chunking: ChunkingRequest | None = Field(
+        None, description=CHUNKING + " Each embedding then says its `chunks`."
+    )
+    embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
+    task: JinaTask | None = Field(None, description=JINA_TASK)
+    late_chunking: bool | None = Field(
+        None,
+        description="Jina's late chunking: not served (true is refused); "
+        "`chunking` embeds long texts by windows instead.",
+    )
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = Field("embedding", description="Always `embedding`.")
+    embedding: list[float] | list[int] | str = Field(
+        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes."
+    )
+    chunks: int | None = Field(
+        None, description="With `chunking`: how many windows the input was embedded as."
+    )
+    index: int = Field(description="Position of the input in the request.")
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = Field("list", description="Always `list`.")
+    data: list[Embedding] = Field(description="One embedding per input, in input order.")
+    model: str = Field(description="The served model that answered.")
+    usage: Usage = Field(description="Token counts.")
+
+
+class ModelCard(BaseModel):
+    id: str = Field(description="The name to request.")
+    object: Literal["model"] = Field("model", description="Always `model`.")
+    created: int = Field(description="When the gateway first saw the model (Unix seconds).")
+    owned_by: str = Field(description="Always `prensa`.")
+    root: str = Field(
+        description="The model's own id: a base model, not an adapter (NIM clients pick such models)."
+    )
+    task: str = Field(description="prensa task: embed, m3, rerank, classify or splade.")
+    max_model_len: int = Field(description="Max tokens per input, special tokens included.")
+    backend: str = Field(description="Always `triton` (Infinity's field).")
+    capabilities: list[str] = Field(description="Infinity's names: embed, rerank, classify.")
+    stats: dict[str, float] = Field(
+        description="Infinity's: rows per Triton call, and the gateway's inputs in flight (of all models)."
+    )
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = Field("list", description="Always `list`.")
+    data: list[ModelCard] = Field(description="Every served model.")

@@ -1,0 +1,225 @@
+"""OpenAI-compatible `/v1/embeddings` (also at `/embeddings`, as TEI; NIM's `input_type`,
+`truncate`, `embedding_type` and `-query`/`-passage` model names, Jina's `task`, `embedding_type`
+and `late_chunking` too) and `/v1/models`, which SDKs and LiteLLM health checks read (HTTP only). Errors on
+these routes use OpenAI's `{"message","code","type"}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Response
+
+from prensa.gateway.apis.common import asked_chunking, truncate_end
+from prensa.gateway.apis.errors import MESSAGE_ERRORS
+from prensa.gateway.apis.openai.protocol import (
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ModelCard,
+    ModelList,
+)
+from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
+from prensa.gateway.core.limits import Permits
+from prensa.gateway.core.prompts import prompted
+from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.request_context import RequestContext
+from prensa.gateway.core.tokenization import Truncation, as_items
+from prensa.gateway.errors import validation
+from prensa.gateway.http.routing import (
+    CountedRoute,
+    GatewayRequest,
+    GatewayRoute,
+    ModelParam,
+    json_response,
+)
+from prensa.gateway.state import Gateway
+
+router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
+models_router = APIRouter(route_class=GatewayRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
+# NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.
+# NIM's model names for one role: `<model>-query`, `<model>-passage`.
+ROLE_SUFFIXES = {"-query": "query", "-passage": "passage"}
+# Jina's retrieval tasks, for models without a prompt of that name: the input types they are.
+JINA_ROLES = {"retrieval.query": "query", "retrieval.passage": "passage"}
+
+
+async def _embedder(
+    gw: Gateway, query_model: str | None, body_model: str | None
+) -> tuple[ServedModel, str | None]:
+    """The model asked for, and the input type its name implies: NIM's `<model>-query` and
+    `<model>-passage` name `<model>` with that role, unless a model of the full name is served."""
+    name = named_model(query_model, body_model)
+    if name and name not in gw.registry.models:
+        await gw.registry.ensure()
+        for suffix, role in ROLE_SUFFIXES.items():
+            if name.endswith(suffix) and name.removesuffix(suffix) in gw.registry.models:
+                return await gw.registry.pick(Capability.DENSE, name.removesuffix(suffix)), role
+    return await gw.registry.pick(Capability.DENSE, name), None
+
+
+def prompt_choice(
+    request: EmbeddingRequest, served: ServedModel, role: str | None
+) -> tuple[str | None, str | None]:
+    """(prompt_name, input_type) from `input_type`, the model name's role and Jina's `task`; two
+    that disagree, and a task the model has no prompt for, are refused."""
+    input_type: str | None = request.input_type
+    if role is not None:
+        if input_type is not None and input_type != role:
+            raise validation(f"the model name says `{role}` and `input_type` says `{input_type}`")
+        input_type = role
+    if request.task is None:
+        return None, input_type
+    if request.task in served.prompts:
+        return request.task, None
+    task_role = JINA_ROLES.get(request.task)
+    if task_role is None:
+        known = ", ".join(sorted(served.prompts)) or "none"
+        raise validation(
+            f"`task` {request.task} needs a prompt of that name, which model `{served.name}` does not "
+            f"have (its prompts: {known})"
+        )
+    if input_type is not None and input_type != task_role:
+        raise validation(f"`task` {request.task} and `input_type` {input_type} disagree")
+    return None, task_role
+
+
+def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedModel) -> Truncation:
+    """NIM's `truncate` or vLLM's `truncate_prompt_tokens`, not both."""
+    truncate, direction = truncate_end(request.truncate)
+    return gw.service.windowed(served, truncate, direction, request.truncate_prompt_tokens)
+
+
+def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
+    """The type each vector is written in (`encodings.as_type`), checked before any inference."""
+    kind = request.embedding_type or "float"
+    if request.encoding_format == "base64":
+        if kind not in ("float", "base64"):
+            raise validation(
+                f"`encoding_format` base64 carries float vectors; `embedding_type` {kind} is integers"
+            )
+        return "base64"
+    if kind in RANGED and request.normalize is False:
+        raise validation(
+            f"`embedding_type` {kind} is calibrated on normalised vectors; drop `normalize: false`"
+        )
+    check_ranged(
+        served.name, served.dense_ranges, request.dimensions or served.dense_dim or 0, [kind]
+    )
+    return kind
+
+
+async def embeddings_payload(
+    request: EmbeddingRequest,
+    gw: Gateway,
+    served: ServedModel,
+    context: RequestContext,
+    role: str | None = None,
+) -> dict[str, Any]:
+    """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
+    if request.late_chunking:
+        raise validation(
+            "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
+        )
+    prompt_name, input_type = prompt_choice(request, served, role)
+    kind = embedding_kind(request, served)
+    truncation = embedding_truncation(request, gw, served)
+    chunking = gw.service.chunking(*asked_chunking(request.chunking))
+    if truncation.window is not None:  # a window of its own cuts long inputs: no chunks
+        if request.chunking is not None and request.chunking.enabled:
+            raise validation("give `chunking` or `truncate_prompt_tokens`, not both")
+        chunking = None
+    items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
+    result = await gw.service.dense(
+        served,
+        items,
+        truncation,
+        request.normalize is not False,
+        request.dimensions,
+        context,
+        chunking,
+    )
+    tokens = int(result.num_tokens.sum())
+    rows = (
+        result.rows
+        if kind == "float"
+        else as_type(
+            np.asarray(result.rows),
+            kind,
+            served.dense_ranges,
+            request.embed_dtype,
+            request.endianness,
+        )
+    )
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "embedding": row,
+                "index": i,
+                **({"chunks": context.chunks[i]} if context.chunks else {}),
+            }
+            for i, row in enumerate(rows)
+        ],
+        "model": served.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
+@router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
+async def openai_embeddings(
+    request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
+    """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); right truncation when
+    --auto-truncate is on (the default)."""
+    served, role = await _embedder(http.gateway, model, request.model)
+    return json_response(
+        await embeddings_payload(request, http.gateway, served, http.context, role), http.context
+    )
+
+
+# Infinity's names of what a model serves
+INFINITY_CAPABILITIES = {
+    Capability.DENSE: "embed",
+    Capability.RERANK: "rerank",
+    Capability.PREDICT: "classify",
+}
+
+
+def model_card(model: ServedModel, created: int, permits: Permits) -> dict[str, object]:
+    """OpenAI's model card, with vLLM's `root` and `max_model_len` and Infinity's `backend`,
+    `capabilities` and `stats` (the gateway's inputs in flight, shared by every model)."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "prensa",
+        "root": model.name,
+        "task": model.task,
+        "max_model_len": model.max_length,
+        "backend": "triton",
+        "capabilities": [name for cap, name in INFINITY_CAPABILITIES.items() if model.can(cap)],
+        "stats": {
+            "batch_size": model.max_batch_size,
+            "queue_absolute": permits.in_use,
+            "queue_fraction": permits.in_use / max(permits.capacity, 1),
+        },
+    }
+
+
+@models_router.get("/v1/models", response_model=ModelList, summary="Served models (OpenAI's list)")
+@models_router.get("/models", response_model=ModelList, include_in_schema=False)  # Infinity's
+async def list_models(http: GatewayRequest) -> Response:
+    gw = http.gateway
+    await gw.registry.ensure()
+    created = int(gw.started)
+    cards = [model_card(m, created, gw.service.permits) for m in gw.registry.models.values()]
+    return json_response({"object": "list", "data": cards})
+
+
+@models_router.get("/v1/models/{model_id}", response_model=ModelCard, summary="One served model")
+async def retrieve_model(model_id: str, http: GatewayRequest) -> Response:
+    gw = http.gateway
+    served = await gw.registry.pick(None, model_id)
+    return json_response(model_card(served, int(gw.started), gw.service.permits))

@@ -1,0 +1,12 @@
+"""The API key check both servers make (HTTP's `Authorization` header, gRPC's metadata)."""
+
+from __future__ import annotations
+
+import hmac
+
+
+def key_matches(authorization: str, api_key: str) -> bool:
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), api_key.encode()
+    )

@@ -1,0 +1,236 @@
+"""HTTP plumbing every API's routes share: the request type routes take (gateway state, request
+context, orjson bodies), body validation as FastAPI's, orjson responses with timing headers, and a
+route class that counts every request under TEI's metric names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterable
+from functools import cached_property
+from typing import Annotated, Any, TypeVar, cast
+
+import orjson
+from fastapi import Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from prensa.gateway.core.request_context import RequestContext
+from prensa.gateway.errors import ErrorShape
+from prensa.gateway.logs import CONTEXT_KEY, ID_KEY, RECEIVED_KEY
+from prensa.gateway.state import Gateway, record_success, timing_headers
+from prensa.gateway.tracing import stage
+
+# `?model=` on every inference route; the body's `model` field says the same (see `core.registry.named_model`).
+ModelParam = Annotated[
+    str | None, Query(description="Served model; default: --default-model or the first that fits.")
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_body(request_model: type[M], data: Any) -> M:
+    """`data` (parsed JSON) as `request_model`, or pydantic's errors located under "body", as FastAPI
+    raises them: for a route that picks its request model from the body itself."""
+    try:
+        return request_model.model_validate(data, from_attributes=True)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        ) from None
+
+
+def json_response(payload: Any, context: RequestContext | None = None) -> Response:
+    """orjson straight from numpy arrays; TEI's timing headers when the request reached Triton."""
+    headers = timing_headers(context) if context is not None else {}
+    with stage("serialize"):
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+class GatewayRequest(Request):
+    """The request as the routes take it (a parameter of this type, which FastAPI fills with the
+    request itself: two dependencies fewer to solve per request; docs/performance.md has the
+    cost). It reaches the gateway's state and this request's context, and
+    parses bodies with orjson: strict UTF-8 (a lone surrogate escape such as "\\ud800" is
+    malformed JSON, not a text that fails later) and a nesting limit (1024) instead of a
+    RecursionError. Its errors are `json.JSONDecodeError`s, which FastAPI turns into our 400."""
+
+    @property
+    def gateway(self) -> Gateway:
+        return cast(Gateway, self.app.state.gateway)
+
+    @cached_property
+    def context(self) -> RequestContext:
+        """This request's context, from when `logs.RequestLog` saw it arrive; also left in the
+        request's state for its log line."""
+        context = RequestContext(
+            received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY)
+        )
+        setattr(self.state, CONTEXT_KEY, context)
+        return context
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_orjson"):
+            self._orjson = orjson.loads(await self.body())
+        return self._orjson
+
+
+class GatewayRoute(APIRoute):
+    """Hands the endpoint a `GatewayRequest`. A route that takes only a JSON body, the request and
+    `?model=` (every inference route) can also be run without FastAPI (`run_direct`, see
+    `DirectRoutes`), its body parsed and validated as FastAPI does it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def serve(request: Request) -> Response:
+            return await self.serve(handler, GatewayRequest(request.scope, request.receive))
+
+        return serve
+
+    async def serve(
+        self,
+        handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
+        request: GatewayRequest,
+    ) -> Response:
+        return await handler(request)
+
+    @property
+    def direct(self) -> bool:
+        """POST only, and the endpoint takes one body model, the request and at most `?model=`."""
+        d = self.dependant
+        return (
+            self.methods == {"POST"}
+            and len(d.body_params) == 1
+            and d.request_param_name is not None
+            and {q.name for q in d.query_params} <= {MODEL_QUERY}
+            and not d.dependencies
+            and not (d.path_params or d.header_params or d.cookie_params)
+        )
+
+    async def run_direct(self, request: GatewayRequest) -> Response:
+        """The endpoint on the request's body, read as FastAPI reads it (orjson, then the body
+        field's own validation; errors located under "body") but without its per-request machinery."""
+        field = self.dependant.body_params[0]
+        raw = await request.body()
+        if not raw:
+            raise RequestValidationError(
+                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+            )
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body", exc.pos),
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": exc.msg},
+                    }
+                ],
+                body=exc.doc,
+            ) from exc
+        body, errors = field.validate(data, {}, loc=("body",))
+        if errors:
+            raise RequestValidationError(errors, body=data)
+        arguments = {field.name: body, cast(str, self.dependant.request_param_name): request}
+        if self.dependant.query_params:  # most requests have no query string: no parsing then
+            arguments[MODEL_QUERY] = (
+                request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
+            )
+        return cast(Response, await self.endpoint(**arguments))
+
+
+class ErrorShapes:
+    """The error body each path answers: the shape of the error model its route declares in its
+    OpenAPI `responses` (a model with a `shape`, see `errors.ErrorShape`); TEI's elsewhere, for a
+    path no route serves included. What clients read in the schema is what they get."""
+
+    def __init__(self, routes: Iterable[Any]) -> None:
+        self.exact: dict[str, ErrorShape] = {}
+        self.patterns: list[tuple[Any, ErrorShape]] = []  # routes with path parameters
+        for route in routes:
+            if not isinstance(route, APIRoute):
+                continue
+            shape = declared_shape(route)
+            if route.param_convertors:
+                self.patterns.append((route.path_regex, shape))
+            else:
+                self.exact.setdefault(route.path, shape)
+
+    def __call__(self, path: str) -> ErrorShape:
+        if (shape := self.exact.get(path)) is not None:
+            return shape
+        return next(
+            (shape for pattern, shape in self.patterns if pattern.match(path)), ErrorShape.TEI
+        )
+
+
+def declared_shape(route: APIRoute) -> ErrorShape:
+    """The shape of the error model `route` declares, TEI's when it declares none."""
+    shapes = (getattr(spec.get("model"), "shape", None) for spec in route.responses.values())
+    return next((shape for shape in shapes if isinstance(shape, ErrorShape)), ErrorShape.TEI)
+
+
+MODEL_QUERY = "model"  # the query parameter every inference route takes (`ModelParam`)
+ErrorHandler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
+
+
+class DirectRoutes:
+    """ASGI: POST requests to `routes` run their `GatewayRoute.run_direct` here, the rest go to
+    `app` (FastAPI). FastAPI's per-request work (its middleware, routing over every route,
+    dependency solving) is most of the gateway's own CPU on a short query; its error handling is
+    kept: the app's `handlers` answer the exceptions they are registered for (looked up along the
+    exception's classes, as Starlette does), and anything else is the bare 500 FastAPI answers,
+    raised again for the server to log."""
+
+    def __init__(
+        self, app: ASGIApp, routes: dict[str, GatewayRoute], handlers: dict[type, ErrorHandler]
+    ) -> None:
+        self.app = app
+        self.routes = routes
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (
+            self.routes.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+            else None
+        )
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        request = GatewayRequest(scope, receive)
+        try:
+            response = await route.serve(route.run_direct, request)
+        except Exception as exc:  # answered by its handler, else the bare 500 and raised again
+            handler = next(
+                (self.handlers[kind] for kind in type(exc).__mro__ if kind in self.handlers), None
+            )
+            if handler is None:
+                await PlainTextResponse("Internal Server Error", status_code=500)(
+                    scope, receive, send
+                )
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+
+class CountedRoute(GatewayRoute):
+    """Counts requests and successes per route (`method` label = the route's name) and times them."""
+
+    async def serve(
+        self,
+        handler: Callable[[GatewayRequest], Coroutine[Any, Any, Response]],
+        request: GatewayRequest,
+    ) -> Response:
+        metrics = request.gateway.metrics
+        metrics.started(self.name)
+        response = await handler(request)
+        if response.status_code < 400:
+            record_success(metrics, self.name, request.context)
+        return response
