@@ -48,7 +48,7 @@ def check(export: Path) -> dict[str, Any]:
         "cpu": ("cpu", None),
         "cuda": ("cuda", None),
         "cuda gpu-batching": ("cuda", encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, rows,
-                                                          encode.gpu_length_buckets(manifest.max_length))),
+                                                          contract.gpu_length_buckets(manifest.max_length))),
     }
     outputs, report = {}, {"torch_imported": "torch" in sys.modules, "dtype": manifest.dtype}
     for label, (provider, batching) in policies.items():

@@ -21,7 +21,8 @@ from prensa.cli import app
 from prensa.cli.gateway import GatewayAddress
 from prensa.cli.options import parameter_name
 from prensa.gateway.core.limits import connection_ceiling
-from prensa.gateway.server import GatewayProtocol, worker_server
+from prensa.gateway.http.connection import GatewayProtocol
+from prensa.gateway.server import worker_server
 from prensa.gateway.settings import GatewaySettings
 from prensa.options import command_flag, flag_name, flag_of
 from prensa.triton.repo import ServingOptions, Target

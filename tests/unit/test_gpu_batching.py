@@ -25,7 +25,7 @@ def is_power_of_two(n: int) -> bool:
 
 @pytest.mark.parametrize("max_length", [8, 31, 32, 100, 300, 512, 514, 8192])
 def test_length_buckets_are_powers_of_two_from_32_ending_at_max_length(max_length):
-    buckets = encode.gpu_length_buckets(max_length)
+    buckets = contract.gpu_length_buckets(max_length)
     assert buckets[-1] == max_length
     assert list(buckets) == sorted(set(buckets))
     assert all(is_power_of_two(b) and b >= 32 for b in buckets[:-1])
@@ -34,14 +34,14 @@ def test_length_buckets_are_powers_of_two_from_32_ending_at_max_length(max_lengt
 
 
 def test_length_buckets_without_a_max_length_stop_at_512_and_longer_rows_keep_their_width():
-    buckets = encode.gpu_length_buckets(None)
+    buckets = contract.gpu_length_buckets(None)
     assert buckets == (32, 64, 128, 256, 512)
     assert encode.bucket(513, buckets) == 513 and encode.bucket(1, buckets) == 32 and encode.bucket(65, buckets) == 128
 
 
 @pytest.mark.parametrize("max_rows, expected", [(1, (1,)), (48, (1, 2, 4, 8, 16, 32, 48)), (64, (1, 2, 4, 8, 16, 32, 64))])
 def test_row_buckets(max_rows, expected):
-    assert encode.row_buckets(max_rows) == expected
+    assert contract.row_buckets(max_rows) == expected
 
 
 def plan_cost(policy, lengths, batches) -> float:
@@ -65,7 +65,7 @@ def test_gpu_plan_covers_every_row_once_within_budget_and_costs_least(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 513, size=rng.integers(1, 300))
     budget, max_rows = int(rng.choice([2048, 16384, 131072])), int(rng.choice([8, 48, 64]))
-    policy = encode.GpuBatching(budget, max_rows, encode.gpu_length_buckets(512))
+    policy = encode.GpuBatching(budget, max_rows, contract.gpu_length_buckets(512))
     batches = policy.plan(lengths)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
     for batch in batches:
@@ -81,7 +81,7 @@ def test_gpu_plan_covers_every_row_once_within_budget_and_costs_least(seed):
 
 
 def test_a_long_row_is_cut_off_where_its_padding_costs_more_than_a_pass():
-    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 256, encode.gpu_length_buckets(512))
+    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 256, contract.gpu_length_buckets(512))
     lengths = np.array([20] * 100 + [500] + [20] * 155)
     assert [b.tolist() for b in policy.plan(lengths)] == [[100], [i for i in range(256) if i != 100]]
     # a row only a little longer stays: splitting would save less padding than a pass costs
@@ -90,7 +90,7 @@ def test_a_long_row_is_cut_off_where_its_padding_costs_more_than_a_pass():
 
 
 def test_packed_passes_fill_real_tokens_and_take_their_own_shape():
-    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, encode.gpu_length_buckets(512),
+    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, contract.gpu_length_buckets(512),
                                 packed_max_tokens=4096)
     lengths = np.array([500, *[20] * 300])
     batches = policy.plan(lengths)
@@ -102,7 +102,7 @@ def test_packed_passes_fill_real_tokens_and_take_their_own_shape():
 
 
 def test_small_passes_take_their_captured_shape():
-    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, encode.gpu_length_buckets(512))
+    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 1024, contract.gpu_length_buckets(512))
     captured = frozenset(encode.captured_shapes(base, contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS))
     assert captured and all(r * w <= contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS for r, w in captured)
     policy = encode.GpuBatching(base.max_batch_tokens, base.max_rows, base.length_buckets, captured=captured,
@@ -114,28 +114,28 @@ def test_small_passes_take_their_captured_shape():
 def test_gpu_plan_never_cuts_on_length_ratio():
     lengths = np.array([3, 40, 90, 200, 500, 7, 12])  # the CPU rule cuts these into many sub-batches
     cpu = encode.plan_sub_batches(lengths, 131072, contract.DEFAULT_LENGTH_RATIO, 64)
-    gpu = encode.GpuBatching(131072, 64, encode.gpu_length_buckets(512)).plan(lengths)
+    gpu = encode.GpuBatching(131072, 64, contract.gpu_length_buckets(512)).plan(lengths)
     assert len(cpu) >= 5
     assert [b.tolist() for b in gpu] == [[4, 3, 2, 1, 6, 5, 0]]  # one pass, longest first
 
 
 def test_gpu_plan_cuts_on_the_budget_at_the_bucket_length():
     lengths = np.full(40, 100)  # bucket 128: 1024 // 128 = 8 rows a pass
-    batches = encode.GpuBatching(1024, 64, encode.gpu_length_buckets(512)).plan(lengths)
+    batches = encode.GpuBatching(1024, 64, contract.gpu_length_buckets(512)).plan(lengths)
     assert [len(b) for b in batches] == [8] * 5
 
 
 def test_row_past_the_budget_runs_alone():
-    policy = encode.GpuBatching(256, 64, encode.gpu_length_buckets(512))
+    policy = encode.GpuBatching(256, 64, contract.gpu_length_buckets(512))
     batches = policy.plan(np.array([10, 500, 12]))
     assert [b.tolist() for b in batches] == [[1], [2, 0]]
     assert policy.shape([500]) == (1, 512)
 
 
 def test_gpu_shapes_are_few_and_within_the_budget():
-    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 64, encode.gpu_length_buckets(8192))
+    policy = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 64, contract.gpu_length_buckets(8192))
     shapes = policy.shapes()
-    assert len(shapes) <= len(policy.length_buckets) * len(encode.row_buckets(64))
+    assert len(shapes) <= len(policy.length_buckets) * len(contract.row_buckets(64))
     assert all(rows * width <= policy.max_batch_tokens for rows, width in shapes)
     assert (64, 512) in shapes and (16, 8192) in shapes and (1, 32) in shapes
 
@@ -158,7 +158,7 @@ def test_policy_follows_the_provider_unless_told(given, kind):
 
 def test_gpu_policy_reads_its_budget_and_buckets_from_the_config():
     default = encode.batching_policy(params(execution_provider="cuda", max_length="8192"), 32)
-    assert default == encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 32, encode.gpu_length_buckets(8192))
+    assert default == encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, 32, contract.gpu_length_buckets(8192))
     assert contract.DEFAULT_GPU_MAX_BATCH_TOKENS > contract.DEFAULT_MAX_BATCH_TOKENS
     tuned = encode.batching_policy(params(execution_provider="cuda", gpu_max_batch_tokens="65536",
                                           length_buckets="256,64,512"), 32)
@@ -198,7 +198,7 @@ def ragged(rng, count):
 
 def test_encoder_pads_to_bucket_shapes_and_returns_each_request_its_rows():
     session = EchoSession()
-    policy = encode.GpuBatching(4096, 16, encode.gpu_length_buckets(256))
+    policy = encode.GpuBatching(4096, 16, contract.gpu_length_buckets(256))
     encoder = encode.TokenBudgetEncoder(session, 0, 16384, 1.25, 16, {"last_hidden_state"}, batching=policy)
     requests = ragged(np.random.default_rng(3), 30)
     results = encoder.encode(requests)
@@ -284,7 +284,7 @@ def traffic_figures(mix: str, policy, window: int):
 
 def gpu_policy(packed: bool) -> object:
     window = contract.GPU_WINDOW_ROWS
-    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, window, encode.gpu_length_buckets(512))
+    base = encode.GpuBatching(contract.DEFAULT_GPU_MAX_BATCH_TOKENS, window, contract.gpu_length_buckets(512))
     return encode.GpuBatching(base.max_batch_tokens, window, base.length_buckets,
                               captured=frozenset(encode.captured_shapes(base, contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS)),
                               packed_max_tokens=contract.DEFAULT_PACKED_MAX_TOKENS if packed else None)
@@ -335,7 +335,7 @@ def test_each_pass_runs_where_the_plan_meant_it_to():
     """Captured shapes replay their CUDA graph, other passes go to the packed graph at their own shape,
     and the padded-token counter counts what each computes (real tokens on the packed graph)."""
     plain, packed = EchoSession(), EchoSession()
-    base = encode.GpuBatching(4096, 64, encode.gpu_length_buckets(256))
+    base = encode.GpuBatching(4096, 64, contract.gpu_length_buckets(256))
     captured = frozenset(encode.captured_shapes(base, 512))
     graphs = EchoGraphs(captured)
     policy = encode.GpuBatching(4096, 64, base.length_buckets, captured=captured, packed_max_tokens=2048)

@@ -99,7 +99,7 @@ def test_export_calibration_equals_sentence_transformers_ranges(prompted, st_ran
     assert manifest.calibration_file == CALIBRATION_FILE == Manifest.read(out).calibration_file
     data = json.loads((out / CALIBRATION_FILE).read_text())
     assert (data["texts"], data["corpus"]) == (CORPUS_TEXTS, CORPUS)
-    assert CORPUS == "prensa.bench.workload.embedding_texts(256, seed=0)"
+    assert CORPUS == "prensa.workload.embedding_texts(256, seed=0)"
     ranges = read_dense_ranges(out)
     assert ranges.shape == (2, manifest.dim) == (2, 384)
     assert (ranges[0] <= ranges[1]).all()

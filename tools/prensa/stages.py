@@ -13,6 +13,20 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from prensa.ensembles import prensa_stage as contract
+
+__all__ = [
+    "CONTRACT_FILE",
+    "ENSEMBLES_DIR",
+    "PIPELINE_STAGES",
+    "contract",
+    "load_stage",
+    "stage_model_file",
+    "stage_model_name",
+    "stage_module_name",
+    "stage_of_model",
+]
+
 ENSEMBLES_DIR = Path(__file__).resolve().parent / "ensembles"
 CONTRACT_FILE = ENSEMBLES_DIR / "prensa_stage.py"
 # the ensemble's steps in order; `fused` runs all three
@@ -54,13 +68,15 @@ def stage_module_name(stage: str) -> str:
 
 
 def load_stage(stage: str) -> ModuleType:
-    """A stage's model.py with its siblings importable as inside Triton: `prensa_stage`, and for the
-    fused model the three stages it runs."""
-    _import("prensa_stage", CONTRACT_FILE)
+    """A stage's model.py with its siblings importable as inside Triton: `prensa_stage` (the one
+    `contract` module), and for the fused model the three stages it runs."""
     if stage == "fused":
         for part in PIPELINE_STAGES:
             load_stage(part)
     return _import(stage_module_name(stage), stage_model_file(stage))
 
 
-contract = _import("prensa_stage", CONTRACT_FILE)
+# The stage code imports the contract as `prensa_stage`, the name a repository gives the file
+# beside each stage; prensa imports it as the typed module it is and lends it that name, so that
+# both see one module (its dataclasses and constants, once).
+sys.modules.setdefault("prensa_stage", contract)

@@ -130,7 +130,7 @@ def policy_figures(mix: str, window: int, packed: bool, graphs: bool) -> tuple[P
     encode = load_stage("encode")
     lengths = token_lengths(mix)
     policy = encode.GpuBatching(
-        contract.DEFAULT_GPU_MAX_BATCH_TOKENS, window, encode.gpu_length_buckets(512)
+        contract.DEFAULT_GPU_MAX_BATCH_TOKENS, window, contract.gpu_length_buckets(512)
     )
     captured = encode.captured_shapes(policy, contract.DEFAULT_CUDA_GRAPH_MAX_TOKENS)
     policy = replace(

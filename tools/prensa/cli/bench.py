@@ -207,9 +207,13 @@ def gateway(
             "HTTP /embed."
         ),
     ] = False,
-    log: Annotated[Path, typer.Option(help="With --http: the server's log.")] = Path(
-        "gateway-cost.log"
-    ),
+    log: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --http: where the server's log goes (said at the end); default: "
+            "prensa-gateway-cost.log in the system's temporary directory."
+        ),
+    ] = None,
 ) -> None:
     """The gateway's own CPU per /embed request.
 
@@ -226,6 +230,7 @@ def gateway(
                 "measures a served gateway: give --http too", param_hint="--grpc"
             )
         if http:
+            log = log or Path(tempfile.gettempdir()) / "prensa-gateway-cost.log"
             cost = gateway_cost.measure_http(
                 repo, BENCH_MODEL, requests, concurrency, log, workers, grpc
             )
@@ -234,7 +239,7 @@ def gateway(
                 f"gateway over {over} at {concurrency} clients, {workers} worker(s): "
                 f"{cost.cpu_ms_per_request * 1000:.0f} us CPU per {each}, {cost.requests_per_s:.0f} "
                 f"requests/s ({cost.requests_per_cpu_s:.0f} per second of CPU); cores busy: gateway "
-                f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}"
+                f"{cost.gateway_cores:.2f}, load generator {cost.client_cores:.2f}; server log: {log}"
             )
         else:
             rounds = asyncio.run(gateway_cost.measure(repo, BENCH_MODEL, requests))

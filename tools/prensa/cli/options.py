@@ -84,7 +84,8 @@ def field_parameter(
     elif repeatable(annotation):  # click hands a list, None when not given (`list[element] | None`)
         annotation = types.GenericAlias(list, (typing.get_args(annotation)[0],)) | None
         default = list(typing.cast(tuple[Any, ...], default)) or None
-    decl = f"{flag}/--no-{flag.removeprefix('--')}" if annotation is bool else flag
+    switch = annotation is bool or set(typing.get_args(annotation)) == {bool, type(None)}
+    decl = f"{flag}/--no-{flag.removeprefix('--')}" if switch else flag
     return option_parameter(
         parameter_name(item),
         annotation,
@@ -157,17 +158,21 @@ def with_options(
     only: Iterable[str] | None = None,
     own_env: bool = False,
     panel: str | None = None,
+    passed: Iterable[str] = (),
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Options for the flagged fields of `cls` (or `only` those), handed to the command as one `cls`
-    value in its `parameter`; fields left out keep their defaults."""
+    value in its `parameter`; fields left out keep their defaults. `passed`: fields without a flag
+    that the command's own parameters of those names give (an argument, a required option)."""
     offered = flagged_fields(cls, only)
     hints = typing.get_type_hints(cls)
+    own = tuple(passed)
 
     def build(values: dict[str, Any]) -> dict[str, Any]:
         given = {
             item.name: field_value(item, hints[item.name], values.pop(parameter_name(item)))
             for item in offered
         }
+        given.update({name: values[name] for name in own})
         return {parameter: construct(cls, given, own_env=own_env)}
 
     added = [

@@ -79,6 +79,9 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_GPU_MAX_BATCH_TOKENS = 131072
 GPU_SMALLEST_LENGTH_BUCKET = 32
 GPU_UNTOLD_MAX_BUCKET = 512
+# A native container's encoder (onnxruntime's CUDA or TensorRT backend, with no packed graph to
+# skip padding) pads to the same ladder from a smaller bucket: it computes every padded token.
+NATIVE_SMALLEST_LENGTH_BUCKET = 16
 # What one GPU pass costs besides its tokens, in tokens' worth of compute: the GPU policy cuts a
 # pass in two only where that saves more padding than this. An eager pass of bge-m3's 24 layers
 # launches its kernels in about 12 ms, what some 8,000 tokens cost on an H200 (docs/gpu.md).
@@ -235,6 +238,27 @@ def parameters(model_config: dict[str, Any] | str) -> dict[str, str]:
 def int_list(text: str) -> list[int]:
     """Parse a comma-separated list of ints as written by the repository generator."""
     return [int(item) for item in text.split(",") if item.strip()]
+
+
+def gpu_length_buckets(
+    max_length: int | None, smallest: int = GPU_SMALLEST_LENGTH_BUCKET
+) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `max_length`, then `max_length`; without a max length,
+    powers of two up to GPU_UNTOLD_MAX_BUCKET (longer rows keep their own width). The one ladder of
+    GPU length buckets: the encode stage's (from GPU_SMALLEST_LENGTH_BUCKET) and the native
+    containers' (from NATIVE_SMALLEST_LENGTH_BUCKET, `prensa.triton.native`)."""
+    top = GPU_UNTOLD_MAX_BUCKET if max_length is None else max_length
+    powers = [
+        2**k
+        for k in range(max(smallest, 1).bit_length() - 1, top.bit_length())
+        if smallest <= 2**k < top
+    ]
+    return (*powers, top)
+
+
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """Powers of two below `max_rows`, then `max_rows`."""
+    return (*(2**k for k in range(max_rows.bit_length()) if 2**k < max_rows), max(max_rows, 1))
 
 
 # A request Triton marks cancelled (its gRPC client hung up) is answered with this, not computed.

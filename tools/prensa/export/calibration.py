@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 DENSE_TASKS = (Task.EMBED, Task.M3)  # the tasks whose clients receive `dense` vectors
 CORPUS_TEXTS = 256
 CORPUS_SEED = 0
-# Recorded in calibration files as it always was; `prensa.bench.workload` re-exports `prensa.workload`.
-CORPUS = f"prensa.bench.workload.embedding_texts({CORPUS_TEXTS}, seed={CORPUS_SEED})"
+# What calibration files record their corpus as: the call that makes it.
+CORPUS = f"prensa.workload.embedding_texts({CORPUS_TEXTS}, seed={CORPUS_SEED})"
 MAX_TOKENS = 256  # bounds the CPU time of long-context models; most of the corpus fits within it
 BATCH_ROWS = 32  # length-sorted, so little padding
 FIGURE = "calibration"  # the export report's line; not "int8 ...", which names the quantised graph's lines

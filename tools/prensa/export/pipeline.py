@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +37,7 @@ from prensa.manifest import (
     Task,
     TensorRTEngine,
 )
+from prensa.options import InvalidSetting, require_positive, setting
 from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
@@ -71,33 +72,110 @@ class ExportFormat(str, Enum):
     TENSORRT = "tensorrt"  # model.onnx in fp32 plus model.plan in `dtype`
 
 
+def int8_quantize(text: str) -> bool:
+    """`--quantize`'s one value."""
+    if text != "int8":
+        raise ValueError(f"--quantize takes int8, got {text!r}")
+    return True
+
+
 @dataclass(frozen=True)
 class ExportOptions:
-    source: str
-    out: Path
+    """What `prensa export` makes of a model: each field's default, flag and help here, its checks
+    in `__post_init__`, so the command line (`prensa.cli.export`) and Python callers agree."""
+
+    source: str = field(metadata={"flag": None})  # the command's argument
+    out: Path = field(metadata={"flag": None})  # the command's --out
     _: KW_ONLY  # the rest by name
-    task: Task | None = None
-    pooling: Pooling | None = None
-    max_length: int | None = None
-    dtype: str = "fp32"  # of the served graph: the ONNX file, or the engine for --format tensorrt
-    dense_only: bool = False
-    revision: str | None = None
-    quantize_int8: bool = False
-    format: ExportFormat = ExportFormat.ONNX
+    task: Task | None = setting(None, "What the model does; detected from its files when omitted.")
+    pooling: Pooling | None = setting(
+        None, "Dense pooling; default from 1_Pooling/config.json, else cls."
+    )
+    max_length: int | None = setting(None, "Max tokens per text; default from the model's configs.")
+    # of the served graph: the ONNX file, or the engine for --format tensorrt
+    dtype: str | None = setting(
+        None,
+        "fp32 or fp16. Default: fp32 for onnx (fp16 runs fast only on a GPU provider), fp16 for "
+        "tensorrt.",
+    )
+    dense_only: bool = setting(
+        False, "bge-m3 without its sparse/ColBERT head files: serve dense only."
+    )
+    revision: str | None = setting(None, "Hub revision (branch, tag or commit) to export.")
+    quantize_int8: bool = setting(
+        False,
+        "int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.",
+        flag="--quantize",
+        parse=int8_quantize,
+    )
+    format: ExportFormat = setting(
+        ExportFormat.ONNX,
+        "onnx, or tensorrt: also build model.plan (needs TensorRT and a CUDA GPU; see docs/gpu.md).",
+        flag="--format",
+    )
     # TensorRT profile; its max length is the export's
-    trt_max_batch: int = contract.DEFAULT_MAX_BATCH_SIZE
-    trt_opt_batch: int = 8
-    trt_opt_length: int | None = None  # None: min(128, max length)
-    # onnxruntime's transformer fusions, for the ONNX graphs onnxruntime serves
-    fuse_ops: bool = True
-    # weights in model.onnx.data even when the graph would fit in one file
-    external_data: bool = False
-    # int8 embedding ranges; None: when the model is small (calibration.skip_reason)
-    calibrate: bool | None = None
-    # rerank and classify: how a pair too long for the model is cut
-    pair_truncation: PairTruncation = PairTruncation.LONGEST_FIRST
-    # the packed graph for onnxruntime's CUDA provider (`packing`); None: for fp16 graphs, the GPU's
-    pack: bool | None = None
+    trt_max_batch: int = setting(
+        contract.DEFAULT_MAX_BATCH_SIZE,
+        "TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).",
+    )
+    trt_opt_batch: int = setting(8, "TensorRT profile: the batch size kernels are tuned for.")
+    trt_opt_length: int | None = setting(
+        None,
+        "TensorRT profile: the length kernels are tuned for; default min(128, max length), capped "
+        "at it. The profile's max length is the export's max length.",
+    )
+    fuse_ops: bool = setting(
+        True,
+        "ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite "
+        "attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if "
+        "the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops "
+        "(TensorRT through onnxruntime).",
+    )
+    external_data: bool = setting(
+        False,
+        "Keep the weights in one model.onnx.data file beside the graph even when they fit in it "
+        "(graphs over 2 GB always do).",
+    )
+    calibrate: bool | None = setting(
+        None,
+        "Measure int8/uint8 embedding ranges (calibration.json) on a fixed corpus. Default: for "
+        "models up to 150M parameters; larger ones take minutes on a CPU, so ask for it, or run "
+        "`prensa calibrate` on the export later.",
+    )
+    pair_truncation: PairTruncation = setting(
+        PairTruncation.LONGEST_FIRST,
+        "Cross-encoders and classifiers: how a pair longer than the max length is cut. "
+        "longest_first: the longer text loses tokens first (TEI, sentence-transformers' "
+        "CrossEncoder); capped_query: the query keeps at most 3/4 of the max length, the document "
+        "the rest (FlagEmbedding's FlagReranker).",
+    )
+    pack: bool | None = setting(
+        None,
+        "Also write model.packed.onnx, the fused graph in onnxruntime's packing mode: on CUDA it "
+        "computes over real tokens only, whatever the padding. Default: for fp16 ONNX exports (the "
+        "GPU's format). Checked against the unpacked graph by the encode stage on CUDA when it loads.",
+    )
+
+    @property
+    def served_dtype(self) -> str:
+        """`dtype`, or the format's default: fp16 for a TensorRT engine, fp32 for an ONNX graph."""
+        if self.dtype is not None:
+            return self.dtype
+        return "fp16" if self.format is ExportFormat.TENSORRT else "fp32"
+
+    def __post_init__(self) -> None:
+        if self.served_dtype not in ("fp32", "fp16"):
+            raise InvalidSetting("dtype", f"must be fp32 or fp16, got {self.dtype}")
+        if self.quantize_int8 and self.served_dtype != "fp32":
+            raise InvalidSetting("quantize_int8", "takes int8, from an fp32 export")
+        if self.quantize_int8 and self.format is ExportFormat.TENSORRT:
+            raise InvalidSetting(
+                "quantize_int8",
+                "int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)",
+            )
+        require_positive(self, "max_length", "trt_max_batch", "trt_opt_batch", "trt_opt_length")
+        if self.trt_opt_batch > self.trt_max_batch:
+            raise ValueError("the TensorRT profile needs 1 <= --trt-opt-batch <= --trt-max-batch")
 
 
 @dataclass(frozen=True)
@@ -719,12 +797,12 @@ def _build_tensorrt(
         expected = run_onnx(onnx_path, graph.inputs, sample)
     with tempfile.TemporaryDirectory(dir=options.out) as staging:
         source = onnx_path
-        if options.dtype == "fp16":
+        if options.served_dtype == "fp16":
             source = Path(staging) / ONNX_FILE
             with step("Converting a copy to fp16 (LayerNorm and softmax kept in fp32)"):
                 _to_fp16(onnx_path, source, options.external_data)
         with step(
-            f"Building the {options.dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"
+            f"Building the {options.served_dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"
         ):
             version = tensorrt.build_engine(source, plan_path, profile)
     with step("Running the engine on a sample batch"):
@@ -737,11 +815,11 @@ def _build_tensorrt(
         graph.outputs,
         prefix="tensorrt ",
     )
-    engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.dtype, version, profile)
+    engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.served_dtype, version, profile)
     figures = {
         **report.figures,
         **checked.figures,
-        "tensorrt engine": f"TensorRT {version}, {options.dtype}, {tensorrt.describe_profile(profile)}",
+        "tensorrt engine": f"TensorRT {version}, {options.served_dtype}, {tensorrt.describe_profile(profile)}",
     }
     return engine, VerifyReport(
         f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok
@@ -813,6 +891,56 @@ def _calibrate(
         )
 
 
+def assemble_manifest(
+    source: SourceModel,
+    config: dict[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    graph: GraphInfo,
+    pair_truncation: PairTruncation,
+    engine: TensorRTEngine | None,
+    packed_file: str | None,
+    packed_checked: bool,
+    prompts: tuple[dict[str, str], str | None],
+) -> Manifest:
+    """What the export tells Triton's stages and the gateway about the graph it wrote: read from the
+    source's configs, the plan, the graph and the engine; `prompts` are the source's, with the
+    default one's name (`read_prompts`)."""
+    dense_source = contract.SENTENCE_EMBEDDING if plan.graph_pooling else contract.LAST_HIDDEN_STATE
+    hidden = next((o.dims[-1] for o in graph.outputs if o.name == dense_source), None)
+    labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
+    return Manifest(
+        task=plan.task,
+        source=source.name,
+        revision=source.revision,
+        max_length=plan.max_length,
+        onnx_file=ONNX_FILE,
+        dtype=graph.dtype,
+        inputs=graph.inputs,
+        outputs=graph.outputs,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        special_ids=special_ids(tokenizer),
+        pooling=plan.pooling,
+        graph_pooling=plan.graph_pooling,
+        normalize=plan.normalize,
+        dim=hidden if plan.task in calibration.DENSE_TASKS else None,
+        id2label=labels if plan.task is Task.CLASSIFY else {},
+        attention_heads=_attention_heads(config),
+        pair_template=plan.template,
+        pair_truncation=pair_truncation,
+        packed_file=packed_file,
+        packed_checked=packed_checked,
+        tensorrt=engine,
+        fused_ops=graph.fused_ops,
+        prompts=prompts[0],
+        default_prompt_name=prompts[1],
+        include_prompt=plan.layout.include_prompt if plan.layout else True,
+        matryoshka_dimensions=read_matryoshka(source, config)
+        if plan.task in calibration.DENSE_TASKS
+        else None,
+    )
+
+
 def export_model(
     options: ExportOptions, step: Step = _no_progress
 ) -> tuple[Manifest, VerifyReport]:
@@ -836,10 +964,10 @@ def export_model(
             raise SourceError(
                 f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json"
             )
-        prompts, default_prompt = read_prompts(source)
+        prompts = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
-        plan = _plan(source, tokenizer, config, options, task, prompts)
+        plan = _plan(source, tokenizer, config, options, task, prompts[0])
         _check_pair_truncation(source, plan, options.pair_truncation)
     options.out.mkdir(parents=True, exist_ok=True)
     remove_staging(options.out)  # what an export killed midway left: gigabytes for a large model
@@ -858,7 +986,7 @@ def export_model(
             )
         graph, report = _adopt_onnx(source, tokenizer, plan, adopted, options, step)
     else:
-        onnx_dtype = options.dtype if options.format is ExportFormat.ONNX else "fp32"
+        onnx_dtype = options.served_dtype if options.format is ExportFormat.ONNX else "fp32"
         fuse = options.fuse_ops and options.format is ExportFormat.ONNX
         graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, fuse, step)
     if options.quantize_int8:
@@ -874,38 +1002,17 @@ def export_model(
             if source.has(extra):
                 (options.out / extra).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source.path / extra, options.out / extra)
-    dense_source = contract.SENTENCE_EMBEDDING if plan.graph_pooling else contract.LAST_HIDDEN_STATE
-    hidden = next((o.dims[-1] for o in graph.outputs if o.name == dense_source), None)
-    labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
-    manifest = Manifest(
-        task=plan.task,
-        source=source.name,
-        revision=source.revision,
-        max_length=plan.max_length,
-        onnx_file=ONNX_FILE,
-        dtype=graph.dtype,
-        inputs=graph.inputs,
-        outputs=graph.outputs,
-        pad_id=pad_id,
-        special_ids=special_ids(tokenizer),
-        pooling=plan.pooling,
-        graph_pooling=plan.graph_pooling,
-        normalize=plan.normalize,
-        dim=hidden if plan.task in calibration.DENSE_TASKS else None,
-        id2label=labels if plan.task is Task.CLASSIFY else {},
-        attention_heads=_attention_heads(config),
-        pair_template=plan.template,
-        pair_truncation=options.pair_truncation,
-        packed_file=packed_file,
-        packed_checked=packed_checked,
-        tensorrt=engine,
-        fused_ops=graph.fused_ops,
-        prompts=prompts,
-        default_prompt_name=default_prompt,
-        include_prompt=plan.layout.include_prompt if plan.layout else True,
-        matryoshka_dimensions=read_matryoshka(source, config)
-        if plan.task in calibration.DENSE_TASKS
-        else None,
+    manifest = assemble_manifest(
+        source,
+        config,
+        tokenizer,
+        plan,
+        graph,
+        options.pair_truncation,
+        engine,
+        packed_file,
+        packed_checked,
+        prompts,
     )
     # a previous export's, into the same directory
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)

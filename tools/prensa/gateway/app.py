@@ -157,6 +157,8 @@ class GatewayApp(FastAPI):
         }
 
     def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's stack (not a public API: tests/fast/test_private_reaches.py pins it) inside
+        the gateway's own ASGI layers, the direct routes first."""
         settings, metrics = self.gateway_settings, self.state.metrics
 
         def on_reject(kind: ErrorKind) -> None:

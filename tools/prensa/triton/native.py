@@ -15,17 +15,16 @@ from prensa.stages import contract
 from prensa.triton.config import ConfigDict, Tensor, dynamic_batching
 
 ACCELERATOR_WORKSPACE_BYTES = 4 << 30
-SMALLEST_BUCKET = 16
 WARMUP_TOKENS = 16384  # rows x length of the largest warmup batch (see warmup_shapes)
 
 
 def length_buckets(max_length: int, requested: tuple[int, ...] = ()) -> list[int]:
-    """Ascending pad lengths ending at `max_length`: the requested ones below it, or powers of two
-    from 16. Few buckets mean more merging; each bucket wastes at most half its length on padding."""
-    base = requested or tuple(
-        2**k for k in range(SMALLEST_BUCKET.bit_length() - 1, max_length.bit_length())
-    )
-    return [*sorted({b for b in base if 0 < b < max_length}), max_length]
+    """Ascending pad lengths ending at `max_length`: the requested ones below it, or the contract's
+    GPU ladder from NATIVE_SMALLEST_LENGTH_BUCKET. Few buckets mean more merging; each bucket
+    wastes at most half its length on padding."""
+    if not requested:
+        return list(contract.gpu_length_buckets(max_length, contract.NATIVE_SMALLEST_LENGTH_BUCKET))
+    return [*sorted({b for b in requested if 0 < b < max_length}), max_length]
 
 
 def warmup_shapes(buckets: list[int], max_batch_size: int) -> list[tuple[int, int]]:

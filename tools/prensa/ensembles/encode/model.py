@@ -86,29 +86,10 @@ def bucket(value: int, buckets: Sequence[int]) -> int:
     return next((b for b in buckets if b >= value), value)
 
 
-def gpu_length_buckets(
-    max_length: int | None, smallest: int = contract.GPU_SMALLEST_LENGTH_BUCKET
-) -> tuple[int, ...]:
-    """Powers of two from `smallest` below `max_length`, then `max_length`; without a max length,
-    powers of two up to the contract's GPU_UNTOLD_MAX_BUCKET (longer rows keep their own width)."""
-    top = contract.GPU_UNTOLD_MAX_BUCKET if max_length is None else max_length
-    powers = [
-        2**k
-        for k in range(max(smallest, 1).bit_length() - 1, top.bit_length())
-        if smallest <= 2**k < top
-    ]
-    return (*powers, top)
-
-
-def row_buckets(max_rows: int) -> tuple[int, ...]:
-    """Powers of two below `max_rows`, then `max_rows`."""
-    return (*(2**k for k in range(max_rows.bit_length()) if 2**k < max_rows), max(max_rows, 1))
-
-
 @lru_cache(maxsize=8)
 def padded_row_counts(max_rows: int) -> npt.NDArray[Any]:
     """For each count of rows up to `max_rows` (its index), the row bucket it is padded to."""
-    buckets = row_buckets(max_rows)
+    buckets = contract.row_buckets(max_rows)
     return np.array([0, *(bucket(rows, buckets) for rows in range(1, max_rows + 1))])
 
 
@@ -193,7 +174,7 @@ class GpuBatching:
     def bucket_shape(self, rows: int, width: int) -> tuple[int, int]:
         """(rows, width) padded to their buckets, never past what the budget allows there."""
         width = bucket(max(width, 1), self.length_buckets)
-        return min(bucket(rows, row_buckets(self.max_rows)), self.row_cap(width)), width
+        return min(bucket(rows, contract.row_buckets(self.max_rows)), self.row_cap(width)), width
 
     def shape(self, lengths: Sequence[int]) -> tuple[int, int]:
         """(rows, width) of the forward pass over rows of these lengths: its bucket shape where that
@@ -224,7 +205,7 @@ class GpuBatching:
             {
                 (min(rows, self.row_cap(width)), width)
                 for width in self.length_buckets
-                for rows in row_buckets(self.max_rows)
+                for rows in contract.row_buckets(self.max_rows)
             }
         )
 
@@ -253,9 +234,9 @@ def batching_policy(params: dict[str, str], max_rows: int, cuda_active: bool = T
             max_rows,
         )
     max_length = int(params["max_length"]) if params.get("max_length") else None
-    buckets = tuple(contract.int_list(params.get("length_buckets", ""))) or gpu_length_buckets(
-        max_length
-    )
+    buckets = tuple(
+        contract.int_list(params.get("length_buckets", ""))
+    ) or contract.gpu_length_buckets(max_length)
     return GpuBatching(
         int(params.get("gpu_max_batch_tokens", contract.DEFAULT_GPU_MAX_BATCH_TOKENS)),
         max_rows,

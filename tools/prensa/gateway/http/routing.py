@@ -4,16 +4,18 @@ route class that counts every request under TEI's metric names."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar, cast, get_type_hints
 
 import orjson
 from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.core.request_context import RequestContext
@@ -97,23 +99,39 @@ class GatewayRoute(APIRoute):
     ) -> Response:
         return await handler(request)
 
+    @cached_property
+    def direct_call(self) -> DirectCall | None:
+        """How `run_direct` calls the endpoint, read from its signature (public Python, not
+        FastAPI's dependency model): POST only, one pydantic body, the request, at most `?model=`."""
+        if self.methods != {"POST"}:
+            return None
+        hints = get_type_hints(self.endpoint, include_extras=True)
+        parameters = list(inspect.signature(self.endpoint).parameters)
+        bodies = [
+            name
+            for name in parameters
+            if isinstance(hints.get(name), type) and issubclass(hints[name], BaseModel)
+        ]
+        requests = [
+            name
+            for name in parameters
+            if isinstance(hints.get(name), type) and issubclass(hints[name], Request)
+        ]
+        others = set(parameters) - {*bodies, *requests}
+        if len(bodies) != 1 or len(requests) != 1 or not others <= {MODEL_QUERY}:
+            return None
+        return DirectCall(bodies[0], TypeAdapter(hints[bodies[0]]), requests[0], bool(others))
+
     @property
     def direct(self) -> bool:
-        """POST only, and the endpoint takes one body model, the request and at most `?model=`."""
-        d = self.dependant
-        return (
-            self.methods == {"POST"}
-            and len(d.body_params) == 1
-            and d.request_param_name is not None
-            and {q.name for q in d.query_params} <= {MODEL_QUERY}
-            and not d.dependencies
-            and not (d.path_params or d.header_params or d.cookie_params)
-        )
+        return self.direct_call is not None
 
     async def run_direct(self, request: GatewayRequest) -> Response:
         """The endpoint on the request's body, read as FastAPI reads it (orjson, then the body
-        field's own validation; errors located under "body") but without its per-request machinery."""
-        field = self.dependant.body_params[0]
+        model's validation with FastAPI's options; errors located under "body") but without its
+        per-request machinery."""
+        call = self.direct_call
+        assert call is not None, "DirectRoutes takes direct routes only"
         raw = await request.body()
         if not raw:
             raise RequestValidationError(
@@ -134,15 +152,29 @@ class GatewayRoute(APIRoute):
                 ],
                 body=exc.doc,
             ) from exc
-        body, errors = field.validate(data, {}, loc=("body",))
-        if errors:
-            raise RequestValidationError(errors, body=data)
-        arguments = {field.name: body, cast(str, self.dependant.request_param_name): request}
-        if self.dependant.query_params:  # most requests have no query string: no parsing then
+        try:
+            body = call.body_type.validate_python(data, from_attributes=True)
+        except ValidationError as exc:
+            errors = [
+                {**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)
+            ]
+            raise RequestValidationError(errors, body=data) from None
+        arguments = {call.body: body, call.request: request}
+        if call.model_query:  # most requests have no query string: no parsing then
             arguments[MODEL_QUERY] = (
                 request.query_params.get(MODEL_QUERY) if request.scope["query_string"] else None
             )
         return cast(Response, await self.endpoint(**arguments))
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """The parameters a direct route's endpoint takes (`GatewayRoute.direct_call`)."""
+
+    body: str
+    body_type: TypeAdapter[Any]
+    request: str
+    model_query: bool
 
 
 class ErrorShapes:
