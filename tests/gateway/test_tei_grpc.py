@@ -11,9 +11,11 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -405,6 +407,48 @@ def test_refused_streams_reach_the_client_with_the_gateways_code(start_tei):
     codes = asyncio.run(flood())
     assert codes["RESOURCE_EXHAUSTED: Model is overloaded"] > 0, codes
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED: Model is overloaded"}, codes
+
+
+def test_a_canary_is_answered_in_bounded_time_beside_a_stream_flood(start_tei):
+    """--max-queue-time: 128 streams of long inputs admitted in thousands, and a small call from another
+    client is answered, or refused at once, never left to its 10 s deadline (the issue's canary saw
+    gaps of 17 s without a queue time)."""
+    flooded = start_tei(max_concurrent_requests=4096, max_queue_time_s=1.0)
+    stop = threading.Event()
+
+    async def flood() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{flooded.port}") as channel:
+            stub = stubs.EmbedStub(channel)
+
+            async def stream() -> None:
+                while not stop.is_set():
+                    with suppress(grpc.aio.AioRpcError):
+                        async for _ in stub.EmbedStream(iter([pb.EmbedRequest(inputs=LONG, truncate=True)] * 16),
+                                                        timeout=60):
+                            pass
+
+            await asyncio.gather(*[stream() for _ in range(128)])
+
+    flooding = threading.Thread(target=asyncio.run, args=(flood(),), daemon=True)
+    flooding.start()
+    time.sleep(3)  # the flood fills the permits and the queue
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
+    outcomes = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{flooded.port}", options=own) as channel:
+            canary = stubs.EmbedStub(channel)
+            for _ in range(8):
+                started = time.monotonic()
+                try:
+                    canary.Embed(pb.EmbedRequest(inputs="ok"), timeout=10)
+                    outcomes.append(("OK", time.monotonic() - started))
+                except grpc.RpcError as error:
+                    outcomes.append((error.code().name, time.monotonic() - started))
+                time.sleep(0.2)
+    finally:
+        stop.set()
+        flooding.join(90)
+    assert {code for code, _ in outcomes} <= {"OK", "RESOURCE_EXHAUSTED"}, outcomes  # no DEADLINE_EXCEEDED
 
 
 def test_connections_past_the_cap_are_refused(start_tei):
