@@ -47,6 +47,24 @@ def test_truncate_prompt_tokens_keeps_the_first_tokens(http, oracle):
         assert refused.status_code == 422 and named in refused.text, (body, refused.text)
 
 
+def test_truncation_side_left_keeps_the_last_tokens(http, oracle):
+    left = http.post("/v1/embeddings", json={"input": [TEXT], "model": "embed", "truncate_prompt_tokens": 5,
+                                             "truncation_side": "left"}).json()
+    np.testing.assert_allclose([left["data"][0]["embedding"]],
+                               oracle("embed")([" ".join(WORDS[-3:])])[contract.DENSE], atol=ATOL)
+    ranked = http.post("/rerank", json={"model": "rerank", "query": QUERY, "texts": [TEXT], "raw_scores": True,
+                                        "truncate_prompt_tokens": 9, "truncation_side": "left"}).json()
+    kept = oracle("rerank").tokens([QUERY], [" ".join(WORDS[-3:])])  # [CLS] 3 [SEP] 3 [SEP]: the text's last 3
+    logits = oracle("rerank").encoded(kept)[contract.LOGITS][:, 0]
+    np.testing.assert_allclose([r["score"] for r in ranked], logits, atol=ATOL)
+    nim = http.post("/v1/embeddings", json={"input": TEXT, "model": "embed", "truncate": "END",
+                                            "truncation_side": "left"})
+    tei = http.post("/rerank", json={"model": "rerank", "query": QUERY, "texts": [TEXT],
+                                     "truncation_direction": "right", "truncation_side": "left"})
+    for refused in (nim, tei):
+        assert refused.status_code == 422 and "disagree" in refused.text, refused.text
+
+
 def test_classify_and_pooling_take_a_window_too(http, oracle):
     got = http.post("/classify", json={"input": TEXT, "model": "classify", "truncate_prompt_tokens": 4}).json()
     want = oracle("classify")([first_words(2)])[contract.SCORES][0]

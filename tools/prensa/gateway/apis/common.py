@@ -92,6 +92,24 @@ class VllmTruncation(BaseModel):
         description="vLLM's: keep each input's first N tokens, special tokens included (at most the "
         "model's max length); -1: cut at the model's max length; absent: --auto-truncate.",
     )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None,
+        description="vLLM's: which end a cut input loses (right: its first tokens are kept); "
+        "default right, or the body's own direction.",
+    )
+
+
+def cut_side(body: VllmTruncation, direction: str = "right", said: bool = False) -> str:
+    """Which end inputs are cut from: vLLM's `truncation_side`, else `direction` (the body's own
+    field, `said` when the body gave it); the two disagreeing are refused."""
+    if body.truncation_side is None:
+        return direction
+    if said and direction != body.truncation_side:
+        raise validation(
+            f"`truncation_side` {body.truncation_side} and the body's truncation direction "
+            f"{direction} disagree"
+        )
+    return body.truncation_side
 
 
 class VllmEncoding(BaseModel):

@@ -24,7 +24,7 @@ from prensa.gateway.apis.cohere.protocol import (
     RerankV1Request,
     RerankV2Request,
 )
-from prensa.gateway.apis.common import activated, truncate_end
+from prensa.gateway.apis.common import activated, cut_side, truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.core.chunking import cut_texts
 from prensa.gateway.core.encodings import as_type, check_ranged
@@ -70,7 +70,7 @@ async def cohere_rerank(
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
     truncation = gw.service.windowed(
-        served, None, "right", request.truncate_prompt_tokens, not served.is_m3
+        served, None, cut_side(request), request.truncate_prompt_tokens, not served.is_m3
     )
     scores, tokens = await document_scores(
         gw.service,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Response
 
-from prensa.gateway.apis.common import activated
+from prensa.gateway.apis.common import activated, cut_side
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3.answers import OUTPUT_TENSORS, embed_m3_payload
 from prensa.gateway.apis.m3.protocol import (
@@ -91,10 +91,13 @@ def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
 
 def score_truncation(request: ScoreRequest, gw: Gateway, served: ServedModel) -> Truncation:
     """TEI's `truncate` or vLLM's `truncate_prompt_tokens` (over each pair for a reranker)."""
+    direction = cut_side(
+        request, request.truncation_direction, "truncation_direction" in request.model_fields_set
+    )
     return gw.service.windowed(
         served,
         request.truncate,
-        request.truncation_direction,
+        direction,
         request.truncate_prompt_tokens,
         served.task is Task.RERANK,
     )

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Response
 
-from prensa.gateway.apis.common import asked_chunking, truncate_end
+from prensa.gateway.apis.common import asked_chunking, cut_side, truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.apis.openai.protocol import (
     EmbeddingRequest,
@@ -86,6 +86,7 @@ def prompt_choice(
 def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedModel) -> Truncation:
     """NIM's `truncate` or vLLM's `truncate_prompt_tokens`, not both."""
     truncate, direction = truncate_end(request.truncate)
+    direction = cut_side(request, direction, request.truncate is not None)
     return gw.service.windowed(served, truncate, direction, request.truncate_prompt_tokens)
 
 

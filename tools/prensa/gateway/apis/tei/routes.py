@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, RootModel
 from tokenizers import Tokenizer
 
-from prensa.gateway.apis.common import activated, asked_chunking
+from prensa.gateway.apis.common import activated, asked_chunking, cut_side
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3.answers import embed_m3_payload
 from prensa.gateway.apis.m3.protocol import M3Request, ScoreRequest
@@ -220,7 +220,9 @@ async def _classify(
 ) -> Any:
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
     texts = text_list(request.input)
-    truncation = gw.service.windowed(served, None, "right", request.truncate_prompt_tokens)
+    truncation = gw.service.windowed(
+        served, None, cut_side(request), request.truncate_prompt_tokens
+    )
     raw = not activated(request.raw_scores, request)
     values, tokens = await gw.service.scores(
         served, texts, [None] * len(texts), truncation, raw, context
@@ -256,7 +258,9 @@ async def _pooling(
     """vLLM's `/pooling`: pooled vectors (`embed`, as `/embed` with normalize) or token vectors (`token_embed`)."""
     # texts only: vLLM's pooling takes no token ids here
     items: list[Item] = [*text_list(request.input)]
-    truncation = gw.service.windowed(served, None, "right", request.truncate_prompt_tokens)
+    truncation = gw.service.windowed(
+        served, None, cut_side(request), request.truncate_prompt_tokens
+    )
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
@@ -303,12 +307,11 @@ async def _rerank(
     request: RerankRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     passages, shared = rerank_passages(request)
+    direction = cut_side(
+        request, request.truncation_direction, "truncation_direction" in request.model_fields_set
+    )
     truncation = gw.service.windowed(
-        served,
-        request.truncate,
-        request.truncation_direction,
-        request.truncate_prompt_tokens,
-        not served.is_m3,
+        served, request.truncate, direction, request.truncate_prompt_tokens, not served.is_m3
     )
     raw_said = request.raw_scores if "raw_scores" in request.model_fields_set else None
     scores, used = await document_scores(
