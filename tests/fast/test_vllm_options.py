@@ -195,3 +195,40 @@ def test_infinitys_model_list_and_health(http):
     assert cards["embed"]["stats"]["batch_size"] == 64 and cards["embed"]["backend"] == "triton"
     health = http.get("/health")
     assert health.status_code == 200 and health.json()["unix"] > 1.7e9
+
+
+def test_late_chunking_pools_each_chunk_over_its_span_of_one_pass(http, oracle):
+    """Jina's late chunking: the chunks read as one sequence, each the mean of its own tokens' states."""
+    chunks = ["the quick brown fox", "jumps over the lazy dog", "in the city"]
+    want = oracle("embed")
+    tokens = want.tokens([" ".join(chunks)])  # one word, one token: the chunks' tokens, joined
+    states = want.encoded(tokens)[contract.LAST_HIDDEN_STATE][0]
+    spans, start = [], 1  # after [CLS]
+    for chunk in chunks:
+        spans.append(states[start : start + len(chunk.split())].mean(axis=0))
+        start += len(chunk.split())
+    expected = np.stack(spans) / np.linalg.norm(np.stack(spans), axis=1, keepdims=True)
+    answer = http.post("/v1/embeddings", json={"input": chunks, "model": "embed", "late_chunking": True}).json()
+    np.testing.assert_allclose([d["embedding"] for d in answer["data"]], expected, atol=ATOL)
+    assert answer["usage"]["prompt_tokens"] == int(tokens[contract.ATTENTION_MASK].sum())
+    alone = http.post("/v1/embeddings", json={"input": chunks, "model": "embed"}).json()
+    assert np.abs(np.asarray([d["embedding"] for d in alone["data"]]) - expected).max() > 1e-3
+    long = " ".join(["river"] * MAX_LENGTH)
+    for body, named in (({"input": [long, "dog"]}, "one pass"), ({"input": chunks, "chunking": {"enabled": True}}, "drop"),
+                        ({"input": chunks, "model": "splade"}, "dense embeddings"),
+                        ({"input": [[5, 6, 7]]}, "plain texts")):
+        refused = http.post("/v1/embeddings", json={"model": "embed", **body, "late_chunking": True})
+        assert refused.status_code == 422 and named in refused.text, (body, refused.text)
+
+
+def test_late_chunking_refuses_models_that_pool_otherwise(http):
+    from dataclasses import replace
+
+    from prensa.gateway.core.service import late_chunking_refusal
+
+    embed = http.app.state.gateway.registry.models["embed"]
+    assert late_chunking_refusal(embed) is None
+    assert "last token" in late_chunking_refusal(replace(embed, pooling="last"))
+    projected = replace(embed, encode_outputs=(*embed.encode_outputs, contract.SENTENCE_EMBEDDING))
+    assert "Dense" in late_chunking_refusal(projected)
+    assert "not a dense embedder" in late_chunking_refusal(http.app.state.gateway.registry.models["rerank"])

@@ -204,7 +204,7 @@ def test_nim_role_suffixes_and_jina_tasks_pick_prompts(http, direct):
     refusals = [({"model": "minilm-prompts-query", "input_type": "passage"}, "input_type"),
                 ({"model": "minilm", "task": "text-matching"}, "text-matching"),
                 ({"model": "minilm-prompts", "task": "retrieval.query", "input_type": "passage"}, "disagree"),
-                ({"model": "minilm", "late_chunking": True}, "late_chunking")]
+                ({"model": "minilm", "late_chunking": True, "truncate": "END"}, "late_chunking")]
     for fields, named in refusals:
         response = http.post("/v1/embeddings", json={"input": TEXTS[0], **fields})
         assert response.status_code == 422 and named in response.json()["message"], (fields, response.text)

@@ -39,12 +39,14 @@ from prensa.gateway.core.tokenization import (
     Truncation,
     filling_tokens,
     has_long_texts,
+    joined_chunks,
     may_fill,
 )
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
+from prensa.manifest import Pooling, Task
 from prensa.stages import contract, load_stage
 
 # The pool stage's own numpy functions: when Triton's pool stage cannot give what was asked
@@ -81,6 +83,21 @@ def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
     check_batch(len(items), batch_limit, split)
     if any(len(item) == 0 for item in items):
         raise validation("`inputs` cannot be empty")
+
+
+def late_chunking_refusal(model: ServedModel) -> str | None:
+    """Why `model`'s vector of a chunk cannot be the mean of the chunk's own token states, or None:
+    a decoder's last token, SPLADE's vocabulary weights, and a graph that pools and projects
+    (sentence-transformers' Dense) before the states reach the gateway each make another vector."""
+    if model.task not in (Task.EMBED, Task.M3):
+        return f"it is a {model.task} model, not a dense embedder"
+    if model.pooling == Pooling.LAST.value:
+        return "it pools its last token (a decoder), which no chunk but the last has"
+    if contract.SENTENCE_EMBEDDING in model.encode_outputs:
+        return "its graph pools and projects (a Dense layer) before the token states leave it"
+    if contract.LAST_HIDDEN_STATE not in model.encode_outputs:
+        return "its encoder does not give the token states"
+    return None
 
 
 class Service:
@@ -169,6 +186,18 @@ class Service:
                 f"dimensions, not {dimensions}",
             )
 
+    def check_dimensions(self, model: ServedModel, dimensions: int | None) -> None:
+        """`dimensions` within the model's size, and one it was trained to be cut to."""
+        dim = model.dense_dim or 0
+        if dimensions is not None and dimensions <= 0:
+            raise validation("`dimensions` should be positive")
+        if dimensions is not None and dimensions > dim:
+            raise validation(
+                f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}"
+            )
+        if dimensions is not None and dimensions != dim:
+            self.check_matryoshka(model, dimensions)
+
     def tokenize_limit(self, model: ServedModel) -> int:
         """Tokens one /tokenize (ids one /decode) may hold: the flag's, else a full batch of full-length texts."""
         limit: int = (
@@ -227,15 +256,7 @@ class Service:
         """Pooled vectors; `dimensions` keeps the first N, then (re-)normalises when asked. With
         `chunking`, a long text's vector is its windows' mean weighted by tokens (see `chunking`)."""
         self.check(items)
-        dim = model.dense_dim or 0
-        if dimensions is not None and dimensions <= 0:
-            raise validation("`dimensions` should be positive")
-        if dimensions is not None and dimensions > dim:
-            raise validation(
-                f"`dimensions` should be at most the model's embedding size {dim}, got {dimensions}"
-            )
-        if dimensions is not None and dimensions != dim:
-            self.check_matryoshka(model, dimensions)
+        self.check_dimensions(model, dimensions)
         windows = await self.chunk_windows(model, items, chunking, context)
         run, truncation = (windows.items, WINDOW_TRUNCATION) if windows else (items, truncation)
         with self.permits.hold(len(run)):
@@ -324,6 +345,55 @@ class Service:
         return Embeddings(
             [hidden[i, :n] for i, n in enumerate(result.num_tokens.tolist())], result.num_tokens
         )
+
+    async def late_chunks(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        normalize: bool,
+        dimensions: int | None,
+        context: RequestContext,
+    ) -> Embeddings:
+        """Jina's late chunking: `items`, chunks of one document in order, read in one pass, each
+        chunk's vector the mean of its own tokens' states (then L2-normalised as the model's are),
+        so a chunk's vector carries what the chunks around it say. Models that do not pool their
+        vector from those states alone are refused by name."""
+        self.check(items)
+        self.check_dimensions(model, dimensions)
+        refusal = late_chunking_refusal(model)
+        if refusal is not None:
+            raise validation(f"`late_chunking` on model `{model.name}`: {refusal}")
+        if not all(type(item) is str for item in items):  # prompted texts and token ids alike
+            raise validation(
+                "`late_chunking` reads the inputs as one document: give plain texts, without a "
+                "prompt per input or token ids"
+            )
+        texts = cast("list[str]", items)
+        joined = await self.tokenizer_work(
+            len(texts), joined_chunks, model.require_tokenizer(), texts, model.max_length
+        )
+        with self.permits.hold(len(texts)):
+            result = await self.engine.infer(
+                Inference(
+                    model,
+                    [joined.ids],
+                    None,
+                    Truncation(False, "right"),
+                    (contract.LAST_HIDDEN_STATE,),
+                    True,
+                ),
+                context,
+            )
+        states = result.outputs[contract.LAST_HIDDEN_STATE][0]
+        vectors = np.stack([states[span.start : span.stop].mean(axis=0) for span in joined.spans])
+        # each chunk counts its own tokens; the first also the special tokens around them all
+        counts = np.asarray([len(span) for span in joined.spans], dtype=np.int64)
+        counts[0] += len(joined.ids) - int(counts.sum())
+        if dimensions is not None:
+            vectors = vectors[:, :dimensions]
+        if normalize:
+            vectors = POOL_STAGE.l2_normalize(vectors)
+        return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), counts)
 
     async def m3(
         self,

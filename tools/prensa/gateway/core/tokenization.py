@@ -149,6 +149,34 @@ def too_long(max_length: int, given: int) -> Exception:
     return validation(f"`inputs` must have less than {max_length} tokens. Given: {given}")
 
 
+@dataclass(frozen=True)
+class JoinedChunks:
+    """Chunks of one document as one sequence (Jina's late chunking): its token ids, special
+    tokens included, and where each chunk's own tokens lie in it."""
+
+    ids: list[int]
+    spans: list[range]
+
+
+def joined_chunks(tokenizer: Tokenizer, texts: list[str], max_length: int) -> JoinedChunks:
+    """`texts` tokenized each on its own, in order, then framed once by the model's special tokens,
+    as the whole document would be read; past `max_length` tokens they are refused (one pass reads
+    them, so nothing may be cut)."""
+    parts = tokenizer.encode_batch(texts, add_special_tokens=False)
+    joined = tokenizer.post_process(Encoding.merge(parts, growing_offsets=True))
+    if len(joined.ids) > max_length:
+        raise validation(
+            f"late chunking reads the inputs in one pass of at most {max_length} tokens; these "
+            f"take {len(joined.ids)}: send fewer or shorter chunks"
+        )
+    start = joined.special_tokens_mask.index(0) if 0 in joined.special_tokens_mask else 0
+    spans = []
+    for part in parts:
+        spans.append(range(start, start + len(part.ids)))
+        start += len(part.ids)
+    return JoinedChunks(joined.ids, spans)
+
+
 CHARS_PER_TOKEN = 8  # a generous bound on the characters of one token of natural text
 
 

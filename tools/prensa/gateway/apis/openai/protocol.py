@@ -66,8 +66,8 @@ class EmbeddingRequest(VllmTruncation, VllmEncoding):
     task: JinaTask | None = Field(None, description=JINA_TASK)
     late_chunking: bool | None = Field(
         None,
-        description="Jina's late chunking: not served (true is refused); "
-        "`chunking` embeds long texts by windows instead.",
+        description="Jina's late chunking: the inputs are chunks of one document, read together in "
+        "one pass (at most the model's max length), each embedded as the mean of its own tokens.",
     )
 
 

@@ -117,28 +117,42 @@ async def embeddings_payload(
     role: str | None = None,
 ) -> dict[str, Any]:
     """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
-    if request.late_chunking:
-        raise validation(
-            "`late_chunking` is not served; `chunking` embeds long texts by windows instead"
-        )
     prompt_name, input_type = prompt_choice(request, served, role)
     kind = embedding_kind(request, served)
-    truncation = embedding_truncation(request, gw, served)
-    chunking = gw.service.chunking(*asked_chunking(request.chunking))
-    if truncation.window is not None:  # a window of its own cuts long inputs: no chunks
-        if request.chunking is not None and request.chunking.enabled:
-            raise validation("give `chunking` or `truncate_prompt_tokens`, not both")
-        chunking = None
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
-    result = await gw.service.dense(
-        served,
-        items,
-        truncation,
-        request.normalize is not False,
-        request.dimensions,
-        context,
-        chunking,
-    )
+    if request.late_chunking:
+        given = [
+            f"`{name}`"
+            for name, value in (
+                ("chunking", request.chunking),
+                ("truncate_prompt_tokens", request.truncate_prompt_tokens),
+                ("truncate", request.truncate if request.truncate != "NONE" else None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise validation(
+                f"`late_chunking` reads the inputs whole in one pass: drop {', '.join(given)}"
+            )
+        result = await gw.service.late_chunks(
+            served, items, request.normalize is not False, request.dimensions, context
+        )
+    else:
+        truncation = embedding_truncation(request, gw, served)
+        chunking = gw.service.chunking(*asked_chunking(request.chunking))
+        if truncation.window is not None:  # a window of its own cuts long inputs: no chunks
+            if request.chunking is not None and request.chunking.enabled:
+                raise validation("give `chunking` or `truncate_prompt_tokens`, not both")
+            chunking = None
+        result = await gw.service.dense(
+            served,
+            items,
+            truncation,
+            request.normalize is not False,
+            request.dimensions,
+            context,
+            chunking,
+        )
     tokens = int(result.num_tokens.sum())
     rows = (
         result.rows
