@@ -216,7 +216,7 @@ def test_late_chunking_pools_each_chunk_over_its_span_of_one_pass(http, oracle):
     long = " ".join(["river"] * MAX_LENGTH)
     for body, named in (({"input": [long, "dog"]}, "one pass"), ({"input": chunks, "chunking": {"enabled": True}}, "drop"),
                         ({"input": chunks, "model": "splade"}, "dense embeddings"),
-                        ({"input": [[5, 6, 7]]}, "plain texts")):
+                        ({"input": [[5, 6, 7]]}, "plain texts"), ({"input": ["dog", "   "]}, "no tokens")):
         refused = http.post("/v1/embeddings", json={"model": "embed", **body, "late_chunking": True})
         assert refused.status_code == 422 and named in refused.text, (body, refused.text)
 

@@ -355,9 +355,9 @@ class Service:
         context: RequestContext,
     ) -> Embeddings:
         """Jina's late chunking: `items`, chunks of one document in order, read in one pass, each
-        chunk's vector the mean of its own tokens' states (then L2-normalised as the model's are),
-        so a chunk's vector carries what the chunks around it say. Models that do not pool their
-        vector from those states alone are refused by name."""
+        chunk's vector the mean of its own tokens' states (L2-normalised when `normalize`), so a
+        chunk's vector carries what the chunks around it say. Models that do not pool their vector
+        from those states alone are refused by name."""
         self.check(items)
         self.check_dimensions(model, dimensions)
         refusal = late_chunking_refusal(model)

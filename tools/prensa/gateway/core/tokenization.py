@@ -163,6 +163,8 @@ def joined_chunks(tokenizer: Tokenizer, texts: list[str], max_length: int) -> Jo
     as the whole document would be read; past `max_length` tokens they are refused (one pass reads
     them, so nothing may be cut)."""
     parts = tokenizer.encode_batch(texts, add_special_tokens=False)
+    if empty := [i for i, part in enumerate(parts) if not part.ids]:
+        raise validation(f"late chunking: inputs {empty} have no tokens to pool")
     joined = tokenizer.post_process(Encoding.merge(parts, growing_offsets=True))
     if len(joined.ids) > max_length:
         raise validation(
