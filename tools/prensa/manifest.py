@@ -24,6 +24,7 @@ class Task(StrEnum):  # formats as its value: "rerank", in messages and JSON ali
     RERANK = "rerank"  # cross-encoder, one logit per (query, passage)
     CLASSIFY = "classify"  # sequence classifier, one logit per label
     SPLADE = "splade"  # masked-LM expansion into vocabulary weights
+    LATE = "late"  # late interaction (PyLate, ColBERT): one vector per kept token, MaxSim scores
 
 
 class PairTruncation(StrEnum):
@@ -71,6 +72,24 @@ class TensorRTEngine:
 
 
 @dataclass
+class LateInteraction:
+    """How a late-interaction model frames queries and documents, as PyLate does: a marker token
+    after the first special token, queries cut (and with `expand_queries` padded with `mask_id`) to
+    `query_length`, documents cut to the manifest's max length with `skiplist_ids` left out of
+    their vectors. The export writes the document framing into the tokenizer file and the query
+    framing into `query_tokenizer_file`."""
+
+    query_marker_id: int
+    document_marker_id: int
+    query_length: int
+    mask_id: int
+    expand_queries: bool
+    attend_to_expansion: bool
+    skiplist_ids: list[int]
+    query_tokenizer_file: str = "query_tokenizer.json"
+
+
+@dataclass
 class Manifest:
     task: Task
     source: str  # Hugging Face id or the directory it came from
@@ -114,6 +133,7 @@ class Manifest:
     # whether the export could check it against the unpacked graph on a CUDA GPU
     packed_file: str | None = None
     packed_checked: bool = False
+    late_interaction: LateInteraction | None = None  # late-interaction models only
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:
@@ -147,6 +167,8 @@ class Manifest:
             data["tensorrt"] = TensorRTEngine(
                 **{**engine, "profile": EngineProfile(**engine["profile"])}
             )
+        if data.get("late_interaction"):
+            data["late_interaction"] = LateInteraction(**data["late_interaction"])
         return cls(**data)
 
 

@@ -36,7 +36,9 @@ TOKEN_TYPE_IDS = "token_type_ids"
 # encode -> pool: whatever the exported graph produces (names are the graph's output names).
 LAST_HIDDEN_STATE = "last_hidden_state"  # [tokens, hidden]
 TOKEN_WEIGHTS = "token_weights"  # bge-m3: relu(sparse_linear(h)), [tokens]
-COLBERT_VECS = "colbert_vecs"  # bge-m3: colbert_linear(h), [tokens, hidden], CLS row included
+# bge-m3: colbert_linear(h), [tokens, hidden], CLS row included; a late-interaction model
+# (PyLate, ColBERT): its projection of every token, [tokens, dim]
+COLBERT_VECS = "colbert_vecs"
 LOGITS = "logits"  # sequence classification / rerank, [labels]
 # SPLADE: max (or sum) over tokens of log(1 + relu(mlm logits)), [vocab]
 SPLADE_WEIGHTS = "splade_weights"
@@ -50,7 +52,9 @@ ENCODER_ONLY = (LAST_HIDDEN_STATE, SENTENCE_EMBEDDING)
 DENSE = "dense"  # [dim]
 SPARSE_IDS = "sparse_ids"  # int64 [k], ascending, padded with -1 to the request's longest row
 SPARSE_WEIGHTS = "sparse_weights"  # fp32 [k], 0 where sparse_ids is -1
-COLBERT = "colbert"  # fp32 [num_tokens - 1, dim], zero rows past each row's own count
+# fp32 [tokens, dim]: bge-m3's num_tokens - 1 vectors (CLS dropped), a late-interaction model's
+# kept tokens' vectors (`late_kept`) first; zero rows past each row's own vectors
+COLBERT = "colbert"
 NUM_TOKENS = "num_tokens"  # int32 [1], tokens after truncation, special tokens included
 SCORES = "scores"  # fp32 [labels], sigmoid (one label) or softmax (several) of the logits
 
@@ -202,11 +206,26 @@ def pair_lengths(first: int, second: int, room: int, rule: str, max_length: int)
 
 
 PROMPT_TOKEN = 2
+# A late-interaction query's expansion token ([MASK] padding to the query length): the encoder reads
+# it and computes its vector, but no token attends to it (PyLate's `attend_to_expansion_tokens`
+# false). A mask value of its own, so that every stage keeps the token in the row.
+UNATTENDED_TOKEN = 3
 
 
 def attended_tokens(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Where the encoder attends: every real token, prompt tokens included."""
     return np.greater(mask, 0)
+
+
+def late_kept(
+    ids: npt.NDArray[Any], mask: npt.NDArray[Any], query_marker: int, skiplist: npt.NDArray[Any]
+) -> npt.NDArray[Any]:
+    """The tokens whose vectors a late-interaction model keeps, as PyLate keeps them: a query's (its
+    row has `query_marker` second) every token, expansion included; a document's its real tokens but
+    those in `skiplist` (punctuation)."""
+    real = np.greater(mask, 0)
+    query = ids[:, 1:2] == query_marker if ids.shape[1] > 1 else np.zeros((ids.shape[0], 1), bool)
+    return np.asarray(real & (query | ~np.isin(ids, skiplist)))
 
 
 def pooled_tokens(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:

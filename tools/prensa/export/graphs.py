@@ -278,6 +278,30 @@ class YesNoGraph(TracedGraph):
         return (no_yes[:, 1] - no_yes[:, 0]).unsqueeze(-1)
 
 
+class LateGraph(TracedGraph):
+    """The transformer, then each projection: one vector per token. The mask's expansion tokens
+    (`contract.UNATTENDED_TOKEN`) are read but attended to by no token."""
+
+    def __init__(self, model: nn.Module, projections: list[nn.Module]) -> None:
+        super().__init__()
+        self.model = model
+        self.projections = nn.ModuleList(projections)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        keys = ((attention_mask > 0) & (attention_mask != contract.UNATTENDED_TOKEN)).to(
+            attention_mask.dtype
+        )
+        vectors = self.call(self.model, input_ids, keys, token_type_ids).last_hidden_state
+        for projection in self.projections:
+            vectors = projection(vectors)
+        return cast(torch.Tensor, vectors)
+
+
 def load_head(path: Path, hidden: int, out_features: int) -> nn.Linear:
     """bge-m3 head weights; `weights_only` so a model directory can never run pickled code."""
     head = nn.Linear(hidden, out_features)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from prensa.export import llm_reranker
+from prensa.export.late import STANFORD_ARCHITECTURE as STANFORD
+from prensa.export.late import LateLayout, read_late_layout
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
 from prensa.manifest import Pooling, Task
@@ -31,6 +33,8 @@ class ModelPlan:
     # Put before each text by the export's check of an embedder whose pooling leaves prompts out
     # (`include_prompt: false`), so that the check covers how prensa marks them.
     verify_prompt: str | None = None
+    # a late-interaction model's projections and framing (PyLate, HF_ColBERT)
+    late: LateLayout | None = None
 
     @property
     def graph_pooling(self) -> str | None:
@@ -179,6 +183,37 @@ def _embedding_pooling(
     return requested or STAGE_POOLING[layout.simple_pooling]
 
 
+def _late_plan(
+    source: SourceModel,
+    late: LateLayout | None,
+    requested_task: Task | None,
+    max_length: int | None,
+    position_limit: int | None,
+) -> ModelPlan:
+    """A late-interaction model's plan: documents cut at its document length (or `max_length`)."""
+    if late is None:
+        raise SourceError(
+            f"{source.name}: --task late serves PyLate directories and {STANFORD} checkpoints, and "
+            "this is neither"
+        )
+    if requested_task not in (None, Task.LATE):
+        raise SourceError(
+            f"{source.name} is a late-interaction model (PyLate or ColBERT); export it as --task late"
+        )
+    length = max_length or late.document_length
+    if position_limit and length > position_limit:
+        raise SourceError(
+            f"{source.name}: its documents take {length} tokens and its transformer has "
+            f"{position_limit} positions"
+        )
+    if late.query_length > length:
+        raise SourceError(
+            f"{source.name}: its queries take {late.query_length} tokens, more than the "
+            f"{length} served as its max length"
+        )
+    return ModelPlan(Task.LATE, None, True, length, late=late)
+
+
 def plan_model(
     source: SourceModel,
     architectures: list[str],
@@ -190,6 +225,9 @@ def plan_model(
     position_limit: int | None,
     prompts: dict[str, str] | None = None,
 ) -> ModelPlan:
+    late = read_late_layout(source, architectures)
+    if late is not None or requested_task is Task.LATE:
+        return _late_plan(source, late, requested_task, max_length, position_limit)
     layout = read_layout(source)
     task = requested_task or detect_task(source, architectures, layout)
     length = max_length or detect_max_length(source, tokenizer_limit, position_limit)

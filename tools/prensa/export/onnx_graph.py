@@ -27,6 +27,7 @@ REQUIRED_OUTPUTS = {
     Task.RERANK: {contract.LOGITS},
     Task.CLASSIFY: {contract.LOGITS},
     Task.SPLADE: {contract.SPLADE_WEIGHTS},
+    Task.LATE: {contract.COLBERT_VECS},
 }
 TOKEN_INPUTS = {contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS}
 

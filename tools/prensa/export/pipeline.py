@@ -25,12 +25,14 @@ import psutil
 from prensa.export import calibration, llm_reranker, packing
 from prensa.export.graph_store import move_graph, remove_staging, rewrite_graph, save_graph, staging
 from prensa.export.inspect import ModelPlan, plan_model, require_memory, require_native_code
+from prensa.export.late import interaction, write_tokenizers
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.files import GraphDataError, link_graph_files
 from prensa.manifest import (
     CALIBRATION_FILE,
     GraphOutput,
+    LateInteraction,
     Manifest,
     PairTruncation,
     Pooling,
@@ -240,6 +242,9 @@ def sample_batch(
             padding_side="right",
         )
     sample = {k: v.astype(np.int64) for k, v in encoded.items()}
+    if task is Task.LATE:  # a query's expansion token: read, attended to by none
+        mask = sample[contract.ATTENTION_MASK]
+        mask[0, int(np.count_nonzero(mask[0])) - 1] = contract.UNATTENDED_TOKEN
     if prompt:
         skipped = load_stage("tokenize").prompt_length(tokenizer.backend_tokenizer, prompt)
         sample[contract.ATTENTION_MASK] = contract.mark_prompts(
@@ -630,6 +635,11 @@ def _load_graph(
         graph, outputs = sentence.sentence_graph(model, plan.layout)
         values = sentence.reference(model, plan.layout, VERIFY_TEXTS, plan.verify_prompt)
         return graph, outputs, Reference(sentence.FIGURE, values, "encode")
+    if plan.late is not None:
+        from prensa.export.late import late_graph
+
+        graph, outputs = late_graph(source, plan.late)
+        return graph, outputs, None
     if plan.template is not None:
         causal, no_id, yes_id = llm_reranker.load(source.path, tokenizer, source.name)
         graph, outputs = llm_reranker.reranker_graph(causal, no_id, yes_id)
@@ -827,7 +837,12 @@ def _build_tensorrt(
 
 
 def _pack(
-    graph: GraphInfo, report: VerifyReport, options: ExportOptions, pad_id: int, step: Step
+    graph: GraphInfo,
+    report: VerifyReport,
+    options: ExportOptions,
+    pad_id: int,
+    step: Step,
+    late: bool = False,
 ) -> tuple[str | None, bool, VerifyReport]:
     """The packed graph beside an ONNX export that asks for one (`ExportOptions.pack`), and whether
     it was checked against the unpacked graph, or the report's line saying why there is none. Its
@@ -840,6 +855,8 @@ def _pack(
         return None, False, report
     if graph.dtype == "int8":
         reason: str | None = "int8 graphs are for CPUs; packing is for onnxruntime's CUDA provider"
+    elif late:
+        reason = "a late-interaction query holds tokens no token attends to, which packing drops"
     elif not graph.fused_ops:
         reason = "the graph has no fused ops to pack (exported with --no-fuse-ops, or none matched)"
     else:
@@ -902,6 +919,7 @@ def assemble_manifest(
     packed_file: str | None,
     packed_checked: bool,
     prompts: tuple[dict[str, str], str | None],
+    late_interaction: LateInteraction | None = None,
 ) -> Manifest:
     """What the export tells Triton's stages and the gateway about the graph it wrote: read from the
     source's configs, the plan, the graph and the engine; `prompts` are the source's, with the
@@ -938,7 +956,36 @@ def assemble_manifest(
         matryoshka_dimensions=read_matryoshka(source, config)
         if plan.task in calibration.DENSE_TASKS
         else None,
+        late_interaction=late_interaction,
     )
+
+
+def _late_interaction(
+    source: SourceModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: ModelPlan,
+    options: ExportOptions,
+    adopted: GraphInfo | None,
+) -> LateInteraction | None:
+    """A late-interaction model's token ids, or None for other models; what prensa cannot serve as
+    PyLate does is refused here, before the export's work."""
+    if plan.late is None:
+        return None
+    refusal = (
+        f"{ONNX_FILE} beside it cannot be told which tokens a query expands"
+        if adopted
+        else "int8 is not checked against PyLate"
+        if options.quantize_int8
+        else "its TensorRT engine is not built"
+        if options.format is ExportFormat.TENSORRT
+        else None
+    )
+    if refusal:
+        raise SourceError(
+            f"{source.name} is a late-interaction model: {refusal}; export it from its weights to "
+            "ONNX fp32 or fp16"
+        )
+    return interaction(plan.late, tokenizer, source.name)
 
 
 def export_model(
@@ -969,6 +1016,7 @@ def export_model(
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)
         plan = _plan(source, tokenizer, config, options, task, prompts[0])
         _check_pair_truncation(source, plan, options.pair_truncation)
+        late_interaction = _late_interaction(source, tokenizer, plan, options, adopted)
     options.out.mkdir(parents=True, exist_ok=True)
     remove_staging(options.out)  # what an export killed midway left: gigabytes for a large model
     if adopted:
@@ -995,7 +1043,9 @@ def export_model(
     if options.format is ExportFormat.TENSORRT:
         engine, report = _build_tensorrt(graph, report, tokenizer, plan, options, step)
     pad_id = int(tokenizer.pad_token_id or 0)
-    packed_file, packed_checked, report = _pack(graph, report, options, pad_id, step)
+    packed_file, packed_checked, report = _pack(
+        graph, report, options, pad_id, step, plan.task is Task.LATE
+    )
     with step("Writing tokenizer and sentence-transformers configs"):
         tokenizer.save_pretrained(options.out)
         for extra in ST_FILES:
@@ -1013,7 +1063,11 @@ def export_model(
         packed_file,
         packed_checked,
         prompts,
+        late_interaction,
     )
+    if late_interaction is not None:
+        with step("Framing queries and documents with the model's marker tokens"):
+            write_tokenizers(options.out, manifest.tokenizer_file, late_interaction, source.name)
     # a previous export's, into the same directory
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)
     if manifest.task in calibration.DENSE_TASKS:

@@ -116,7 +116,8 @@ def pooling_modes(config: dict[str, Any]) -> tuple[str, ...]:
     return modes or ("mean",)
 
 
-def _dense(source: SourceModel, entry: dict[str, Any]) -> DenseLayer:
+def read_dense(source: SourceModel, entry: dict[str, Any]) -> DenseLayer:
+    """A `Dense` module's folder, shape and activation, from its config (a torch activation only)."""
     config = _json(source, f"{entry['path']}/config.json")
     activation = config.get("activation_function") or "torch.nn.modules.linear.Identity"
     if not activation.startswith("torch."):
@@ -163,7 +164,7 @@ def read_layout(source: SourceModel) -> SentenceLayout | None:
         if kind == "Pooling" and pooling is None and not dense and not normalize:
             pooling = {**_json(source, f"{entry['path']}/config.json"), "path": entry["path"]}
         elif kind == "Dense" and pooling is not None and not normalize:
-            dense.append(_dense(source, entry))
+            dense.append(read_dense(source, entry))
         elif kind == "Normalize" and not normalize:
             normalize = True
         elif kind in ("Pooling", "Dense", "Normalize", "SpladePooling"):

@@ -15,7 +15,7 @@ import json
 import shutil
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -318,12 +318,16 @@ def encoder_token_budget(manifest: Manifest, options: ServingOptions) -> int:
 def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, str]:
     """The pool stage's config parameters; `prensa embed-corpus --export` pools with the same."""
     pooling = options.pooling or manifest.pooling
-    return {
+    parameters = {
         "pooling": pooling.value if pooling else "none",
         "normalize": str(manifest.normalize).lower(),
         "drop_ids": ",".join(map(str, manifest.special_ids)),
         "activation": "sigmoid" if len(manifest.id2label) <= 1 else "softmax",
     }
+    if late := manifest.late_interaction:
+        parameters["query_marker_id"] = str(late.query_marker_id)
+        parameters["skiplist_ids"] = ",".join(map(str, late.skiplist_ids))
+    return parameters
 
 
 def client_outputs(manifest: Manifest) -> list[Tensor]:
@@ -339,7 +343,7 @@ def client_outputs(manifest: Manifest) -> list[Tensor]:
             Tensor(n, contract.triton_type(n), [-1])
             for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)
         ]
-    if manifest.task is Task.M3:
+    if manifest.task in (Task.M3, Task.LATE):
         outputs.append(
             Tensor(
                 contract.COLBERT,
@@ -553,6 +557,8 @@ class ModelRenderer:
             parameters["include_prompt"] = "false"
         if m.matryoshka_dimensions is not None:  # "" for any size
             parameters["matryoshka_dimensions"] = ",".join(map(str, m.matryoshka_dimensions))
+        if m.late_interaction:  # how the gateway frames queries (`LateInteraction`)
+            parameters["late_interaction"] = json.dumps(asdict(m.late_interaction), sort_keys=True)
         return parameters
 
     def served_calibration(self) -> Path | None:
@@ -568,8 +574,12 @@ class ModelRenderer:
         return path if path.is_file() else None
 
     def place_tokenizer(self, version: Path) -> None:
-        """The tokenizer file, and beside it the calibration file (where the gateway looks for it)."""
+        """The tokenizer file, and beside it a late-interaction model's query tokenizer and the
+        calibration file (where the gateway looks for them)."""
         link_or_copy(self.model.export_dir / self.m.tokenizer_file, version / self.m.tokenizer_file)
+        if late := self.m.late_interaction:
+            query = late.query_tokenizer_file
+            link_or_copy(self.model.export_dir / query, version / query)
         calibration = self.served_calibration()
         if calibration:
             link_or_copy(calibration, version / CALIBRATION_FILE)

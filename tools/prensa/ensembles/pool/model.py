@@ -5,7 +5,8 @@ transformers), a thin Triton model at the bottom. Which outputs a request gets d
 encoder outputs the ensemble wires in; a graph that pools itself (`sentence_embedding`) is only
 normalised here. Config parameters: `pooling` (cls|mean|last),
 `normalize` (true|false), `drop_ids` (token ids never reported as sparse terms), `activation`
-(sigmoid|softmax, for logits).
+(sigmoid|softmax, for logits), and for late-interaction models `query_marker_id` and
+`skiplist_ids` (see `contract.late_kept`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ def colbert_vectors(vecs: npt.NDArray[Any], mask: npt.NDArray[Any]) -> npt.NDArr
     return l2_normalize(vecs[:, 1:] * mask[:, 1:, None].astype(vecs.dtype))
 
 
+def late_vectors(
+    vecs: npt.NDArray[Any], ids: npt.NDArray[Any], mask: npt.NDArray[Any], late: LateTokens
+) -> npt.NDArray[Any]:
+    """A late-interaction model's multi-vectors: each row's kept tokens (`contract.late_kept`)
+    L2-normalised and moved to the front, in order, zero rows after them."""
+    kept = contract.late_kept(ids, mask, late.query_marker, late.skiplist)
+    out = np.zeros(vecs.shape, dtype=np.float32)
+    for row in range(vecs.shape[0]):
+        chosen = vecs[row, kept[row]]
+        out[row, : chosen.shape[0]] = l2_normalize(chosen)
+    return out
+
+
 def activate(logits: npt.NDArray[Any], activation: str) -> npt.NDArray[Any]:
     if activation == "sigmoid":
         return cast(npt.NDArray[Any], 1.0 / (1.0 + np.exp(-logits)))
@@ -106,8 +120,10 @@ def pool_request(
     normalize: bool,
     drop_ids: npt.NDArray[Any],
     activation: str,
+    late: LateTokens | None = None,
 ) -> dict[str, npt.NDArray[Any]]:
-    """All client-facing outputs for one request, from whatever encoder outputs it carries."""
+    """All client-facing outputs for one request, from whatever encoder outputs it carries; `late`
+    for a late-interaction model, whose `colbert_vecs` are its per-token projections."""
     mask = tensors[contract.ATTENTION_MASK]
     out = {contract.NUM_TOKENS: contract.token_counts(mask)[:, None].astype(np.int32)}
     if contract.SENTENCE_EMBEDDING in tensors:
@@ -129,7 +145,11 @@ def pool_request(
         out[contract.SPARSE_IDS], out[contract.SPARSE_WEIGHTS] = pad_terms(
             [vocab_terms(row) for row in tensors[contract.SPLADE_WEIGHTS]]
         )
-    if contract.COLBERT_VECS in tensors:
+    if contract.COLBERT_VECS in tensors and late is not None:
+        out[contract.COLBERT] = late_vectors(
+            tensors[contract.COLBERT_VECS], tensors[contract.INPUT_IDS], mask, late
+        )
+    elif contract.COLBERT_VECS in tensors:
         out[contract.COLBERT] = colbert_vectors(
             tensors[contract.COLBERT_VECS], contract.attended_tokens(mask)
         )
@@ -153,6 +173,21 @@ ENCODER_OUTPUTS = (
 
 
 @dataclass(frozen=True)
+class LateTokens:
+    """Which tokens' vectors a late-interaction model keeps (`contract.late_kept`)."""
+
+    query_marker: int
+    skiplist: npt.NDArray[Any]
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> LateTokens | None:
+        if "query_marker_id" not in params:
+            return None
+        skiplist = np.asarray(contract.int_list(params.get("skiplist_ids", "")), dtype=np.int64)
+        return cls(int(params["query_marker_id"]), skiplist)
+
+
+@dataclass(frozen=True)
 class Pooler:
     """`pool_request` with the settings of one model config."""
 
@@ -160,6 +195,7 @@ class Pooler:
     normalize: bool
     drop_ids: npt.NDArray[Any]
     activation: str
+    late: LateTokens | None = None
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> Pooler:
@@ -168,10 +204,13 @@ class Pooler:
             params.get("normalize", "true") == "true",
             np.asarray(contract.int_list(params.get("drop_ids", "")), dtype=np.int64),
             params.get("activation", "sigmoid"),
+            LateTokens.from_parameters(params),
         )
 
     def __call__(self, tensors: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
-        return pool_request(tensors, self.pooling, self.normalize, self.drop_ids, self.activation)
+        return pool_request(
+            tensors, self.pooling, self.normalize, self.drop_ids, self.activation, self.late
+        )
 
 
 class TritonPythonModel:

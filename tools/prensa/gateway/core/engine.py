@@ -87,6 +87,8 @@ class Inference:
     truncation: Truncation
     outputs: tuple[str, ...]
     encoder_only: bool = False
+    # token rows the caller framed itself (a late-interaction model's queries): sent as they are
+    rows: TokenRows | None = None
 
     def prompt_tokens(self) -> list[int]:
         """Leading tokens the pooling leaves out, per input (none for the models that pool their
@@ -158,6 +160,8 @@ class Engine:
         docstring), its calls cut and merged by the model's dispatch."""
         model = inference.model
         context.began(model.name, inference.items, inference.pairs)
+        if inference.rows is not None:
+            return await self._framed(inference, inference.rows, context)
         # known here, before a cut makes new texts
         prompt_tokens = inference.prompt_tokens()
         window = inference.truncation.window
@@ -196,6 +200,18 @@ class Engine:
         width = merged[inference.outputs[0]].shape[1]
         mask = (np.arange(width)[None, :] < num_tokens[:, None]).astype(np.int64)
         return Inferred(merged, num_tokens, contract.mark_prompts(mask, prompt_tokens))
+
+    async def _framed(
+        self, inference: Inference, rows: TokenRows, context: RequestContext
+    ) -> Inferred:
+        """`infer` for token rows the caller framed: the token path, no cut or tokenizing here."""
+        dispatch = self.dispatch(inference.model)
+        chunks = dispatch.chunks(len(rows.ids))
+        merged, seconds = await self._calls(inference, dispatch, rows, chunks, context)
+        num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
+        self._observe_calls(chunks, num_tokens, seconds)
+        context.inferred(seconds, int(num_tokens.sum()))
+        return Inferred(merged, num_tokens)
 
     async def _bounded(self, inference: Inference, context: RequestContext) -> Inference:
         """Texts longer than the model's window cut to what it reads, before anything (or Triton's

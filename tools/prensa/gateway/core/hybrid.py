@@ -45,9 +45,19 @@ def lexical_match(
 
 
 def max_sim(query: npt.NDArray[Any], passage: npt.NDArray[Any]) -> float:
+    """bge-m3's ColBERT score: the mean over query tokens of their best dot product with a passage
+    token (FlagEmbedding's `colbert_score`)."""
     if not len(query) or not len(passage):
         return 0.0
     return float((query @ passage.T).max(axis=1).mean())
+
+
+def late_score(query: npt.NDArray[Any], document: npt.NDArray[Any]) -> float:
+    """A late-interaction model's score: the sum over query tokens of their best dot product with a
+    document token (PyLate's `colbert_scores`, ColBERT's MaxSim)."""
+    if not len(query) or not len(document):
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum())
 
 
 def check_weights(weights: Sequence[float]) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from tritonclient.grpc import model_config_pb2
 
 from prensa.gateway.backends.base import READY, Backend
-from prensa.gateway.core.tokenization import longest_token, token_id_limit
+from prensa.gateway.core.tokenization import QueryFraming, longest_token, token_id_limit
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.manifest import Task, read_dense_ranges
 from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
@@ -104,6 +104,8 @@ class ServedModel:
     template_edges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
     # how a pair too long for `max_length` is cut (`contract.PAIR_TRUNCATIONS`), as the tokenize stage does
     pair_truncation: str = contract.LONGEST_FIRST
+    # a late-interaction model's queries (its documents go as any model's texts)
+    queries: QueryFraming | None = None
 
     @property
     def encode_model(self) -> str:
@@ -139,14 +141,22 @@ class ServedModel:
             and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
         )
 
+    @property
+    def scores_pairs(self) -> bool:
+        """Whether its relevance scores read (query, text) pairs in one input, as a cross-encoder's;
+        bge-m3 and late-interaction models encode each text apart."""
+        return not self.is_m3 and self.task is not Task.LATE
+
     def can(self, capability: Capability) -> bool:
         return {
             Capability.DENSE: contract.DENSE in self.outputs,
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
-            Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs,
-            Capability.RERANK: self.task is Task.RERANK
-            or self.is_m3,  # bge-m3 as a bi-encoder reranker
+            # a late-interaction model's per-token vectors are its documents' multi-vectors
+            Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs
+            or self.task is Task.LATE,
+            Capability.RERANK: self.task in (Task.RERANK, Task.LATE)
+            or self.is_m3,  # bge-m3 and late-interaction models score by their vectors
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
@@ -192,6 +202,25 @@ def load_tokenizer(path: Path, cache: TokenizerCache) -> Tokenizer | None:
     return cache[key]
 
 
+def load_query_framing(
+    directory: Path, params: dict[str, str], cache: TokenizerCache
+) -> QueryFraming | None:
+    """A late-interaction model's query framing (its ensemble's `late_interaction` parameter and the
+    query tokenizer beside the tokenize stage's), with the cut and padding the export wrote into it;
+    None for other models, or where the file is missing (queries are then refused)."""
+    if "late_interaction" not in params:
+        return None
+    late = json.loads(params["late_interaction"])
+    path = directory / str(late["query_tokenizer_file"])
+    if not path.is_file():
+        log.warning("no query tokenizer at %s: queries will be refused for this model", path)
+        return None
+    key = (path, path.stat().st_mtime_ns)
+    if key not in cache:
+        cache[key] = Tokenizer.from_file(str(path))
+    return QueryFraming(cache[key], bool(late["attend_to_expansion"]), int(late["query_length"]))
+
+
 def known_task(config: model_config_pb2.ModelConfig) -> bool:
     """Whether this gateway knows the task a prensa model carries (a newer prensa's are left out)."""
     return config_parameters(config).get("task") in TASKS
@@ -223,6 +252,7 @@ async def read_model(
     )
     max_batch_tokens = config_parameters(encode).get("max_batch_tokens")
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path, tokenizers)
+    queries = await asyncio.to_thread(load_query_framing, tokenizer_path.parent, params, tokenizers)
     dense_ranges = (
         await asyncio.to_thread(read_dense_ranges, tokenizer_path.parent) if dense else None
     )
@@ -267,6 +297,7 @@ async def read_model(
         cached=ensemble.response_cache.enable,
         pair_template=template,
         template_edges=(tuple(prefix), tuple(suffix)),
+        queries=queries,
     )
 
 

@@ -28,7 +28,7 @@ from prensa.gateway.core.chunking import (
     summed,
 )
 from prensa.gateway.core.engine import Engine, Inference, gather
-from prensa.gateway.core.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows
+from prensa.gateway.core.hybrid import DEFAULT_WEIGHTS, HYBRID, M3Rows, late_score
 from prensa.gateway.core.hybrid import scores as scores_of
 from prensa.gateway.core.limits import Permits
 from prensa.gateway.core.registry import ServedModel
@@ -41,6 +41,7 @@ from prensa.gateway.core.tokenization import (
     has_long_texts,
     joined_chunks,
     may_fill,
+    query_rows,
 )
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.metrics import GatewayMetrics
@@ -316,10 +317,18 @@ class Service:
         )
 
     async def colbert(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
+        self,
+        model: ServedModel,
+        items: list[Item],
+        truncation: Truncation,
+        context: RequestContext,
+        query: bool = False,
     ) -> Embeddings:
-        """bge-m3 multi-vectors: `num_tokens - 1` vectors per input (CLS dropped)."""
+        """Multi-vectors: bge-m3's `num_tokens - 1` per input (CLS dropped; queries and documents
+        alike), a late-interaction model's its kept tokens' (`late_vectors`)."""
         self.check(items)
+        if model.task is Task.LATE:
+            return await self.late_vectors(model, items, truncation, query, context)
         with self.permits.hold(len(items)):
             result = await self.engine.infer(
                 Inference(model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS)),
@@ -331,10 +340,57 @@ class Service:
             result.num_tokens,
         )
 
+    async def late_vectors(
+        self,
+        model: ServedModel,
+        items: list[Item],
+        truncation: Truncation,
+        query: bool,
+        context: RequestContext,
+    ) -> Embeddings:
+        """A late-interaction model's vectors, as PyLate's `encode(is_query=query)`: documents go as
+        any model's inputs (the tokenizer frames them), queries framed here by the model's query
+        tokenizer, always cut (and expanded) to its query length as PyLate cuts them."""
+        rows = None
+        if query:
+            framing = model.queries
+            if framing is None:
+                raise GatewayError(
+                    ErrorKind.TOKENIZER,
+                    f"model `{model.name}` has no query tokenizer beside its tokenizer file (the "
+                    "gateway's log names it); its queries cannot be framed",
+                )
+            if not all(isinstance(item, str) for item in items):
+                raise validation(
+                    f"model `{model.name}` frames each query with its own tokens: give queries as "
+                    "texts, not token ids"
+                )
+            texts = [str(item) for item in items]
+            rows = await self.tokenizer_work(len(texts), query_rows, framing, texts)
+        with self.permits.hold(len(items)):
+            result = await self.engine.infer(
+                Inference(
+                    model,
+                    items,
+                    None,
+                    truncation,
+                    (contract.COLBERT, contract.NUM_TOKENS),
+                    rows=rows,
+                ),
+                context,
+            )
+        vectors = result.outputs[contract.COLBERT]
+        # the pool stage moves each row's vectors to its front; zero rows follow them
+        counts = np.any(vectors != 0, axis=2).sum(axis=1).tolist()
+        return Embeddings([vectors[i, :n] for i, n in enumerate(counts)], result.num_tokens)
+
     async def hidden(
         self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
     ) -> Embeddings:
-        """The encoder's last hidden state, one vector per token, no pooling."""
+        """The encoder's last hidden state, one vector per token, no pooling; a late-interaction
+        model's per-token vectors are its documents' multi-vectors."""
+        if model.task is Task.LATE:
+            return await self.colbert(model, items, truncation, context)
         self.check(items)
         with self.permits.hold(len(items)):
             result = await self.engine.infer(
@@ -465,7 +521,12 @@ class Service:
         """One score per text against `query` and the tokens read per text: a cross-encoder's
         (sigmoid, or the logit with `raw_scores`), or for bge-m3 the `colbert+sparse+dense` hybrid
         of `hybrid.scores` (query and texts encoded in one call; the query's tokens are counted
-        with the first text's). `instruction` is an LLM reranker's, in place of its own."""
+        with the first text's). A late-interaction model scores by `late_score`, the query encoded as
+        a query. `instruction` is an LLM reranker's, in place of its own."""
+        if model.task is Task.LATE:
+            return await self._late_relevance(
+                model, query, texts, truncation, raw_scores, context, weights, instruction
+            )
         if not model.is_m3:
             if weights is not None:
                 raise validation(
@@ -498,6 +559,42 @@ class Service:
         if len(tokens):
             tokens[0] += rows.num_tokens[0]
         return np.asarray(hybrid, dtype=np.float32), tokens
+
+    async def _late_relevance(
+        self,
+        model: ServedModel,
+        query: str,
+        texts: list[str],
+        truncation: Truncation,
+        raw_scores: bool,
+        context: RequestContext,
+        weights: Sequence[float] | None,
+        instruction: str | None,
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """MaxSim of the query's vectors against each text's: PyLate's `rank.rerank` scores."""
+        refused = (
+            "`weights` applies to bge-m3 models"
+            if weights is not None
+            else "`instruction` applies to LLM rerankers"
+            if instruction is not None
+            else "its MaxSim score has no activation to leave out"
+            if raw_scores
+            else None
+        )
+        if refused:
+            raise validation(f"model `{model.name}` is a late-interaction model: {refused}")
+        self.check(texts)
+        asked, documents = await gather(
+            [
+                self.colbert(model, [query], truncation, context, query=True),
+                self.colbert(model, list(texts), truncation, context),
+            ]
+        )
+        scores = [late_score(asked.rows[0], document) for document in documents.rows]
+        tokens = documents.num_tokens.copy()
+        if len(tokens):
+            tokens[0] += asked.num_tokens[0]
+        return np.asarray(scores, dtype=np.float32), tokens
 
     async def _check_room(
         self, model: ServedModel, queries: list[str], instruction: str | None

@@ -79,10 +79,13 @@ class TokenRows:
     cut: bool  # some row was truncated
     # per row, leading tokens the pooling leaves out (a prompt's)
     prompt_tokens: list[int] | None = None
+    # per row, its attention mask where it is not all 1 (a late-interaction query's expansion)
+    masks: list[list[int]] | None = None
 
     def select(self, rows: slice) -> TokenRows:
         prompts = self.prompt_tokens[rows] if self.prompt_tokens else None
-        return TokenRows(self.ids[rows], self.type_ids[rows], self.cut, prompts)
+        masks = self.masks[rows] if self.masks else None
+        return TokenRows(self.ids[rows], self.type_ids[rows], self.cut, prompts, masks)
 
     def framed(self, prefix: Sequence[int], suffix: Sequence[int]) -> TokenRows:
         """Each row between an LLM reranker's prompt prefix and suffix, as the tokenize stage frames it."""
@@ -97,7 +100,33 @@ class TokenRows:
         """Right-padded `input_ids`, `attention_mask`, `token_type_ids`, as the tokenize stage sends them."""
         arrays = contract.pad_token_rows(self.ids, self.type_ids, pad_id)
         mask = contract.mark_prompts(arrays[contract.ATTENTION_MASK], self.prompt_tokens or ())
+        for row, values in enumerate(self.masks or ()):
+            mask[row, : len(values)] = values
         return arrays[contract.INPUT_IDS], mask, arrays[contract.TOKEN_TYPE_IDS]
+
+
+@dataclass(frozen=True)
+class QueryFraming:
+    """A late-interaction model's queries as PyLate frames them: its query tokenizer (the marker
+    token, cut and with expansion padded to the query length with the mask token), and whether
+    other tokens attend to the expansion tokens."""
+
+    tokenizer: Tokenizer
+    attend_to_expansion: bool
+    query_length: int
+
+
+def query_rows(framing: QueryFraming, texts: list[str]) -> TokenRows:
+    """`texts` framed as queries; their expansion tokens marked `contract.UNATTENDED_TOKEN` unless
+    the model attends to them."""
+    encodings = framing.tokenizer.encode_batch(texts)
+    expansion = 1 if framing.attend_to_expansion else contract.UNATTENDED_TOKEN
+    return TokenRows(
+        [e.ids for e in encodings],
+        [e.type_ids for e in encodings],
+        any(e.overflowing for e in encodings),
+        masks=[[1 if m else expansion for m in e.attention_mask] for e in encodings],
+    )
 
 
 INT64_LIMIT = 2**63

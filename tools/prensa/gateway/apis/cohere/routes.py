@@ -70,7 +70,7 @@ async def cohere_rerank(
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
     truncation = gw.service.windowed(
-        served, None, cut_side(request), request.truncate_prompt_tokens, not served.is_m3
+        served, None, cut_side(request), request.truncate_prompt_tokens, served.scores_pairs
     )
     scores, tokens = await document_scores(
         gw.service,

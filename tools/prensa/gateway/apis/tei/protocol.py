@@ -67,6 +67,17 @@ class TokenLevelRequest(TruncatedRequest):
     prompt_name: str | None = Field(None, description=PROMPT)
 
 
+class ColbertRequest(TokenLevelRequest):
+    """`/embed_colbert`."""
+
+    is_query: bool = Field(
+        False,
+        description="Encode the inputs as queries (PyLate's `is_query`): a late-interaction model "
+        "frames them with its query marker and expands them to its query length; documents (the "
+        "default) lose their punctuation's vectors. bge-m3 encodes both alike.",
+    )
+
+
 class SparseValue(BaseModel):
     index: int = Field(description="Vocabulary id.")
     value: float = Field(description="Its weight (> 0).")

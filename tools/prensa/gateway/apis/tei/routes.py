@@ -32,6 +32,7 @@ from prensa.gateway.apis.openai.protocol import EmbeddingRequest
 from prensa.gateway.apis.openai.routes import embeddings_payload
 from prensa.gateway.apis.tei.protocol import (
     ClassifyRequest,
+    ColbertRequest,
     DecodeRequest,
     EmbedRequest,
     InfinityClassifications,
@@ -97,11 +98,14 @@ class Operation:
     request: type[BaseModel]
     capability: Capability | None  # None: any model, the operation tells them apart
     run: Callable[[Any, Gateway, ServedModel, RequestContext], Awaitable[Any]]
+    # what the body asks of a model, where that depends on the body (in place of `capability`)
+    needs: Callable[[Any], Capability] | None = None
 
     async def answer(self, request: Any, http: GatewayRequest, query_model: str | None) -> Any:
         """The payload for `request`, on the model it names (or the default one)."""
         gw = http.gateway
-        served = await gw.registry.pick(self.capability, named_model(query_model, request.model))
+        capability = self.needs(request) if self.needs else self.capability
+        served = await gw.registry.pick(capability, named_model(query_model, request.model))
         return await self.run(request, gw, served, http.context)
 
 
@@ -154,17 +158,20 @@ async def _embed_sparse(
     ]
 
 
-def _per_token(method: str) -> Callable[..., Awaitable[Any]]:
-    """`/embed_all` and `/embed_colbert`: one array of token vectors per input, from `Service.<method>`."""
+async def _embed_colbert(
+    request: ColbertRequest, gw: Gateway, served: ServedModel, context: RequestContext
+) -> Any:
+    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+    truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+    return (await gw.service.colbert(served, items, truncation, context, request.is_query)).rows
 
-    async def run(
-        request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
-    ) -> Any:
-        items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-        truncation = gw.service.truncation(request.truncate, request.truncation_direction)
-        return (await getattr(gw.service, method)(served, items, truncation, context)).rows
 
-    return run
+async def _embed_all(
+    request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
+) -> Any:
+    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+    truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+    return (await gw.service.hidden(served, items, truncation, context)).rows
 
 
 def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[list[str]], bool]:
@@ -311,7 +318,7 @@ async def _rerank(
         request, request.truncation_direction, "truncation_direction" in request.model_fields_set
     )
     truncation = gw.service.windowed(
-        served, request.truncate, direction, request.truncate_prompt_tokens, not served.is_m3
+        served, request.truncate, direction, request.truncate_prompt_tokens, served.scores_pairs
     )
     raw_said = request.raw_scores if "raw_scores" in request.model_fields_set else None
     scores, used = await document_scores(
@@ -379,13 +386,17 @@ async def _similarity(
 
 EMBED = Operation("embed", EmbedRequest, Capability.DENSE, _embed)
 EMBED_SPARSE = Operation("embed_sparse", TokenLevelRequest, Capability.SPARSE, _embed_sparse)
-EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _per_token("hidden"))
-EMBED_COLBERT = Operation(
-    "embed_colbert", TokenLevelRequest, Capability.COLBERT, _per_token("colbert")
-)
+EMBED_ALL = Operation("embed_all", TokenLevelRequest, Capability.HIDDEN, _embed_all)
+EMBED_COLBERT = Operation("embed_colbert", ColbertRequest, Capability.COLBERT, _embed_colbert)
 PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
 CLASSIFY = Operation("classify", ClassifyRequest, Capability.PREDICT, _classify)
-POOLING = Operation("pooling", PoolingRequest, Capability.DENSE, _pooling)
+POOLING = Operation(
+    "pooling",
+    PoolingRequest,
+    Capability.DENSE,
+    _pooling,
+    lambda request: Capability.HIDDEN if request.task == "token_embed" else Capability.DENSE,
+)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
 # What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
@@ -396,6 +407,7 @@ DEFAULT_OPERATION = {
     "embed": EMBED,
     "m3": EMBED,
     "splade": EMBED_SPARSE,
+    "late": EMBED_COLBERT,
     "rerank": PREDICT,
     "classify": PREDICT,
 }
@@ -435,12 +447,13 @@ async def embed_all(
 @router.post(
     "/embed_colbert",
     response_model=list[list[list[float]]],
-    summary="ColBERT multi-vectors (bge-m3)",
+    summary="ColBERT multi-vectors (bge-m3, PyLate and ColBERT models)",
 )
 async def embed_colbert(
-    request: TokenLevelRequest, http: GatewayRequest, model: ModelParam = None
+    request: ColbertRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
-    """One L2-normalised vector per token after the first (CLS dropped, final `</s>` kept), as FlagEmbedding."""
+    """L2-normalised vectors per token: bge-m3's after the first (CLS dropped, final `</s>` kept), as
+    FlagEmbedding; a late-interaction model's as PyLate's `encode(is_query=...)`."""
     return await _serve(EMBED_COLBERT, request, http, model)
 
 
