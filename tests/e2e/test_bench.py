@@ -117,6 +117,19 @@ def test_bench_tracing_and_cache_compare_their_variants(exports):
     assert re.search(r"cache hit ratio\s+-\s+\d+\.\d%", cached.output)
 
 
+def test_bench_late_weighs_per_token_answers_against_pooled_ones(tmp_path, minilm_dir):
+    result = CliRunner().invoke(app, ["bench", "late", "--size", "tiny", "--requests", "6", "--batch", "4",
+                                      "--concurrency", "2", "--work", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    ratios = dict(re.findall(r"(documents|queries), per-token / pooled: bytes x([\d.]+)", result.output))
+    # a text's vectors, one per kept token, outweigh its one pooled vector many times over
+    assert ratios.keys() == {"documents", "queries"} and all(float(x) > 5 for x in ratios.values()), result.output
+    assert (tmp_path / "gateway.log").read_text().count("POST /embed_colbert") >= 2 * (6 + 1)
+    refused = CliRunner().invoke(app, ["bench", "late", str(minilm_dir), "--work", str(tmp_path / "minilm")],
+                                 env={"COLUMNS": "200"})
+    assert refused.exit_code == 2 and "not a late-interaction" in refused.output, refused.output
+
+
 @pytest.mark.parametrize("command", ["gateway", "tracing", "cache"])
 def test_bench_measures_refuse_an_export_they_cannot_measure(command, exports):
     result = CliRunner().invoke(app, ["bench", command, str(exports["reranker"])], env={"COLUMNS": "200"})

@@ -1,6 +1,7 @@
 """`prensa bench`: prensa side by side with the onnxruntime limit and its peers, in one run
 (`compare`, what `prensa bench EXPORT` runs), and the measures of one part of it: the gateway's own
-CPU (`gateway`), what tracing costs (`tracing`), what Triton's response cache buys (`cache`)."""
+CPU (`gateway`), what tracing costs (`tracing`), what Triton's response cache buys (`cache`), what
+per-token outputs cost against pooled ones (`late`)."""
 
 from __future__ import annotations
 
@@ -323,3 +324,81 @@ def cache(
         f"({len(set(stream))} drawn), {concurrency} concurrent gRPC clients"
     )
     typer.echo(cache_gain.report(served, 1 - len(set(stream)) / len(stream)))
+
+
+@app.command(context_settings={"auto_envvar_prefix": "PRENSA_BENCH_LATE"})
+def late(
+    source: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A PyLate or HF_ColBERT model directory. Default: answerai-colbert-small-v1's "
+            "shape with random weights (--size)."
+        ),
+    ] = None,
+    size: Annotated[
+        str, typer.Option(help="Without SOURCE: `full` (answerai-colbert-small-v1) or `tiny`.")
+    ] = "full",
+    batch: Annotated[int, typer.Option(min=1, help="Texts per request.")] = 8,
+    requests: Annotated[int, typer.Option(min=1, help="Requests per case, after a warm-up.")] = 48,
+    concurrency: Annotated[int, typer.Option(min=1, help="Clients sending at once.")] = 4,
+    work: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the exports, repository and logs go; default: a temporary directory, "
+            "removed at the end."
+        ),
+    ] = None,
+) -> None:
+    """What per-token outputs cost against pooled ones, on one encoder.
+
+    The late-interaction model and its transformer alone (a CLS-pooled embedder) are served by one
+    Triton and one gateway; documents (cut at the model's document length) and queries (expanded
+    to its query length) go to `/embed_colbert` and to `/embed`. Per case: answer bytes per
+    sequence, the gateway's CPU per sequence and sequences per second, with per-token / pooled."""
+    from prensa.bench import late_cost
+    from prensa.export import synthetic
+
+    require("bench", "bench late")
+    if size not in synthetic.COLBERT:
+        raise typer.BadParameter(f"one of {', '.join(synthetic.COLBERT)}", param_hint="--size")
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="prensa-bench-late-") as temporary:
+        root = work or Path(temporary)
+        with sigterm_exits(), step_progress(console) as step:
+            if source is None:
+                with step(f"Writing a {size} ColBERT with random weights"):
+                    source = synthetic.colbert(root / "source", size)  # type: ignore[arg-type]
+            try:
+                results = late_cost.run(source, root, batch, requests, concurrency, step)
+            except late_cost.NotLateInteraction as exc:
+                raise typer.BadParameter(str(exc), param_hint="SOURCE") from exc
+    table = Table(
+        "texts",
+        "output",
+        "bytes / sequence",
+        "gateway CPU ms / sequence",
+        "sequences / s",
+        "p50 ms",
+    )
+    pooled = {case.texts: figures for case, figures in results if case.output == "pooled"}
+    for case, figures in results:
+        table.add_row(
+            case.texts,
+            case.output,
+            f"{figures.bytes_per_sequence:,.0f}",
+            f"{figures.gateway_cpu_ms_per_sequence:.3f}",
+            f"{figures.sequences_per_s:.1f}",
+            f"{figures.p50_ms:.1f}",
+        )
+    console.print(table)
+    for texts, base in pooled.items():
+        token = next(f for c, f in results if c.texts == texts and c.output == "per-token")
+        console.print(
+            f"{texts}, per-token / pooled: bytes x{token.bytes_per_sequence / base.bytes_per_sequence:.1f}, "
+            f"gateway CPU x{token.gateway_cpu_ms_per_sequence / max(base.gateway_cpu_ms_per_sequence, 1e-9):.2f}, "
+            f"sequences/s x{token.sequences_per_s / base.sequences_per_s:.2f}"
+        )
+    errors = sum(figures.errors for _, figures in results)
+    if errors:
+        console.print(f"[red]{errors} requests failed[/]; the gateway's and Triton's logs say why")
+        raise typer.Exit(1)

@@ -1,4 +1,5 @@
-"""bge-m3 and bge-reranker-v2-m3 with random weights, at their real size or a tiny one.
+"""bge-m3, bge-reranker-v2-m3, Qwen3-Embedding and a PyLate ColBERT with random weights, at their
+real size or a tiny one.
 
 A GPU benchmark needs the real shapes, not the real weights: a forward pass costs the same
 whatever the weights hold. `full` is XLM-RoBERTa large as both BAAI models ship it (bge-m3:
@@ -305,3 +306,125 @@ def flops_per_token(config: Any, length: int) -> float:
     hidden, layers, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     per_layer = 4 * hidden * hidden + 2 * hidden * ffn
     return float(layers * (2 * per_layer + 4 * length * hidden))
+
+
+# answerai-colbert-small-v1's shape (its config.json and 1_Dense): a 12-layer BERT of width 384
+# (12 heads, FFN 1536, 30,522 tokens, 512 positions) projected to 96 dimensions; 33M parameters.
+COLBERT: dict[str, dict[str, int]] = {
+    "tiny": {"layers": 2, "hidden": 32, "heads": 4, "ffn": 64, "vocab": 0, "dim": 16},
+    "full": {"layers": 12, "hidden": 384, "heads": 12, "ffn": 1536, "vocab": 30522, "dim": 96},
+}
+# PyLate's defaults, which answerai-colbert-small-v1 keeps: queries expanded to 32 tokens,
+# documents cut at 180, punctuation skipped
+COLBERT_SETTINGS: dict[str, Any] = {
+    "query_prefix": "[Q] ",
+    "document_prefix": "[D] ",
+    "query_length": 32,
+    "document_length": 180,
+    "do_query_expansion": True,
+    "attend_to_expansion_tokens": False,
+    "similarity_fn_name": "MaxSim",
+}
+WORDPIECE_VOCAB = 2000
+
+
+def bert_tokenizer(directory: Path, markers: tuple[str, ...] = ()) -> Any:
+    """A fast WordPiece tokenizer (`[CLS] A [SEP]`, lower-cased) learnt from the benchmark's
+    passages, `markers` added as PyLate adds its prefixes, saved in `directory`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers as learners
+    from transformers import PreTrainedTokenizerFast
+
+    from prensa.workload import passages
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    model = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    model.normalizer = normalizers.BertNormalizer(lowercase=True)
+    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    model.decoder = decoders.WordPiece()
+    model.train_from_iterator(
+        passages(), learners.WordPieceTrainer(vocab_size=WORDPIECE_VOCAB, special_tokens=specials)
+    )
+    model.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[
+            ("[CLS]", model.token_to_id("[CLS]")),
+            ("[SEP]", model.token_to_id("[SEP]")),
+        ],
+    )
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=model,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+    tokenizer.add_tokens(list(markers))
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def colbert(directory: Path, size: Size = "tiny", seed: int = 3) -> Path:
+    """A PyLate late-interaction model with random weights, saved as PyLate saves one: a BERT
+    (answerai-colbert-small-v1's shape at `full`), `1_Dense` projecting each token without bias,
+    `modules.json`, and PyLate's settings with their markers in the tokenizer."""
+    import json
+    import string
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    dims = COLBERT[size]
+    directory.mkdir(parents=True, exist_ok=True)
+    prefixes = (COLBERT_SETTINGS["query_prefix"], COLBERT_SETTINGS["document_prefix"])
+    tokenizer = bert_tokenizer(directory, prefixes)
+    torch.manual_seed(seed)
+    config = BertConfig(  # type: ignore[no-untyped-call]
+        vocab_size=max(dims["vocab"], len(tokenizer)),
+        hidden_size=dims["hidden"],
+        num_hidden_layers=dims["layers"],
+        num_attention_heads=dims["heads"],
+        intermediate_size=dims["ffn"],
+        max_position_embeddings=512,
+    )
+    BertModel(config, add_pooling_layer=False).save_pretrained(directory)  # type: ignore[no-untyped-call]
+    dense = directory / "1_Dense"
+    dense.mkdir(exist_ok=True)
+    projection = torch.randn(dims["dim"], dims["hidden"]) / dims["hidden"] ** 0.5
+    save_file({"linear.weight": projection}, str(dense / "model.safetensors"))
+    (dense / "config.json").write_text(
+        json.dumps(
+            {
+                "in_features": dims["hidden"],
+                "out_features": dims["dim"],
+                "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity",
+                "use_residual": False,
+            }
+        )
+    )
+    (directory / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+            ]
+        )
+    )
+    length = COLBERT_SETTINGS["document_length"]
+    (directory / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": length - 1, "do_lower_case": False})
+    )
+    (directory / "config_sentence_transformers.json").write_text(
+        json.dumps({**COLBERT_SETTINGS, "skiplist_words": list(string.punctuation)})
+    )
+    return directory
