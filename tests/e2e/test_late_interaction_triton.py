@@ -107,6 +107,9 @@ def test_queries_and_documents_equal_pylate_encode(served, references, name):
     assert_vectors(queries, want["queries"])
     assert_vectors(documents, want["documents"])
     assert {len(q) for q in queries} == {12}  # expanded to the query length
+    info = httpx.get(f"{url}/info", params={"model": name}).json()
+    assert info["task"] == "late" and info["model_type"] == {"embedding": {"pooling": "colbert"}}
+    assert info["max_input_length"] == 24  # the document length
     # a document read as a query (its marker, no skiplist) is not PyLate's document
     as_queries = post(url, "/embed_colbert", {"inputs": DOCUMENTS[:1], "model": name, "is_query": True})
     assert len(as_queries[0]) != len(want["documents"][0]) or not np.allclose(
@@ -124,6 +127,28 @@ def test_token_routes_give_the_documents_vectors(served, references, name):
         reply = stubs.EmbedStub(channel).EmbedAll(pb.EmbedAllRequest(inputs=DOCUMENTS[1]),
                                                   metadata=(("model", name),))
     assert_vectors([[token.embeddings for token in reply.token_embeddings]], want[1:2])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_jinas_multi_vector_bodies_answer_pylates_vectors(served, references, name):
+    url, _ = served
+    want = references[name]
+    for path, role, texts, expected in (
+            ("/v1/embeddings", {"task": "retrieval.query"}, QUERIES, "queries"),
+            ("/v1/embeddings", {"task": "retrieval.passage"}, DOCUMENTS, "documents"),
+            ("/v1/multi-vector", {"input_type": "query"}, QUERIES, "queries"),
+            ("/v1/multi-vector", {"input_type": "document"}, DOCUMENTS, "documents")):
+        body = {"model": name, "input": texts, **role}
+        if path == "/v1/embeddings":
+            body["return_multivector"] = True
+        answer = post(url, path, body)
+        assert [row["object"] for row in answer["data"]] == ["embeddings"] * len(texts)
+        assert_vectors([row["embeddings"] for row in answer["data"]], want[expected])
+    refused = httpx.post(f"{url}/v1/embeddings", json={"model": name, "input": QUERIES, "return_multivector": True,
+                                                       "dimensions": 8})
+    assert refused.status_code == 422 and "dimensions" in refused.text, refused.text
+    single = httpx.post(f"{url}/v1/embeddings", json={"model": name, "input": QUERIES})
+    assert single.status_code == 422 and "dense embeddings" in single.text, single.text
 
 
 @pytest.mark.parametrize("name", list(MODELS))

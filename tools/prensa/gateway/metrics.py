@@ -85,6 +85,7 @@ EMBED_METHODS = frozenset(
         "embed_all",
         "embed_colbert",
         "openai_embeddings",
+        "jina_multi_vector",
         "similarity",
         "embed_v1",
         "embed_v2",

@@ -64,6 +64,12 @@ class EmbeddingRequest(VllmTruncation, VllmEncoding):
     )
     embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
     task: JinaTask | None = Field(None, description=JINA_TASK)
+    return_multivector: bool | None = Field(
+        None,
+        description="Jina's multi-vector output: each input's token vectors (a late-interaction "
+        "model's, or bge-m3's ColBERT vectors) in `embeddings` instead of one `embedding`; queries "
+        "with `task` retrieval.query or `input_type` query.",
+    )
     late_chunking: bool | None = Field(
         None,
         description="Jina's late chunking: the inputs are chunks of one document, read together in "
@@ -80,6 +86,19 @@ class Embedding(BaseModel):
         None, description="With `chunking`: how many windows the input was embedded as."
     )
     index: int = Field(description="Position of the input in the request.")
+
+
+class MultiVector(BaseModel):
+    object: Literal["embeddings"] = Field("embeddings", description="Always `embeddings`.")
+    embeddings: list[list[float]] = Field(description="One vector per token the model keeps.")
+    index: int = Field(description="Position of the input in the request.")
+
+
+class MultiVectorResponse(BaseModel):
+    object: Literal["list"] = Field("list", description="Always `list`.")
+    data: list[MultiVector] = Field(description="One set of vectors per input, in input order.")
+    model: str = Field(description="The served model that answered.")
+    usage: Usage = Field(description="Token counts.")
 
 
 class EmbeddingResponse(BaseModel):

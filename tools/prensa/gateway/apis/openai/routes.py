@@ -17,13 +17,14 @@ from prensa.gateway.apis.openai.protocol import (
     EmbeddingResponse,
     ModelCard,
     ModelList,
+    MultiVectorResponse,
 )
 from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
 from prensa.gateway.core.limits import Permits
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import Capability, ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
-from prensa.gateway.core.tokenization import Truncation, as_items
+from prensa.gateway.core.tokenization import Item, Truncation, as_items
 from prensa.gateway.errors import validation
 from prensa.gateway.http.routing import (
     CountedRoute,
@@ -41,10 +42,15 @@ models_router = APIRouter(route_class=GatewayRoute, responses=MESSAGE_ERRORS, ta
 ROLE_SUFFIXES = {"-query": "query", "-passage": "passage"}
 # Jina's retrieval tasks, for models without a prompt of that name: the input types they are.
 JINA_ROLES = {"retrieval.query": "query", "retrieval.passage": "passage"}
+# the input types whose texts a late-interaction model frames as queries
+QUERY_ROLES = ("query", "search_query")
 
 
 async def _embedder(
-    gw: Gateway, query_model: str | None, body_model: str | None
+    gw: Gateway,
+    query_model: str | None,
+    body_model: str | None,
+    capability: Capability = Capability.DENSE,
 ) -> tuple[ServedModel, str | None]:
     """The model asked for, and the input type its name implies: NIM's `<model>-query` and
     `<model>-passage` name `<model>` with that role, unless a model of the full name is served."""
@@ -53,8 +59,8 @@ async def _embedder(
         await gw.registry.ensure()
         for suffix, role in ROLE_SUFFIXES.items():
             if name.endswith(suffix) and name.removesuffix(suffix) in gw.registry.models:
-                return await gw.registry.pick(Capability.DENSE, name.removesuffix(suffix)), role
-    return await gw.registry.pick(Capability.DENSE, name), None
+                return await gw.registry.pick(capability, name.removesuffix(suffix)), role
+    return await gw.registry.pick(capability, name), None
 
 
 def prompt_choice(
@@ -118,6 +124,9 @@ async def embeddings_payload(
 ) -> dict[str, Any]:
     """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
     prompt_name, input_type = prompt_choice(request, served, role)
+    if request.return_multivector:
+        items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
+        return await multivector_payload(request, gw, served, context, items, input_type)
     kind = embedding_kind(request, served)
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
     if request.late_chunking:
@@ -181,14 +190,75 @@ async def embeddings_payload(
     }
 
 
+async def multivector_payload(
+    request: EmbeddingRequest,
+    gw: Gateway,
+    served: ServedModel,
+    context: RequestContext,
+    items: list[Item],
+    input_type: str | None,
+) -> dict[str, Any]:
+    """Jina's multi-vector answer: each input's token vectors, framed as queries where the request
+    says its inputs are queries. What a single vector's fields would change is refused."""
+    given = [
+        f"`{name}`"
+        for name, value in (
+            ("late_chunking", request.late_chunking),
+            ("chunking", request.chunking),
+            ("dimensions", request.dimensions),
+            ("normalize: false", request.normalize is False),
+            ("encoding_format: base64", request.encoding_format == "base64"),
+            (
+                f"embedding_type: {request.embedding_type}",
+                request.embedding_type not in (None, "float"),
+            ),
+        )
+        if value
+    ]
+    if given:
+        raise validation(
+            f"`return_multivector` answers float vectors per token: drop {', '.join(given)}"
+        )
+    query = input_type in QUERY_ROLES
+    result = await gw.service.colbert(
+        served, items, embedding_truncation(request, gw, served), context, query
+    )
+    tokens = int(result.num_tokens.sum())
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embeddings", "embeddings": vectors, "index": i}
+            for i, vectors in enumerate(result.rows)
+        ],
+        "model": served.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
 @router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
 async def openai_embeddings(
     request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); right truncation when
-    --auto-truncate is on (the default)."""
-    served, role = await _embedder(http.gateway, model, request.model)
+    --auto-truncate is on (the default). With Jina's `return_multivector`, token vectors."""
+    capability = Capability.COLBERT if request.return_multivector else Capability.DENSE
+    served, role = await _embedder(http.gateway, model, request.model, capability)
+    return json_response(
+        await embeddings_payload(request, http.gateway, served, http.context, role), http.context
+    )
+
+
+@router.post(
+    "/v1/multi-vector", response_model=MultiVectorResponse, summary="Jina's multi-vector embeddings"
+)
+async def jina_multi_vector(
+    request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
+) -> Response:
+    """Jina's ColBERT endpoint: `/v1/embeddings` with `return_multivector`; `input_type` query or
+    document."""
+    request = request.model_copy(update={"return_multivector": True})
+    served, role = await _embedder(http.gateway, model, request.model, Capability.COLBERT)
     return json_response(
         await embeddings_payload(request, http.gateway, served, http.context, role), http.context
     )

@@ -671,6 +671,10 @@ async def decode(
     )
 
 
+# /info's pooling for the tasks that answer per-token weights or vectors rather than a pooled one
+TOKEN_POOLINGS = {Task.SPLADE: "splade", Task.LATE: "colbert"}
+
+
 def model_info(model: ServedModel) -> dict[str, object]:
     labels = {str(i): label for i, label in enumerate(model.id2label)}
     kinds = {"rerank": "reranker", "classify": "classifier"}
@@ -682,7 +686,7 @@ def model_info(model: ServedModel) -> dict[str, object]:
             }
         }
         if model.task in kinds
-        else {"embedding": {"pooling": "splade" if model.task == "splade" else model.pooling}}
+        else {"embedding": {"pooling": TOKEN_POOLINGS.get(model.task, model.pooling)}}
     )
     return {
         "model_id": model.source,
