@@ -218,7 +218,7 @@ def load_query_framing(
     key = (path, path.stat().st_mtime_ns)
     if key not in cache:
         cache[key] = Tokenizer.from_file(str(path))
-    return QueryFraming(cache[key], bool(late["attend_to_expansion"]), int(late["query_length"]))
+    return QueryFraming(cache[key], bool(late["attend_to_expansion"]))
 
 
 def known_task(config: model_config_pb2.ModelConfig) -> bool:

@@ -113,7 +113,6 @@ class QueryFraming:
 
     tokenizer: Tokenizer
     attend_to_expansion: bool
-    query_length: int
 
 
 def query_rows(framing: QueryFraming, texts: list[str]) -> TokenRows:
