@@ -3,7 +3,7 @@ PyLate's own layout (a model PyLate built and saved) and colbert-ai's `HF_ColBER
 read by PyLate's own loader for such checkpoints (colbert-ai itself does not install here: it pins
 an old transformers and needs faiss). Queries and documents on `/embed_colbert`, documents on
 `/embed_all`, vLLM's `/pooling` `token_embed` and TEI's gRPC `EmbedAll`, against `encode`; MaxSim
-on `/rerank`, `/v1/rerank` and `/v2/rerank` against `rank.rerank`. The PyLate model leaves its
+on `/rerank`, `/v1/rerank`, `/v2/rerank` and vLLM's `/score` against `rank.rerank`. The PyLate model leaves its
 query expansion unattended, the checkpoint attends to it, so both framings are checked; a
 document read as a query differs, so the comparisons can fail. Exports prensa cannot serve as
 PyLate does are refused by name."""
@@ -165,6 +165,9 @@ def test_rerank_routes_score_by_maxsim_as_pylate_reranks(served, references, nam
             np.testing.assert_allclose([row["relevance_score"] for row in results],
                                        [want[row["index"]] for row in results], rtol=1e-4)
         np.testing.assert_allclose([row["score"] for row in tei], [want[row["index"]] for row in tei], rtol=1e-4)
+        scored = post(url, "/score", {"text_1": query, "text_2": DOCUMENTS, "model": name})  # vLLM's
+        np.testing.assert_allclose([row["score"] for row in scored["data"]], [want[i] for i in range(len(DOCUMENTS))],
+                                   rtol=1e-4)
 
 
 def test_what_maxsim_has_no_use_for_is_refused(served):

@@ -21,6 +21,7 @@ from prensa.gateway.apis.m3.protocol import (
     VllmScores,
 )
 from prensa.gateway.core import hybrid
+from prensa.gateway.core.engine import gather
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import Capability, ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
@@ -106,13 +107,36 @@ def score_truncation(request: ScoreRequest, gw: Gateway, served: ServedModel) ->
 async def vllm_scores(
     request: ScoreRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> dict[str, Any]:
-    """vLLM's `/score`: a reranker's sigmoid scores of the pairs, or an embedder's cosine similarity."""
+    """vLLM's `/score`: a reranker's sigmoid scores of the pairs, a late-interaction model's MaxSim
+    of each first text as a query against its second, or an embedder's cosine similarity."""
     lefts, rights = score_pairs(request)
     truncation = score_truncation(request, gw, served)
     raw = not activated(None, request)
     if served.task is Task.RERANK:
         values, tokens = await gw.service.scores(served, lefts, rights, truncation, raw, context)
         scores, used = values[:, 0], int(tokens.sum())
+    elif served.task is Task.LATE:
+        if raw:
+            raise validation(
+                f"model `{served.name}` is a late-interaction model: its MaxSim score has no "
+                "activation to leave out (`use_activation`)"
+            )
+        queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
+        asked, found = await gather(
+            [
+                gw.service.colbert(served, list(queries), truncation, context, query=True),
+                gw.service.colbert(served, list(documents), truncation, context),
+            ]
+        )
+        query_vectors = dict(zip(queries, asked.rows))
+        document_vectors = dict(zip(documents, found.rows))
+        scores = np.asarray(
+            [
+                hybrid.late_score(query_vectors[a], document_vectors[b])
+                for a, b in zip(lefts, rights)
+            ]
+        )
+        used = int(asked.num_tokens.sum() + found.num_tokens.sum())
     elif raw:
         raise validation(
             f"model `{served.name}` is an embedder: its score is a cosine similarity, with no "
