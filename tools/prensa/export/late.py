@@ -32,7 +32,6 @@ if TYPE_CHECKING:  # torch is the export extra's: imported where a graph is buil
 
     from prensa.export.graphs import LateGraph
 
-FIGURE = "PyLate"
 STANFORD_ARCHITECTURE = "HF_ColBERT"
 STANFORD_METADATA = "artifact.metadata"
 PYLATE_CONFIG = "config_sentence_transformers.json"
@@ -40,7 +39,6 @@ PYLATE_CONFIG = "config_sentence_transformers.json"
 PYLATE_QUERY_PREFIX, PYLATE_DOCUMENT_PREFIX = "[Q] ", "[D] "
 STANFORD_QUERY_PREFIX, STANFORD_DOCUMENT_PREFIX = "[unused0]", "[unused1]"
 DEFAULT_QUERY_LENGTH, DEFAULT_DOCUMENT_LENGTH = 32, 180
-QUERY_TOKENIZER_FILE = "query_tokenizer.json"
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,6 @@ def interaction(layout: LateLayout, tokenizer: Any, name: str) -> LateInteractio
         skiplist_ids=sorted(
             {int(tokenizer.convert_tokens_to_ids(w)) for w in layout.skiplist_words}
         ),
-        query_tokenizer_file=QUERY_TOKENIZER_FILE,
     )
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from prensa.export import late
+
 Size = Literal["tiny", "full"]
 
 
@@ -317,10 +319,10 @@ COLBERT: dict[str, dict[str, int]] = {
 # PyLate's defaults, which answerai-colbert-small-v1 keeps: queries expanded to 32 tokens,
 # documents cut at 180, punctuation skipped
 COLBERT_SETTINGS: dict[str, Any] = {
-    "query_prefix": "[Q] ",
-    "document_prefix": "[D] ",
-    "query_length": 32,
-    "document_length": 180,
+    "query_prefix": late.PYLATE_QUERY_PREFIX,
+    "document_prefix": late.PYLATE_DOCUMENT_PREFIX,
+    "query_length": late.DEFAULT_QUERY_LENGTH,
+    "document_length": late.DEFAULT_DOCUMENT_LENGTH,
     "do_query_expansion": True,
     "attend_to_expansion_tokens": False,
     "similarity_fn_name": "MaxSim",
