@@ -75,6 +75,7 @@ def own_bodies() -> dict[str, dict]:
             "/v2/embed": {"texts": ["dog"], "model": "embed", "input_type": "search_query", "embedding_types": ["float"]},
             "/v1/ranking": {"query": {"text": "q"}, "passages": [{"text": "dog"}], "model": "rerank"},
             "/vertex": {"instances": [{"inputs": "dog"}]}, "/embed_m3": {"inputs": "dog", "model": "m3"},
+            "/v1/multi-vector": {"input": "dog", "model": "m3", "input_type": "document"},
             "/score": {"query": "dog", "passages": ["the lazy dog"], "model": "m3"},
             "/api/embed": {"input": "dog", "model": "embed"}, "/api/embeddings": {"prompt": "dog", "model": "embed"},
             "/classify": {"input": "dog", "model": "classify"}, "/pooling": {"input": "dog", "model": "embed"}}
