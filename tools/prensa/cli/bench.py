@@ -326,7 +326,7 @@ def cache(
     typer.echo(cache_gain.report(served, 1 - len(set(stream)) / len(stream)))
 
 
-@app.command(context_settings={"auto_envvar_prefix": "PRENSA_BENCH_LATE"})
+@app.command()
 def late(
     source: Annotated[
         Path | None,
