@@ -130,6 +130,20 @@ def test_token_routes_give_the_documents_vectors(served, references, name):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+def test_pylates_own_server_body_is_answered_as_it_answers(served, references, name):
+    """PyLate's server takes OpenAI's body on /v1/embeddings with `is_query` (default true) and puts
+    each input's token vectors in `embedding`."""
+    url, _ = served
+    want = references[name]
+    for fields, texts, expected in (({}, QUERIES, "queries"), ({"is_query": True}, QUERIES, "queries"),
+                                    ({"is_query": False}, DOCUMENTS, "documents"),
+                                    ({"input_type": "document"}, DOCUMENTS, "documents")):
+        answer = post(url, "/v1/embeddings", {"model": name, "input": texts, **fields})
+        assert [row["object"] for row in answer["data"]] == ["embedding"] * len(texts)
+        assert_vectors([row["embedding"] for row in answer["data"]], want[expected])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
 def test_jinas_multi_vector_bodies_answer_pylates_vectors(served, references, name):
     url, _ = served
     want = references[name]
@@ -147,7 +161,7 @@ def test_jinas_multi_vector_bodies_answer_pylates_vectors(served, references, na
     refused = httpx.post(f"{url}/v1/embeddings", json={"model": name, "input": QUERIES, "return_multivector": True,
                                                        "dimensions": 8})
     assert refused.status_code == 422 and "dimensions" in refused.text, refused.text
-    single = httpx.post(f"{url}/v1/embeddings", json={"model": name, "input": QUERIES})
+    single = httpx.post(f"{url}/embed", json={"model": name, "inputs": QUERIES})
     assert single.status_code == 422 and "dense embeddings" in single.text, single.text
 
 

@@ -64,6 +64,12 @@ class EmbeddingRequest(VllmTruncation, VllmEncoding):
     )
     embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
     task: JinaTask | None = Field(None, description=JINA_TASK)
+    is_query: bool | None = Field(
+        None,
+        description="PyLate's server: read the inputs as queries (true) or documents (false) of a "
+        "late-interaction model, each `embedding` then its token vectors. Without it such a model "
+        "reads them by `input_type` or `task`, else as queries, as PyLate's server does.",
+    )
     return_multivector: bool | None = Field(
         None,
         description="Jina's multi-vector output: each input's token vectors (a late-interaction "
@@ -79,8 +85,9 @@ class EmbeddingRequest(VllmTruncation, VllmEncoding):
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = Field("embedding", description="Always `embedding`.")
-    embedding: list[float] | list[int] | str = Field(
-        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 float32 bytes."
+    embedding: list[float] | list[int] | str | list[list[float]] = Field(
+        description="The vector; integers for an int8/uint8/binary/ubinary `embedding_type`; or base64 "
+        "float32 bytes; a late-interaction model's token vectors, as PyLate's server answers them."
     )
     chunks: int | None = Field(
         None, description="With `chunking`: how many windows the input was embedded as."

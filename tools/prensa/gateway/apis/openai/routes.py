@@ -34,6 +34,7 @@ from prensa.gateway.http.routing import (
     json_response,
 )
 from prensa.gateway.state import Gateway
+from prensa.manifest import Task
 
 router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
 models_router = APIRouter(route_class=GatewayRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
@@ -124,7 +125,7 @@ async def embeddings_payload(
 ) -> dict[str, Any]:
     """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
     prompt_name, input_type = prompt_choice(request, served, role)
-    if request.return_multivector:
+    if request.return_multivector or request.is_query is not None or served.task is Task.LATE:
         items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
         return await multivector_payload(request, gw, served, context, items, input_type)
     kind = embedding_kind(request, served)
@@ -198,8 +199,10 @@ async def multivector_payload(
     items: list[Item],
     input_type: str | None,
 ) -> dict[str, Any]:
-    """Jina's multi-vector answer: each input's token vectors, framed as queries where the request
-    says its inputs are queries. What a single vector's fields would change is refused."""
+    """Each input's token vectors: Jina's answer (`return_multivector`, each in `embeddings`), or
+    PyLate's server's (each in `embedding`). Queries where `is_query` says so, else where the
+    request's input type or task says its inputs are queries; without any of them, Jina reads
+    documents and PyLate's server queries. What a single vector's fields would change is refused."""
     given = [
         f"`{name}`"
         for name, value in (
@@ -216,33 +219,58 @@ async def multivector_payload(
         if value
     ]
     if given:
-        raise validation(
-            f"`return_multivector` answers float vectors per token: drop {', '.join(given)}"
-        )
-    query = input_type in QUERY_ROLES
+        raise validation(f"token vectors are answered as floats per token: drop {', '.join(given)}")
+    jina = bool(request.return_multivector)
+    if request.is_query is not None:
+        query = request.is_query
+    elif input_type is not None:
+        query = input_type in QUERY_ROLES
+    else:
+        query = not jina
     result = await gw.service.colbert(
         served, items, embedding_truncation(request, gw, served), context, query
     )
     tokens = int(result.num_tokens.sum())
+    field, kind = ("embeddings", "embeddings") if jina else ("embedding", "embedding")
     return {
         "object": "list",
         "data": [
-            {"object": "embeddings", "embeddings": vectors, "index": i}
-            for i, vectors in enumerate(result.rows)
+            {"object": kind, field: vectors, "index": i} for i, vectors in enumerate(result.rows)
         ],
         "model": served.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse, summary="OpenAI embeddings")
-@router.post("/embeddings", response_model=EmbeddingResponse, include_in_schema=False)
+def embeddings_capability(request: EmbeddingRequest, gw: Gateway, name: str | None) -> Capability:
+    """Token vectors where the body asks for them (Jina's `return_multivector`, PyLate's server's
+    `is_query`) or names a late-interaction model; else a dense vector."""
+    named = gw.registry.models.get(name or "")
+    if (
+        request.return_multivector
+        or request.is_query is not None
+        or (named is not None and named.task is Task.LATE)
+    ):
+        return Capability.COLBERT
+    return Capability.DENSE
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingResponse | MultiVectorResponse,
+    summary="OpenAI embeddings",
+)
+@router.post(
+    "/embeddings", response_model=EmbeddingResponse | MultiVectorResponse, include_in_schema=False
+)
 async def openai_embeddings(
     request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
     """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); right truncation when
-    --auto-truncate is on (the default). With Jina's `return_multivector`, token vectors."""
-    capability = Capability.COLBERT if request.return_multivector else Capability.DENSE
+    --auto-truncate is on (the default). Token vectors with Jina's `return_multivector`, and on a
+    late-interaction model as PyLate's server answers them."""
+    await http.gateway.registry.ensure()
+    capability = embeddings_capability(request, http.gateway, named_model(model, request.model))
     served, role = await _embedder(http.gateway, model, request.model, capability)
     return json_response(
         await embeddings_payload(request, http.gateway, served, http.context, role), http.context
