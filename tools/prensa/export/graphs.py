@@ -278,13 +278,12 @@ class YesNoGraph(TracedGraph):
         return (no_yes[:, 1] - no_yes[:, 0]).unsqueeze(-1)
 
 
-class LateGraph(TracedGraph):
+class LateGraph(HiddenStateGraph):
     """The transformer, then each projection: one vector per token. The mask's expansion tokens
     (`contract.UNATTENDED_TOKEN`) are read but attended to by no token."""
 
     def __init__(self, model: nn.Module, projections: list[nn.Module]) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.projections = nn.ModuleList(projections)
 
     def forward(
@@ -296,10 +295,10 @@ class LateGraph(TracedGraph):
         keys = ((attention_mask > 0) & (attention_mask != contract.UNATTENDED_TOKEN)).to(
             attention_mask.dtype
         )
-        vectors = self.call(self.model, input_ids, keys, token_type_ids).last_hidden_state
+        vectors = super().forward(input_ids, keys, token_type_ids)
         for projection in self.projections:
             vectors = projection(vectors)
-        return cast(torch.Tensor, vectors)
+        return vectors
 
 
 def load_head(path: Path, hidden: int, out_features: int) -> nn.Linear:

@@ -524,9 +524,18 @@ class Service:
         with the first text's). A late-interaction model scores by `late_score`, the query encoded as
         a query. `instruction` is an LLM reranker's, in place of its own."""
         if model.task is Task.LATE:
-            return await self._late_relevance(
-                model, query, texts, truncation, raw_scores, context, weights, instruction
+            refused = (
+                "`weights` applies to bge-m3 models"
+                if weights is not None
+                else "`instruction` applies to LLM rerankers"
+                if instruction is not None
+                else "its MaxSim score has no activation to leave out"
+                if raw_scores
+                else None
             )
+            if refused:
+                raise validation(f"model `{model.name}` is a late-interaction model: {refused}")
+            return await self._late_relevance(model, query, texts, truncation, context)
         if not model.is_m3:
             if weights is not None:
                 raise validation(
@@ -566,24 +575,9 @@ class Service:
         query: str,
         texts: list[str],
         truncation: Truncation,
-        raw_scores: bool,
         context: RequestContext,
-        weights: Sequence[float] | None,
-        instruction: str | None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """MaxSim of the query's vectors against each text's: PyLate's `rank.rerank` scores."""
-        refused = (
-            "`weights` applies to bge-m3 models"
-            if weights is not None
-            else "`instruction` applies to LLM rerankers"
-            if instruction is not None
-            else "its MaxSim score has no activation to leave out"
-            if raw_scores
-            else None
-        )
-        if refused:
-            raise validation(f"model `{model.name}` is a late-interaction model: {refused}")
-        self.check(texts)
         asked, documents = await gather(
             [
                 self.colbert(model, [query], truncation, context, query=True),

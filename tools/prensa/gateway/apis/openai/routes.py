@@ -125,10 +125,13 @@ async def embeddings_payload(
 ) -> dict[str, Any]:
     """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
     prompt_name, input_type = prompt_choice(request, served, role)
-    if request.return_multivector or request.is_query is not None or served.task is Task.LATE:
+    vectors_per_token = (
+        request.return_multivector or request.is_query is not None or served.task is Task.LATE
+    )
+    if vectors_per_token:
         items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
         return await multivector_payload(request, gw, served, context, items, input_type)
-    kind = embedding_kind(request, served)
+    kind = embedding_kind(request, served)  # checked before the prompt, as before any inference
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
     if request.late_chunking:
         given = [

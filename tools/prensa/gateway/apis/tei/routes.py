@@ -63,6 +63,7 @@ from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.core.tokenization import (
     Item,
+    Truncation,
     as_items,
     check_token_ids,
     tokens_json,
@@ -142,16 +143,19 @@ async def _embed(
     return result.rows
 
 
+def _token_level(
+    request: TokenLevelRequest, gw: Gateway, served: ServedModel
+) -> tuple[list[Item], Truncation]:
+    """A per-token route's inputs, prompted, and their truncation."""
+    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
+    return items, gw.service.truncation(request.truncate, request.truncation_direction)
+
+
 async def _embed_sparse(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
-    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    result = await gw.service.sparse(
-        served,
-        items,
-        gw.service.truncation(request.truncate, request.truncation_direction),
-        context,
-    )
+    items, truncation = _token_level(request, gw, served)
+    result = await gw.service.sparse(served, items, truncation, context)
     return [
         [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
         for ids, weights in zip(result.rows, result.weights)
@@ -161,16 +165,14 @@ async def _embed_sparse(
 async def _embed_colbert(
     request: ColbertRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
-    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+    items, truncation = _token_level(request, gw, served)
     return (await gw.service.colbert(served, items, truncation, context, request.is_query)).rows
 
 
 async def _embed_all(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
-    items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    truncation = gw.service.truncation(request.truncate, request.truncation_direction)
+    items, truncation = _token_level(request, gw, served)
     return (await gw.service.hidden(served, items, truncation, context)).rows
 
 
