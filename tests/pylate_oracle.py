@@ -5,7 +5,10 @@ the file named second.
 
 Jobs: `{"build": {...}}` saves a PyLate model (a transformer and a Dense projection, seeded) as
 PyLate saves one; `{"model": dir, "queries": [...], "documents": [...]}` answers
-`encode(is_query=True/False)` of each and `rank.rerank` of the documents for each query.
+`encode(is_query=True/False)` of each, `rank.rerank` of the documents for each query, and
+`scores.colbert_scores` of each (query, document) pair on its own, which prensa serves: `rank.rerank`
+pads a list's documents with zero vectors, and a zero vector's similarity 0 beats a short document's
+negative ones.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import sys
 
 import torch
-from pylate import models, rank
+from pylate import models, rank, scores
 from sentence_transformers.models import Transformer
 
 
@@ -36,8 +39,11 @@ def answer(job: dict) -> dict:
     ranked = rank.rerank(documents_ids=[list(range(len(job["documents"])))] * len(queries),
                          queries_embeddings=queries,
                          documents_embeddings=[documents] * len(queries))
+    pairs = [[float(scores.colbert_scores(torch.as_tensor(q)[None], torch.as_tensor(d)[None])[0, 0])
+              for d in documents] for q in queries]
     return {"queries": [q.tolist() for q in queries], "documents": [d.tolist() for d in documents],
-            "rerank": [[{"id": int(r["id"]), "score": float(r["score"])} for r in row] for row in ranked]}
+            "rerank": [[{"id": int(r["id"]), "score": float(r["score"])} for r in row] for row in ranked],
+            "pair_scores": pairs}
 
 
 if __name__ == "__main__":

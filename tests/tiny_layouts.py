@@ -40,6 +40,11 @@ QWEN3_EMBEDDING_PROMPTS = {"query": "Instruct: Given a web search query, retriev
 GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: ",
                  "Classification": "task: classification | query: "}
 DECODERS = ("qwen3", "qwen2", "mistral", "llama")
+# Whitespace around, inside and instead of a text: a byte-level tokenizer keeps it as tokens, so a
+# server that reads texts otherwise than the reference library (stripped or not) answers otherwise.
+# Every tier that compares a layout with its reference sends these.
+WHITESPACE_TEXTS = ["  Berlin is the capital of Germany.  ", "\tParis is the capital of France.\n", " \t\n ",
+                    "Berlin   is the\t\tcapital  of\n\nGermany.", "\n\nthe quick brown fox "]
 
 
 def qwen_tokenizer(directory: Path, append_eos: bool, padding_side: str = "left"):
@@ -82,6 +87,37 @@ def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                    sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
                                    model_input_names=list(input_names))
+    fast.save_pretrained(directory)
+    return fast
+
+
+def byte_level_tokenizer(directory: Path):
+    """ModernBERT's kind of tokenizer ([CLS] text [SEP] around a byte-level BPE): whitespace is
+    kept as tokens (`Ġ`, `Ċ`, `ĉ`), unlike WordPiece's. The merges spell each corpus word left to
+    right, the most frequent words first: the same vocabulary on every run."""
+    from transformers import PreTrainedTokenizerFast
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = corpus_words(CORPUS, normalizers.NFC(), byte_level)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {piece: i for i, piece in enumerate(dict.fromkeys([*specials, *sorted(byte_level.alphabet())]))}
+    merges = []
+    for word in words:
+        for end in range(2, len(word) + 1):
+            left, right = word[: end - 1], word[end - 1]
+            if word[:end] not in vocab:
+                vocab[word[:end]] = len(vocab)
+                merges.append((left, right))
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
+                                   model_input_names=["input_ids", "attention_mask"])
     fast.save_pretrained(directory)
     return fast
 
@@ -188,18 +224,23 @@ def embedding_gemma(directory: Path, seed: int = 4) -> Path:
 
 
 def modernbert(directory: Path, pooling: str = "cls", seed: int = 5) -> Path:
-    """gte-modernbert's layout (cls pooling) or modernbert-embed's (mean)."""
-    from transformers import ModernBertConfig, ModernBertModel
+    """gte-modernbert's layout (cls pooling) or modernbert-embed's (mean), on its byte-level tokenizer."""
+    base = modernbert_base(directory.parent / f"{directory.name}-base", seed)
+    return _sentence_transformer(directory, base, [_pooling(64, pooling), _normalize()])
 
-    base = directory.parent / f"{directory.name}-base"
-    tokenizer = wordpiece_tokenizer(base)
+
+def modernbert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
+    """A ModernBERT transformer with a byte-level tokenizer, saved as transformers saves one."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertModel
+
+    tokenizer = byte_level_tokenizer(base)
     config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, local_attention=8, global_attn_every_n_layers=2,
                               max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
                               cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id)
     torch.manual_seed(seed)
-    _random(ModernBertModel(config), seed).save_pretrained(base)
-    return _sentence_transformer(directory, base, [_pooling(64, pooling), _normalize()])
+    _random(ModernBertForMaskedLM(config) if masked_lm else ModernBertModel(config), seed).save_pretrained(base)
+    return base
 
 
 def bert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
@@ -285,13 +326,16 @@ def as_legacy(directory: Path) -> Path:
     return directory
 
 
-def sparse_encoder(directory: Path, seed: int = 8, strategy: str = "max", activation: str = "relu") -> Path:
-    """SPLADE as `SparseEncoder` 5 saves it: a fill-mask Transformer and SpladePooling."""
+def sparse_encoder(directory: Path, seed: int = 8, strategy: str = "max", activation: str = "relu",
+                   modernbert: bool = False) -> Path:
+    """SPLADE as `SparseEncoder` 5 saves it: a fill-mask Transformer (BERT, or ModernBERT on its
+    byte-level tokenizer) and SpladePooling."""
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules.transformer import Transformer
     from sentence_transformers.sparse_encoder.modules.splade_pooling import SpladePooling
 
-    base = bert_base(directory.parent / f"{directory.name}-base", seed, masked_lm=True)
+    base_dir = directory.parent / f"{directory.name}-base"
+    base = modernbert_base(base_dir, seed, masked_lm=True) if modernbert else bert_base(base_dir, seed, masked_lm=True)
     shutil.rmtree(directory, ignore_errors=True)
     transformer = Transformer(str(base), transformer_task="fill-mask")
     SparseEncoder(modules=[transformer, SpladePooling(pooling_strategy=strategy, activation_function=activation)]
@@ -310,6 +354,27 @@ def qwen3_reranker(directory: Path, seed: int = 9) -> Path:
                             architectures=["Qwen3ForCausalLM"])
     torch.manual_seed(seed)
     _random(Qwen3ForCausalLM(config), seed).save_pretrained(directory)
+    return directory
+
+
+def modernbert_cross_encoder(directory: Path, seed: int = 13, spread: float = 10.0) -> Path:
+    """gte-reranker-modernbert's layout: ModernBertForSequenceClassification with one logit on the
+    byte-level tokenizer; its scores sharpened (`tiny_models.sharpened`) less than BERT's, whose spread
+    would saturate its sigmoid."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    from tests.tiny_models import sharpened
+
+    tokenizer = byte_level_tokenizer(directory)
+    config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, local_attention=8, global_attn_every_n_layers=2,
+                              max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                              cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, num_labels=1,
+                              architectures=["ModernBertForSequenceClassification"])
+    torch.manual_seed(seed)
+    model = _random(ModernBertForSequenceClassification(config), seed)
+    sharpened(model, model.classifier, tokenizer, spread)
+    model.save_pretrained(directory)
     return directory
 
 

@@ -3,10 +3,12 @@ PyLate's own layout (a model PyLate built and saved) and colbert-ai's `HF_ColBER
 read by PyLate's own loader for such checkpoints (colbert-ai itself does not install here: it pins
 an old transformers and needs faiss). Queries and documents on `/embed_colbert`, documents on
 `/embed_all`, vLLM's `/pooling` `token_embed` and TEI's gRPC `EmbedAll`, against `encode`; MaxSim
-on `/rerank`, `/v1/rerank`, `/v2/rerank` and vLLM's `/score` against `rank.rerank`. The PyLate model leaves its
-query expansion unattended, the checkpoint attends to it, so both framings are checked; a
-document read as a query differs, so the comparisons can fail. Exports prensa cannot serve as
-PyLate does are refused by name."""
+on `/rerank`, `/v1/rerank`, `/v2/rerank` and vLLM's `/score` against PyLate's `colbert_scores` of each pair. The PyLate models leave
+their query expansion unattended, the checkpoint attends to it, so both framings are checked; a
+document read as a query differs, so the comparisons can fail. A third model is PyLate's layout on
+ModernBERT, whose byte-level tokenizer keeps whitespace as tokens: PyLate strips every text before
+tokenizing, so texts with whitespace around them (and whitespace alone) show whether prensa reads
+them as PyLate does. Exports prensa cannot serve as PyLate does are refused by name."""
 
 from __future__ import annotations
 
@@ -35,12 +37,14 @@ from tests.gateway.conftest import running_gateway
 pytestmark = pytest.mark.triton
 PYLATE = Path(__file__).resolve().parents[2] / ".venv-pylate" / "bin" / "python"
 ORACLE = Path(__file__).resolve().parents[1] / "pylate_oracle.py"
-QUERIES = ["what is the capital of germany?", "berlin", "the quick brown fox jumps over the lazy dog near the river"]
+QUERIES = ["what is the capital of germany?", "berlin", "the quick brown fox jumps over the lazy dog near the river",
+           "  what is the capital of germany?  ", "\tberlin\n"]
 DOCUMENTS = ["Berlin is the capital and largest city of Germany.",
              "Paris is the capital of France, and home of the Louvre museum!",
              "Dense retrieval encodes queries and passages into vectors; sparse retrieval weights terms.",
-             "The quick brown fox jumps over the lazy dog near the river bank. " * 3]  # past 24 tokens
-MODELS = {"pylate": Pipeline.ENSEMBLE, "hf-colbert": Pipeline.FUSED}
+             "The quick brown fox jumps over the lazy dog near the river bank. " * 3,  # past 24 tokens
+             "  \t ", "berlin " * 10, *tiny_layouts.WHITESPACE_TEXTS]  # its trailing space within 64 tokens
+MODELS = {"pylate": Pipeline.ENSEMBLE, "hf-colbert": Pipeline.FUSED, "pylate-modernbert": Pipeline.ENSEMBLE}
 # the checkpoint's weights forced into model.onnx.data, as a graph over 2 GB keeps them
 EXPORT_OPTIONS = {"hf-colbert": {"external_data": True}}
 ATOL = 1e-4
@@ -62,7 +66,11 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     base = tiny_layouts.bert_base(root / "base", 11)
     oracle({"build": {"base": str(base), "out": str(root / "pylate"), "dim": 16, "seed": 11,
                       "query_length": 12, "document_length": 24}}, root)
-    return {"pylate": root / "pylate", "hf-colbert": tiny_layouts.stanford_colbert(root / "hf-colbert")}
+    modernbert = tiny_layouts.modernbert_base(root / "modernbert-base", 14)
+    oracle({"build": {"base": str(modernbert), "out": str(root / "pylate-modernbert"), "dim": 16, "seed": 14,
+                      "query_length": 32, "document_length": 64}}, root)
+    return {"pylate": root / "pylate", "hf-colbert": tiny_layouts.stanford_colbert(root / "hf-colbert"),
+            "pylate-modernbert": root / "pylate-modernbert"}
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +118,11 @@ def test_queries_and_documents_equal_pylate_encode(served, references, name):
     documents = post(url, "/embed_colbert", {"inputs": DOCUMENTS, "model": name})
     assert_vectors(queries, want["queries"])
     assert_vectors(documents, want["documents"])
-    assert {len(q) for q in queries} == {12}  # expanded to the query length
+    query_length, document_length = (32, 64) if name == "pylate-modernbert" else (12, 24)
+    assert {len(q) for q in queries} == {query_length}  # expanded to the query length
     info = httpx.get(f"{url}/info", params={"model": name}).json()
     assert info["task"] == "late" and info["model_type"] == {"embedding": {"pooling": "colbert"}}
-    assert info["max_input_length"] == 24  # the document length
+    assert info["max_input_length"] == document_length
     # a document read as a query (its marker, no skiplist) is not PyLate's document
     as_queries = post(url, "/embed_colbert", {"inputs": DOCUMENTS[:1], "model": name, "is_query": True})
     assert len(as_queries[0]) != len(want["documents"][0]) or not np.allclose(
@@ -170,10 +179,12 @@ def test_jinas_multi_vector_bodies_answer_pylates_vectors(served, references, na
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_rerank_routes_score_by_maxsim_as_pylate_reranks(served, references, name):
+def test_rerank_routes_score_by_maxsim_as_pylate_scores_each_pair(served, references, name):
+    """Each document by its own MaxSim (`colbert_scores` of the pair), best first, ties in input order."""
     url, _ = served
-    for query, ranked in zip(QUERIES, references[name]["rerank"]):
-        want = {row["id"]: row["score"] for row in ranked}
+    for query, scores in zip(QUERIES, references[name]["pair_scores"]):
+        want = dict(enumerate(scores))
+        ranked = [{"id": i} for i in np.argsort(-np.asarray(scores), kind="stable").tolist()]
         tei = post(url, "/rerank", {"query": query, "texts": DOCUMENTS, "model": name})
         assert [row["index"] for row in tei] == [row["id"] for row in ranked]
         for path in ("/v1/rerank", "/v2/rerank"):
@@ -218,3 +229,21 @@ def test_exports_prensa_cannot_serve_as_pylate_are_refused(sources, tmp_path):
     for name, (source, options, said) in refusals.items():
         with pytest.raises(SourceError, match=said):
             export_model(ExportOptions(str(source), tmp_path / f"out-{name}", **options))
+
+
+def test_texts_are_read_stripped_as_pylate_reads_them(served, references):
+    """PyLate strips each text (sentence-transformers 5.3's tokenize): on ModernBERT's byte-level
+    tokens a whitespace-only document is its marker and special tokens alone, a trailing space adds no
+    token, and `/tokenize` shows those tokens with offsets into the text as sent."""
+    url, _ = served
+    want = references["pylate-modernbert"]["documents"]
+    blank, repeated = DOCUMENTS.index("  \t "), DOCUMENTS.index("berlin " * 10)
+    assert len(want[blank]) == 3  # [CLS] [D] [SEP]
+    documents = post(url, "/embed_colbert", {"inputs": [DOCUMENTS[blank], DOCUMENTS[repeated]],
+                                              "model": "pylate-modernbert"})
+    assert_vectors(documents, [want[blank], want[repeated]])
+    tokens = post(url, "/tokenize", {"inputs": ["  \t ", "  berlin\n"], "model": "pylate-modernbert"})
+    assert [token["special"] for token in tokens[0]] == [True, True, True]
+    content = [token for token in tokens[1] if not token["special"]]
+    assert "".join(token["text"] for token in content) == "berlin"
+    assert (content[0]["start"], content[-1]["stop"]) == (2, 8)

@@ -3,7 +3,10 @@ their own libraries on the same weights: sentence-transformers' `encode` for emb
 legacy configs, Dense layers, every pooling, decoder embedders with prompts and left padding,
 EmbeddingGemma, ModernBERT), `SparseEncoder.encode` for SPLADE saved by sentence-transformers 5,
 and Qwen3-Reranker's model-card formula on transformers for the LLM reranker, on every rerank route;
-cross-encoders against CrossEncoder and FlagReranker on pairs too long for them. Mutated references (a Dense layer dropped, the wrong padding side) must disagree: the comparisons
+cross-encoders against CrossEncoder and FlagReranker on pairs too long for them. Every layout also
+reads `tiny_layouts.WHITESPACE_TEXTS` (ModernBERT, Qwen3 and the cross-encoder and SPLADE on
+ModernBERT keep whitespace as tokens) as its library reads them: none of these strips a text.
+Mutated references (a Dense layer dropped, the wrong padding side) must disagree: the comparisons
 can fail."""
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.triton
 # Mixed lengths in one batch: padding shows up wherever a layout gets it wrong.
 TEXTS = ["What is the capital of Germany?", "ok",
          "Berlin is the capital and largest city of Germany, and the Spree runs through it. " * 4,
-         "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。"]
+         "Émilie a mangé une pomme à Montréal; 東京は日本の首都です。", *tiny_layouts.WHITESPACE_TEXTS]
 QUERY = "What is the capital of Germany?"
 DOCUMENTS = ["Berlin is the capital and largest city of Germany.", "Bananas are rich in potassium.",
              "The Bundestag meets in the Reichstag building in Berlin. " * 3, "Paris is the capital of France."]
@@ -52,6 +55,8 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
 }
 LEAVING_PROMPTS_OUT = [name for name in EMBEDDERS if name.startswith("instructor-")]
 OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
+          "splade-modernbert": (lambda d: tiny_layouts.sparse_encoder(d, modernbert=True), Pipeline.FUSED),
+          "modernbert-cross-encoder": (tiny_layouts.modernbert_cross_encoder, Pipeline.ENSEMBLE),
           "qwen3-reranker": (tiny_layouts.qwen3_reranker, Pipeline.ENSEMBLE),
           "cross-encoder": (lambda d: tiny_reranker(d, spread=SPREAD), Pipeline.FUSED),
           "bert-cross-encoder": (tiny_layouts.bert_cross_encoder, Pipeline.FUSED),
@@ -194,12 +199,13 @@ def test_a_reference_reading_the_wrong_padding_side_disagrees(served, sources):
     assert agree(got, wrong)[1] < 0.99
 
 
-def test_splade_saved_by_sparse_encoder_equals_its_encode(served, sources):
+@pytest.mark.parametrize("name", ["splade-st5", "splade-modernbert"])
+def test_splade_saved_by_sparse_encoder_equals_its_encode(served, sources, name):
     from sentence_transformers import SparseEncoder
 
-    model = SparseEncoder(str(sources["splade-st5"]), device="cpu")
+    model = SparseEncoder(str(sources[name]), device="cpu")
     want = model.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
-    answer = post(served, "/embed_sparse", {"inputs": TEXTS, "model": "splade-st5"})
+    answer = post(served, "/embed_sparse", {"inputs": TEXTS, "model": name})
     got = np.zeros_like(want)
     for row, terms in enumerate(answer):
         for term in terms:
@@ -332,3 +338,38 @@ def test_an_llm_reranker_refuses_a_query_that_leaves_no_room_for_the_document(se
     response = httpx.post(f"{served}/rerank", json={"query": "capital " * 9000, "texts": DOCUMENTS,
                                                      "model": "qwen3-reranker"}, timeout=60)
     assert response.status_code == 422 and "leaving none for the document" in response.text
+
+
+# A query and documents with whitespace around and inside them, read as each library reads them.
+SPACED_QUERY = "  What is the capital of Germany?\n"
+SPACED_DOCUMENTS = [*tiny_layouts.WHITESPACE_TEXTS, "Berlin is the capital of Germany."]
+
+
+@pytest.mark.parametrize("name", ["cross-encoder", "bert-cross-encoder", "modernbert-cross-encoder"])
+def test_whitespace_in_pairs_scores_as_crossencoder_scores_it(served, sources, name):
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(sources[name]), max_length=512)
+    want = model.predict([(SPACED_QUERY, d) for d in SPACED_DOCUMENTS])
+    for route, got in rerank_routes(served, name, SPACED_QUERY, SPACED_DOCUMENTS).items():
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=route)
+    if name == "modernbert-cross-encoder":  # its tokens keep the whitespace: stripped texts score otherwise
+        stripped = model.predict([(SPACED_QUERY.strip(), d.strip()) for d in SPACED_DOCUMENTS])
+        assert np.abs(stripped - want).max() > 1e-3
+
+
+def test_whitespace_in_pairs_scores_as_the_qwen3_reranker_card_scores_it(served, sources):
+    want = card_scores(sources["qwen3-reranker"], SPACED_QUERY, SPACED_DOCUMENTS)
+    got = by_index(post(served, "/rerank", {"query": SPACED_QUERY, "texts": SPACED_DOCUMENTS,
+                                            "model": "qwen3-reranker"}), "score")
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gte-modernbert", "qwen3-embedding"])
+def test_whitespace_is_read_not_stripped_where_the_library_keeps_it(served, sources, name):
+    """sentence-transformers 5.4 and later hand texts to the tokenizer as given: a stripped reading
+    answers otherwise on a byte-level tokenizer, so the equality above would catch a server that strips."""
+    model = sentence_transformer(sources[name])
+    spaced = tiny_layouts.WHITESPACE_TEXTS[:2]
+    got = np.asarray(post(served, "/embed", {"inputs": spaced, "model": name}))
+    assert agree(got, model.encode([t.strip() for t in spaced]))[1] < MIN_COSINE

@@ -134,6 +134,9 @@ class Manifest:
     packed_file: str | None = None
     packed_checked: bool = False
     late_interaction: LateInteraction | None = None  # late-interaction models only
+    # each text stripped before tokenizing, as the reference library reads it (`contract.STRIP_TEXTS`);
+    # false in exports made before prensa read it
+    strip_texts: bool = False
     format_version: int = FORMAT_VERSION
 
     def write(self, directory: Path) -> Path:

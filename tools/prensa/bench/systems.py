@@ -131,7 +131,11 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
 def text_encoder(export_dir: Path, manifest: Manifest) -> Any:
     """The tokenize stage's own encoder, so every system sees exactly the served tokens."""
     return load_stage("tokenize").TextEncoder(
-        export_dir / manifest.tokenizer_file, manifest.max_length, "right", manifest.pair_truncation
+        export_dir / manifest.tokenizer_file,
+        manifest.max_length,
+        "right",
+        manifest.pair_truncation,
+        strip=manifest.strip_texts,
     )
 
 

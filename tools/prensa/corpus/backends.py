@@ -177,7 +177,7 @@ class OnnxBackend:
         tokenize, encode, pool = (load_stage(stage) for stage in PIPELINE_STAGES)
         # The tokenize stage's config: right truncation (a corpus has single texts, no pairs).
         self.tokenizer = tokenize.TextEncoder(
-            export_dir / manifest.tokenizer_file, manifest.max_length
+            export_dir / manifest.tokenizer_file, manifest.max_length, strip=manifest.strip_texts
         )
         self.pad, self.pad_id = tokenize.pad_encodings, manifest.pad_id
         session = encode.create_session(

@@ -205,6 +205,24 @@ def pair_lengths(first: int, second: int, room: int, rule: str, max_length: int)
     return min(first, first_keeps), min(second, second_keeps)
 
 
+# How a model's reference library reads a text before tokenizing it: the tokenize stage's
+# `strip_texts` parameter ("true" or "false"), an export's manifest field, and the gateway's token
+# path. PyLate strips each text (sentence-transformers 5.3's `Transformer.tokenize`, which it pins);
+# sentence-transformers 5.4 and later, CrossEncoder, FlagEmbedding, transformers and TEI do not. A
+# byte-level tokenizer keeps whitespace as tokens, so only the reference's own rule gives its vectors.
+STRIP_TEXTS = "strip_texts"
+
+
+def read_text(text: str, strip: bool) -> str:
+    """`text` as the model's reference library hands it to the tokenizer (see STRIP_TEXTS)."""
+    return text.strip() if strip else text
+
+
+def strips_texts(params: dict[str, str]) -> bool:
+    """Whether a stage's config parameters say its model strips texts (STRIP_TEXTS)."""
+    return params.get(STRIP_TEXTS, "false") == "true"
+
+
 PROMPT_TOKEN = 2
 # A late-interaction query's expansion token ([MASK] padding to the query length): the encoder reads
 # it and computes its vector, but no token attends to it (PyLate's `attend_to_expansion_tokens`

@@ -35,6 +35,8 @@ class ModelPlan:
     verify_prompt: str | None = None
     # a late-interaction model's projections and framing (PyLate, HF_ColBERT)
     late: LateLayout | None = None
+    # the reference library strips each text before tokenizing (`contract.STRIP_TEXTS`)
+    strip_texts: bool = False
 
     @property
     def graph_pooling(self) -> str | None:
@@ -211,7 +213,8 @@ def _late_plan(
             f"{source.name}: its queries take {late.query_length} tokens, more than the "
             f"{length} served as its max length"
         )
-    return ModelPlan(Task.LATE, None, True, length, late=late)
+    # PyLate reads texts through sentence-transformers 5.3's Transformer.tokenize, which strips them
+    return ModelPlan(Task.LATE, None, True, length, late=late, strip_texts=True)
 
 
 def plan_model(

@@ -957,6 +957,7 @@ def assemble_manifest(
         if plan.task in calibration.DENSE_TASKS
         else None,
         late_interaction=late_interaction,
+        strip_texts=plan.strip_texts,
     )
 
 

@@ -497,6 +497,8 @@ class ModelRenderer:
         }
         if self.buckets:
             parameters["length_buckets"] = ",".join(map(str, self.buckets))
+        if self.m.strip_texts:  # the gateway reads it here too (`contract.STRIP_TEXTS`)
+            parameters[contract.STRIP_TEXTS] = "true"
         # an LLM reranker: the stage and the gateway build its prompt the same way
         if self.m.pair_template:
             parameters.update(

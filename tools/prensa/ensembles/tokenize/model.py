@@ -6,7 +6,8 @@ or, when `length_buckets` is set, to the smallest bucket that holds it: native e
 (TensorRT, onnxruntime backend) batch only requests of equal shape, and buckets make shapes
 repeat. Config parameters: `tokenizer_file`, `max_length`, `truncation_side` (right|left),
 `pair_truncation` (`contract.PAIR_TRUNCATIONS`: how a pair too long for `max_length` is cut), `pad_id`,
-optional `length_buckets` (ascending, comma-separated, the last one `max_length`).
+optional `length_buckets` (ascending, comma-separated, the last one `max_length`) and `strip_texts`
+(`contract.STRIP_TEXTS`: each text read as the model's reference library reads it).
 
 An LLM reranker (Qwen3-Reranker) reads each (query, document) pair as one text: `pair_format` filled
 in (its instruction the model's `pair_instruction`) and cut to what `pair_prefix` and `pair_suffix`
@@ -121,8 +122,9 @@ def cut_pair(
 class TextEncoder:
     """Tokenizes many requests in as few `encode_batch` calls as possible.
 
-    Single texts are cut at `max_length`, pairs by `pair_rule` (`contract.PAIR_TRUNCATIONS`). A batch
-    that fails is retried request by request, so only the offending request gets the error.
+    Single texts are cut at `max_length`, pairs by `pair_rule` (`contract.PAIR_TRUNCATIONS`); with
+    `strip`, every text is stripped first (`contract.STRIP_TEXTS`). A batch that fails is retried
+    request by request, so only the offending request gets the error.
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class TextEncoder:
         side: str = "right",
         pair_rule: str = contract.LONGEST_FIRST,
         template: PairTemplate | None = None,
+        strip: bool = False,
     ) -> None:
         if pair_rule not in contract.PAIR_TRUNCATIONS:
             raise ValueError(
@@ -143,7 +146,7 @@ class TextEncoder:
             self.prefix, self.suffix = template.edges(self.whole)
             max_length -= len(self.prefix) + len(self.suffix)  # what the middle part may take
         self.single = load_tokenizer(path, max_length, side)
-        self.max_length, self.side, self.pair_rule = max_length, side, pair_rule
+        self.max_length, self.side, self.pair_rule, self.strip = max_length, side, pair_rule, strip
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], version_dir: Path) -> TextEncoder:
@@ -154,9 +157,19 @@ class TextEncoder:
             params.get("truncation_side", "right"),
             params.get("pair_truncation", contract.LONGEST_FIRST),
             PairTemplate.from_parameters(params),
+            contract.strips_texts(params),
         )
 
+    def _read(self, item: Item) -> Item:
+        """One input's texts as the model's reference library hands them to its tokenizer."""
+        if isinstance(item, tuple):
+            return contract.read_text(item[0], self.strip), contract.read_text(item[1], self.strip)
+        text: str = contract.read_text(item, self.strip)
+        return text
+
     def _encode(self, requests: Sequence[Sequence[Item]]) -> list[list[Encoding | Tokens]]:
+        if self.strip:
+            requests = [[self._read(item) for item in items] for items in requests]
         if self.template is not None:
             return self._encode_templated(requests, self.template)
         flat = [item for items in requests for item in items]

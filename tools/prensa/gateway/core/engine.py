@@ -36,6 +36,7 @@ from prensa.gateway.core.tokenization import (
     Truncation,
     bound_texts,
     has_long_texts,
+    read_item,
     tokenize_items,
 )
 from prensa.gateway.errors import validation
@@ -101,6 +102,17 @@ class Inference:
         ]
 
 
+def read_inputs(inference: Inference) -> Inference:
+    """`inference` with its texts as the model's reference library reads them (`contract.STRIP_TEXTS`)."""
+    strip = inference.model.strip_texts
+    pairs = inference.pairs
+    return replace(
+        inference,
+        items=[read_item(item, strip) for item in inference.items],
+        pairs=[contract.read_text(pair, strip) for pair in pairs] if pairs is not None else None,
+    )
+
+
 def needs_token_ids(inference: Inference, prompt_tokens: Sequence[int]) -> bool:
     """Whether only the token path answers: encoder outputs, token-id inputs, a reranker's lone
     texts, or prompts the pooling leaves out, none of which the ensemble's text input can carry."""
@@ -162,6 +174,8 @@ class Engine:
         context.began(model.name, inference.items, inference.pairs)
         if inference.rows is not None:
             return await self._framed(inference, inference.rows, context)
+        if model.strip_texts:  # both paths then cut and tokenize what the model reads
+            inference = read_inputs(inference)
         # known here, before a cut makes new texts
         prompt_tokens = inference.prompt_tokens()
         window = inference.truncation.window

@@ -106,6 +106,8 @@ class ServedModel:
     pair_truncation: str = contract.LONGEST_FIRST
     # a late-interaction model's queries (its documents go as any model's texts)
     queries: QueryFraming | None = None
+    # each text stripped before tokenizing, as the tokenize stage reads it (`contract.STRIP_TEXTS`)
+    strip_texts: bool = False
 
     @property
     def encode_model(self) -> str:
@@ -167,7 +169,9 @@ class ServedModel:
         return (
             0
             if self.include_prompt or not prompt
-            else _prompt_length(self.require_tokenizer(), prompt)
+            else _prompt_length(
+                self.require_tokenizer(), contract.read_text(prompt, self.strip_texts)
+            )
         )
 
     def require_tokenizer(self) -> Tokenizer:
@@ -298,6 +302,7 @@ async def read_model(
         pair_template=template,
         template_edges=(tuple(prefix), tuple(suffix)),
         queries=queries,
+        strip_texts=contract.strips_texts(tokenize_params),
     )
 
 

@@ -365,7 +365,7 @@ class Service:
                     f"model `{model.name}` frames each query with its own tokens: give queries as "
                     "texts, not token ids"
                 )
-            texts = [str(item) for item in items]
+            texts = [contract.read_text(str(item), model.strip_texts) for item in items]
             rows = await self.tokenizer_work(len(texts), query_rows, framing, texts)
         with self.permits.hold(len(items)):
             result = await self.engine.infer(
@@ -577,7 +577,8 @@ class Service:
         truncation: Truncation,
         context: RequestContext,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """MaxSim of the query's vectors against each text's: PyLate's `rank.rerank` scores."""
+        """MaxSim of the query's vectors against each text's own: PyLate's `colbert_scores` of each
+        pair, whatever else the request holds."""
         asked, documents = await gather(
             [
                 self.colbert(model, [query], truncation, context, query=True),

@@ -49,6 +49,21 @@ class PromptedText(str):
         made.prompt = prompt
         return made
 
+    def stripped(self) -> PromptedText:
+        """The whole text stripped, as sentence-transformers 5.3 strips `prompt + text`; the prompt is
+        kept as given (its length is counted from it stripped alone, as that library counts it)."""
+        made = str.__new__(PromptedText, str.strip(self))
+        made.prompt = self.prompt
+        return made
+
+
+def read_item(item: Item, strip: bool) -> Item:
+    """One input as the model's reference library hands it to the tokenizer (`contract.STRIP_TEXTS`);
+    token ids as they are."""
+    if not strip or isinstance(item, list):
+        return item
+    return item.stripped() if isinstance(item, PromptedText) else contract.read_text(item, strip)
+
 
 def as_items(inputs: str | list[int] | list[str | list[int]]) -> list[Item]:
     """A request's `input(s)` field as a batch: a text or one token-id list is a batch of one."""
@@ -503,18 +518,22 @@ def _encoded(
 
 
 def simple_tokens(
-    tokenizer: Tokenizer, text: str, add_special_tokens: bool
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool, strip: bool = False
 ) -> Iterator[dict[str, object]]:
-    """TEI's `/tokenize` items, one at a time: byte offsets into the UTF-8 input; special tokens
+    """TEI's `/tokenize` items, one at a time: the tokens of `text` as the model reads it (stripped
+    where it strips, `contract.STRIP_TEXTS`), with byte offsets into the UTF-8 input; special tokens
     carry no offsets."""
     data = text.encode("utf-8")
+    read = contract.read_text(text, strip)
+    shift = len(text) - len(text.lstrip()) if strip else 0  # characters stripped before it
     byte_at = (
         np.cumsum([0, *(len(c.encode("utf-8")) for c in text)]) if not text.isascii() else None
     )
-    for token_id, token, (start, stop), special in _encoded(tokenizer, text, add_special_tokens):
+    for token_id, token, (start, stop), special in _encoded(tokenizer, read, add_special_tokens):
         if special:
             yield {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
             continue
+        start, stop = start + shift, stop + shift
         if byte_at is not None:
             start, stop = int(byte_at[start]), int(byte_at[stop])
         yield {
@@ -538,7 +557,11 @@ def too_many_tokens(limit: int, held: str) -> GatewayError:
 
 
 def tokens_json(
-    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int | None = None
+    tokenizer: Tokenizer,
+    texts: list[str],
+    add_special_tokens: bool,
+    limit: int | None = None,
+    strip: bool = False,
 ) -> orjson.Fragment:
     """`/tokenize`'s answer as JSON, serialized a slice of tokens at a time: a dict for every token
     of a 2 MB body at once would take several times the memory of the JSON itself. Past `limit`
@@ -547,7 +570,7 @@ def tokens_json(
     count = 0
     for n, text in enumerate(texts):
         body += b",[" if n else b"["
-        tokens = simple_tokens(tokenizer, text, add_special_tokens)
+        tokens = simple_tokens(tokenizer, text, add_special_tokens, strip)
         while chunk := list(islice(tokens, TOKENS_PER_SLICE)):
             count += len(chunk)
             if limit is not None and count > limit:

@@ -92,12 +92,12 @@ def ranks(scores: npt.NDArray[Any], texts: Sequence[str] | None) -> list[pb.Rank
 
 
 def token_messages(
-    tokenizer: Tokenizer, text: str, add_special_tokens: bool, limit: int
+    tokenizer: Tokenizer, text: str, add_special_tokens: bool, limit: int, strip: bool
 ) -> list[pb.SimpleToken]:
     """`Tokenize`'s tokens, built in a thread (a long text takes a while); past `limit` tokens it stops with
     the limit's error, as `/tokenize` does."""
     tokens: list[pb.SimpleToken] = []
-    for token in simple_tokens(tokenizer, text, add_special_tokens):
+    for token in simple_tokens(tokenizer, text, add_special_tokens, strip):
         if len(tokens) == limit:
             raise too_many_tokens(limit, f"more ({limit + 1} at least)")
         tokens.append(pb.SimpleToken(**cast("dict[str, Any]", token)))
@@ -324,7 +324,13 @@ class Handlers:
                 f"{served.longest_token}",
             )
         tokens = await self.service.tokenizer_work(
-            1, token_messages, served.require_tokenizer(), text, request.add_special_tokens, limit
+            1,
+            token_messages,
+            served.require_tokenizer(),
+            text,
+            request.add_special_tokens,
+            limit,
+            served.strip_texts,
         )
         return pb.EncodeResponse(tokens=tokens)
 

@@ -81,6 +81,7 @@ from prensa.gateway.http.routing import (
 from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.state import Gateway, record_success
 from prensa.manifest import Task
+from prensa.stages import contract
 
 # read once: importlib.metadata scans site-packages on every call
 PRENSA_VERSION = version("prensa")
@@ -578,10 +579,10 @@ default_router.add_api_route(
 
 
 def _tokens(
-    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int
+    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int, strip: bool
 ) -> Response:
     """`/tokenize`'s answer, built in a thread: a large body takes seconds to tokenize and serialise."""
-    return json_response(tokens_json(tokenizer, texts, add_special_tokens, limit))
+    return json_response(tokens_json(tokenizer, texts, add_special_tokens, limit, strip))
 
 
 def _decoded(
@@ -596,7 +597,7 @@ def _decoded(
 def _vllm_tokens(
     tokenizer: Tokenizer, text: str, add_special_tokens: bool, strings: bool, max_length: int
 ) -> Response:
-    """vLLM's `/tokenize` answer, built in a thread."""
+    """vLLM's `/tokenize` answer, built in a thread: `text` as the model reads it."""
     encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     return json_response(
         {
@@ -642,13 +643,19 @@ async def tokenize(
             1,
             _vllm_tokens,
             served.require_tokenizer(),
-            texts[0],
+            contract.read_text(texts[0], served.strip_texts),
             request.add_special_tokens,
             request.return_token_strs,
             served.max_length,
         )
     return await gw.service.tokenizer_work(
-        len(texts), _tokens, served.require_tokenizer(), texts, request.add_special_tokens, limit
+        len(texts),
+        _tokens,
+        served.require_tokenizer(),
+        texts,
+        request.add_special_tokens,
+        limit,
+        served.strip_texts,
     )
 
 
