@@ -199,11 +199,18 @@ def test_rerank_routes_score_by_maxsim_as_pylate_scores_each_pair(served, refere
                                    rtol=1e-4)
 
 
-def test_what_maxsim_has_no_use_for_is_refused(served):
+def test_what_maxsim_has_no_use_for_is_refused(served, references):
+    """bge-m3's `weights` are refused; `raw_scores` and `use_activation: false` are served, MaxSim having
+    no activation to leave out."""
     url, _ = served
-    for body in ({"raw_scores": True}, {"weights": [0.4, 0.2, 0.4]}):
-        answer = httpx.post(f"{url}/rerank", json={"query": "berlin", "texts": DOCUMENTS, "model": "pylate", **body})
-        assert answer.status_code == 422 and "late-interaction" in answer.json()["error"], answer.text
+    answer = httpx.post(f"{url}/rerank", json={"query": "berlin", "texts": DOCUMENTS, "model": "pylate",
+                                               "weights": [0.4, 0.2, 0.4]})
+    assert answer.status_code == 422 and "late-interaction" in answer.json()["error"], answer.text
+    want = references["pylate"]["pair_scores"][QUERIES.index("berlin")]
+    raw = post(url, "/rerank", {"query": "berlin", "texts": DOCUMENTS, "model": "pylate", "raw_scores": True})
+    np.testing.assert_allclose([row["score"] for row in sorted(raw, key=lambda row: row["index"])], want, rtol=1e-4)
+    scored = post(url, "/score", {"text_1": "berlin", "text_2": DOCUMENTS, "model": "pylate", "use_activation": False})
+    np.testing.assert_allclose([row["score"] for row in scored["data"]], want, rtol=1e-4)
     answer = httpx.post(f"{url}/embed_colbert", json={"inputs": [[2, 5, 3]], "model": "pylate", "is_query": True})
     assert answer.status_code == 422 and "texts" in answer.json()["error"], answer.text
 

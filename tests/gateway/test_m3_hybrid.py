@@ -93,6 +93,11 @@ def test_bge_m3_reranks_with_the_hybrid_score(http, flag_model):
     cohere = http.post("/v1/rerank", json={"model": "bge-m3", "query": QUERY, "documents": PASSAGES}).json()
     np.testing.assert_allclose([r["relevance_score"] for r in sorted(cohere["results"], key=lambda r: r["index"])],
                                expected, atol=1e-4)
+    # the hybrid score has no activation: raw_scores leaves it as it is
+    raw = http.post("/rerank", json={"model": "bge-m3", "query": QUERY, "texts": PASSAGES, "raw_scores": True})
+    assert raw.status_code == 200, raw.text
+    np.testing.assert_allclose([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])], expected,
+                               atol=1e-4)
 
 
 def test_rerank_without_a_model_stays_on_the_cross_encoder(http, direct):

@@ -522,15 +522,14 @@ class Service:
         (sigmoid, or the logit with `raw_scores`), or for bge-m3 the `colbert+sparse+dense` hybrid
         of `hybrid.scores` (query and texts encoded in one call; the query's tokens are counted
         with the first text's). A late-interaction model scores by `late_score`, the query encoded as
-        a query. `instruction` is an LLM reranker's, in place of its own."""
+        a query. `instruction` is an LLM reranker's, in place of its own. A hybrid or MaxSim score
+        has no activation: `raw_scores` leaves it as it is."""
         if model.task is Task.LATE:
             refused = (
                 "`weights` applies to bge-m3 models"
                 if weights is not None
                 else "`instruction` applies to LLM rerankers"
                 if instruction is not None
-                else "its MaxSim score has no activation to leave out"
-                if raw_scores
                 else None
             )
             if refused:
@@ -554,10 +553,6 @@ class Service:
         if instruction is not None:
             raise validation(
                 f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3"
-            )
-        if raw_scores:
-            raise validation(
-                f"model `{model.name}` is bge-m3: its hybrid score has no activation to leave out"
             )
         rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), context)
         try:

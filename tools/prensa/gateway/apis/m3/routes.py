@@ -108,7 +108,8 @@ async def vllm_scores(
     request: ScoreRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> dict[str, Any]:
     """vLLM's `/score`: a reranker's sigmoid scores of the pairs, a late-interaction model's MaxSim
-    of each first text as a query against its second, or an embedder's cosine similarity."""
+    of each first text as a query against its second, or an embedder's cosine similarity; the last
+    two have no activation, so `use_activation: false` leaves them as they are (as vLLM serves it)."""
     lefts, rights = score_pairs(request)
     truncation = score_truncation(request, gw, served)
     raw = not activated(None, request)
@@ -116,11 +117,6 @@ async def vllm_scores(
         values, tokens = await gw.service.scores(served, lefts, rights, truncation, raw, context)
         scores, used = values[:, 0], int(tokens.sum())
     elif served.task is Task.LATE:
-        if raw:
-            raise validation(
-                f"model `{served.name}` is a late-interaction model: its MaxSim score has no "
-                "activation to leave out (`use_activation`)"
-            )
         queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
         asked, found = await gather(
             [
@@ -137,11 +133,6 @@ async def vllm_scores(
             ]
         )
         used = int(asked.num_tokens.sum() + found.num_tokens.sum())
-    elif raw:
-        raise validation(
-            f"model `{served.name}` is an embedder: its score is a cosine similarity, with no "
-            "activation to leave out (`use_activation`)"
-        )
     elif served.can(Capability.DENSE):
         unique = list(dict.fromkeys([*lefts, *rights]))
         result = await gw.service.dense(
