@@ -140,17 +140,17 @@ def test_litellm_openai_embeddings_and_cohere_rerank(gateway, direct, monkeypatc
     np.testing.assert_allclose([r["relevance_score"] for r in ranked.results], np.sort(scores)[::-1][:2], atol=1e-5)
 
 
-def test_litellm_vllm_and_infinity_rerank(gateway, direct, monkeypatch):
+def test_litellm_vllm_and_infinity_rerank(gateway, start_gateway, direct, monkeypatch):
     """LiteLLM's `hosted_vllm/` and `infinity/` providers send one body to `/rerank` and read its
-    documents two ways (an object, a string): `infinity/` reads `/rerank`, where `return_documents`
-    brings strings; `hosted_vllm/` reads vLLM's objects, on `/v2/rerank` (an `api_base` ending in
-    `/rerank` is taken as is)."""
+    documents two ways (an object, a string): `hosted_vllm/` reads vLLM's objects, which `/rerank`
+    answers; `infinity/` reads strings, which a gateway run with `--rerank-document-strings` answers."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     scores = direct("reranker", [QUERY] * 3, PASSAGES)["scores"][:, 0]
     order = np.argsort(-scores, kind="stable").tolist()
-    for model, api_base in (("infinity/reranker", gateway), ("hosted_vllm/reranker", f"{gateway}/v2/rerank")):
+    strings = start_gateway(rerank_document_strings=True)
+    for model, api_base in (("infinity/reranker", strings), ("hosted_vllm/reranker", gateway)):
         ranked = litellm.rerank(model=model, query=QUERY, documents=PASSAGES, api_base=api_base, api_key="unused")
         assert [r["index"] for r in ranked.results] == order, model
         assert [r["document"]["text"] for r in ranked.results] == [PASSAGES[i] for i in order], model

@@ -62,6 +62,14 @@ class GatewaySettings:
         "Serve `dimensions` on models that declare no Matryoshka sizes (their cut vectors are poor ones); "
         "otherwise such a request gets 400.",
     )
+    # vLLM's, Cohere's and Jina's clients read `{"text": ...}`; LiteLLM's `infinity/` posts the same
+    # body to the same path and reads a string
+    rerank_document_strings: bool = setting(
+        False,
+        "Echo each document of a `/rerank` body with `documents` and `return_documents: true` as a "
+        "string (Infinity's answer) instead of `{\"text\": ...}` (vLLM's); a body with Infinity's "
+        "`raw_scores` gets strings either way.",
+    )
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on inference routes.")
     cors_allow_origins: tuple[str, ...] = setting(
         (), "Allowed CORS origin; repeatable.", flag="--cors-allow-origin"

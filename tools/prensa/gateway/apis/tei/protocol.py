@@ -131,8 +131,9 @@ class RerankRequest(TruncatedRequest, VllmTruncation, VllmActivation):
     )
     return_documents: bool | None = Field(
         None,
-        description="With `documents`: true echoes each as a string (Infinity's); otherwise each "
-        'comes as `{"text": ...}` (vLLM\'s, whose clients require it).',
+        description="With `documents`: each comes as `{\"text\": ...}` (vLLM's, Cohere's and "
+        "Jina's); true with Infinity's `raw_scores` in the body (or the gateway's "
+        "--rerank-document-strings) echoes each as a string (Infinity's).",
     )
     top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
     max_tokens_per_doc: int | None = Field(
@@ -170,7 +171,8 @@ class InfinityRank(BaseModel):
     )
     index: int = Field(description="Position of the document in `documents`.")
     document: RankedDocument | str = Field(
-        description="The document: `{\"text\": ...}` (vLLM's), or the string with `return_documents` (Infinity's)."
+        description="The document: `{\"text\": ...}` (vLLM's), or the string Infinity's body asks for "
+        "(`return_documents` with `raw_scores`, see `RerankRequest.return_documents`)."
     )
 
 

@@ -337,6 +337,10 @@ async def _rerank(
         weights=request.weights,
     )
     order = np.argsort(-scores, kind="stable").tolist()[: request.top_n]
+    # Infinity's strings where the body or the operator says so; vLLM's objects otherwise
+    strings = request.return_documents and (
+        "raw_scores" in request.model_fields_set or gw.settings.rerank_document_strings
+    )
     if shared:
         return {
             "object": "rerank",
@@ -348,7 +352,7 @@ async def _rerank(
                 {
                     "relevance_score": float(scores[i]),
                     "index": i,
-                    "document": passages[i] if request.return_documents else {"text": passages[i]},
+                    "document": passages[i] if strings else {"text": passages[i]},
                 }
                 for i in order
             ],
