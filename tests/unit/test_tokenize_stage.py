@@ -63,3 +63,26 @@ def test_a_stripping_model_reads_texts_alike_in_the_stage_and_the_gateway(tmp_pa
     tokens = list(simple_tokens(plain.whole, "  Émilie\t", False, strip=True))
     assert [(t["start"], t["stop"]) for t in tokens] == [(2, 9)]  # bytes of the text as sent: É takes two
     assert tokens[0]["text"] == "Émilie"
+
+
+# Where each task's texts go with whitespace around and inside them (`tiny_layouts.WHITESPACE_TEXTS`)
+# and are compared with its reference library's answers. A new task must name its check here.
+WHITESPACE_CHECKS = {
+    "embed": "tests/e2e/test_layouts_triton.py",  # sentence-transformers 5.7 on ModernBERT and Qwen3
+    "splade": "tests/e2e/test_layouts_triton.py",  # SparseEncoder on ModernBERT
+    "rerank": "tests/e2e/test_layouts_triton.py",  # CrossEncoder on ModernBERT, Qwen3-Reranker's card
+    "classify": "tests/e2e/test_layouts_triton.py",  # the cross-encoders' export: *ForSequenceClassification
+    "m3": "tests/e2e/test_embeddings_triton.py",  # FlagEmbedding
+    "late": "tests/e2e/test_late_interaction_triton.py",  # PyLate on ModernBERT
+}
+
+
+def test_every_task_reads_whitespace_against_its_reference():
+    from pathlib import Path
+
+    from prensa.manifest import Task
+
+    assert set(WHITESPACE_CHECKS) == {task.value for task in Task}
+    root = Path(__file__).resolve().parents[2]
+    for task, path in WHITESPACE_CHECKS.items():
+        assert "tiny_layouts.WHITESPACE_TEXTS" in (root / path).read_text(), (task, path)
