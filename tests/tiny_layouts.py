@@ -229,6 +229,16 @@ def modernbert(directory: Path, pooling: str = "cls", seed: int = 5) -> Path:
     return _sentence_transformer(directory, base, [_pooling(64, pooling), _normalize()])
 
 
+def lowercasing(directory: Path, lowercase: bool = True) -> Path:
+    """`modernbert`'s mean-pooled layout with `do_lower_case` in its Transformer's config, as older
+    sentence-transformers saved such a model: the flag in the config, its cased byte-level tokenizer
+    file as it was. sentence-transformers lowercases every text before that tokenizer reads it."""
+    modernbert(directory, "mean")
+    path = directory / "sentence_bert_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "do_lower_case": lowercase}))
+    return directory
+
+
 def modernbert_base(base: Path, seed: int, masked_lm: bool = False) -> Path:
     """A ModernBERT transformer with a byte-level tokenizer, saved as transformers saves one."""
     from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertModel

@@ -48,6 +48,7 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
     "embeddinggemma": (tiny_layouts.embedding_gemma, Pipeline.ENSEMBLE),
     "gte-modernbert": (lambda d: tiny_layouts.modernbert(d, "cls"), Pipeline.FUSED),
     "modernbert-embed": (lambda d: tiny_layouts.modernbert(d, "mean"), Pipeline.FUSED),
+    "lowercasing": (tiny_layouts.lowercasing, Pipeline.ENSEMBLE),  # `do_lower_case` on a cased tokenizer
     # include_prompt: false, pooled by the pool stage (mean, cls) and by the graph (Dense layers)
     "instructor-mean": (lambda d: tiny_layouts.plain_embedder(d, "mean", include_prompt=False), Pipeline.ENSEMBLE),
     "instructor-cls": (lambda d: tiny_layouts.plain_embedder(d, "cls", include_prompt=False), Pipeline.FUSED),
@@ -373,3 +374,14 @@ def test_whitespace_is_read_not_stripped_where_the_library_keeps_it(served, sour
     spaced = tiny_layouts.WHITESPACE_TEXTS[:2]
     got = np.asarray(post(served, "/embed", {"inputs": spaced, "model": name}))
     assert agree(got, model.encode([t.strip() for t in spaced]))[1] < MIN_COSINE
+
+
+def test_a_model_that_lowercases_reads_texts_lowercased(served, sources, tmp_path):
+    """`do_lower_case` with a cased tokenizer file: served as sentence-transformers reads it (the
+    equality above); the same weights read as cased, a reference that skipped it, answer otherwise."""
+    import shutil
+
+    cased = tiny_layouts.lowercasing(tmp_path / "cased", lowercase=False)
+    shutil.copy2(sources["lowercasing"] / "model.safetensors", cased / "model.safetensors")
+    got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": "lowercasing"}))
+    assert agree(got, sentence_transformer(cased).encode(TEXTS, batch_size=len(TEXTS)))[1] < MIN_COSINE

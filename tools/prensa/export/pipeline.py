@@ -28,6 +28,7 @@ from prensa.export.inspect import ModelPlan, plan_model, require_memory, require
 from prensa.export.late import interaction, write_tokenizers
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
+from prensa.export.st_layout import lowercase_first, lowercases
 from prensa.files import GraphDataError, link_graph_files
 from prensa.manifest import (
     CALIBRATION_FILE,
@@ -1012,6 +1013,8 @@ def export_model(
             raise SourceError(
                 f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json"
             )
+        if lowercases(source):  # sentence-transformers' `do_lower_case`, kept in the tokenizer file
+            lowercase_first(tokenizer)
         prompts = read_prompts(source)
         adopted = describe_graph(source.path / ONNX_FILE) if source.has(ONNX_FILE) else None
         task = options.task or (task_from_outputs(adopted, config) if adopted else None)

@@ -143,6 +143,40 @@ def _refuse(source: SourceModel, entry: dict[str, Any], why: str) -> SourceError
     )
 
 
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+
+
+def lowercases(source: SourceModel) -> bool:
+    """Whether the sentence-transformers Transformer (the first module, PyLate's too) lowercases
+    texts (`do_lower_case`): sentence-transformers then lowercases every text before its tokenizer
+    reads it, whatever the tokenizer file says."""
+    if not source.has(MODULES_FILE):
+        return False
+    entries = _json(source, MODULES_FILE)
+    if not isinstance(entries, list) or not entries:
+        return False
+    first = min(entries, key=lambda e: int(e.get("idx", 0)))
+    relative = "/".join(part for part in (str(first.get("path", "")), TRANSFORMER_CONFIG) if part)
+    config = _json(source, relative) if source.has(relative) else {}
+    return bool(config.get("do_lower_case", False))
+
+
+def lowercase_first(tokenizer: Any) -> None:
+    """Put a Lowercase normalizer in front of a fast tokenizer's own, as sentence-transformers does
+    for `do_lower_case` (unless one is there): the tokenizer file then lowercases wherever it is
+    read, in the tokenize stage and in the gateway alike."""
+    from tokenizers import normalizers
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    parts = list(current) if isinstance(current, normalizers.Sequence) else [current]
+    if any(isinstance(part, normalizers.Lowercase) for part in parts):
+        return
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Lowercase(), *(part for part in parts if part is not None)]
+    )
+
+
 def read_layout(source: SourceModel) -> SentenceLayout | None:
     """The modules after the transformer, or None for a directory without `modules.json`."""
     if not source.has(MODULES_FILE):
