@@ -22,8 +22,16 @@ def declared_error(path: str) -> Any:
 
 
 def error_kind(path: str, body: dict[str, Any]) -> str:
-    """The error's type as the declared model names it: TEI's `error_type`, OpenAI's `type`."""
+    """The error's type as the declared model names it: TEI's `error_type`, OpenAI's `type`, vLLM's
+    `error.type`. On a path several vendors share, a vLLM body's error comes in vLLM's shape."""
+    from prensa.gateway.apis.dialects import SHARED_PATHS
+    from prensa.gateway.apis.errors import VllmError
+
     model = declared_error(path)
+    if path.split("?")[0] in SHARED_PATHS and isinstance(body.get("error"), dict):
+        model = VllmError
     model.model_validate(body)
     assert set(body) <= set(model.model_fields), (path, body)
+    if model is VllmError:
+        return str(body["error"]["type"])
     return str(body["error_type"] if "error_type" in model.model_fields else body["type"])

@@ -16,6 +16,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.addresses import LOOPBACK
+from prensa.gateway.apis import dialects
 from prensa.gateway.apis.cohere import routes as cohere_routes
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3 import routes as m3_routes
@@ -29,9 +30,9 @@ from prensa.gateway.backends.triton import TritonClient
 from prensa.gateway.core.limits import Permits, SharedPermits, UnsentAnswers
 from prensa.gateway.core.registry import Registry
 from prensa.gateway.core.service import Service
-from prensa.gateway.errors import ErrorKind, GatewayError, error_body
+from prensa.gateway.errors import ErrorKind, GatewayError, error_body, error_status
 from prensa.gateway.http.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
-from prensa.gateway.http.routing import DirectRoutes, ErrorShapes, GatewayRoute
+from prensa.gateway.http.routing import DirectRoutes, ErrorShapes, GatewayRoute, body_fields
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.settings import GatewaySettings
@@ -84,10 +85,10 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
 def _error_response(request: Request, error: GatewayError) -> Response:
     request.app.state.metrics.request_failure.inc(error.kind.value)
     setattr(request.state, ERROR_KEY, error.message)  # for the request's log line
-    shape = cast(GatewayApp, request.app).error_shapes(request.url.path)
+    shape = cast(GatewayApp, request.app).error_shapes(request.url.path, body_fields(request))
     return Response(
         error_body(error, shape, getattr(request.state, ID_KEY, "")),
-        status_code=error.status,
+        status_code=error_status(error, shape),
         headers=error.headers,
         media_type="application/json",
     )
@@ -146,7 +147,9 @@ class GatewayApp(FastAPI):
         routers = (*ROUTERS, vertex)
         for router in routers:
             self.include_router(router)
-        self.error_shapes = ErrorShapes(route for router in routers for route in router.routes)
+        self.error_shapes = ErrorShapes(
+            (route for router in routers for route in router.routes), dialects.error_shape
+        )
 
     @property
     def open_paths(self) -> frozenset[str]:

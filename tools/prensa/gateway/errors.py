@@ -1,6 +1,8 @@
 """Every error the gateway returns: one table from kind to status code and `error_type`, and the
-two body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}`), written
-here alone. Which shape a path answers is what its route declares (`http.routing.ErrorShapes`)."""
+body shapes (TEI's `{"error","error_type"}`, OpenAI's `{"message","code","type"}` as TEI's OpenAI
+route answers, vLLM's `{"error": {"message","type","param","code"}}`), written here alone. Which
+shape a path answers is what its route declares (`http.routing.ErrorShapes`), or on a path several
+vendors share, what the body's dialect answers (`apis.dialects`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import orjson
 class ErrorShape(Enum):
     TEI = "tei"  # {"error", "error_type"}: TEI's clients, and every route that declares no other shape
     OPENAI = "openai"  # {"message", "code", "type"}: the OpenAI, Cohere, Jina and NIM SDKs
+    # {"error": {...}} and 400 for any bad request, as vLLM answers (the OpenAI SDK's BadRequestError)
+    VLLM = "vllm"
 
 
 class ErrorKind(str, Enum):
@@ -72,17 +76,35 @@ class GatewayError(Exception):
         return ERROR_TABLE[self.kind][0]
 
 
+# vLLM's error types by status; other statuses keep ERROR_TABLE's
+VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
+
+
+def error_status(error: GatewayError, shape: ErrorShape = ErrorShape.TEI) -> int:
+    """The status `error` answers with in `shape`: vLLM's 400 for every request it cannot read (TEI's 422)."""
+    return 400 if shape is ErrorShape.VLLM and error.status == 422 else error.status
+
+
 def error_body(
     error: GatewayError, shape: ErrorShape = ErrorShape.TEI, request_id: str = ""
 ) -> bytes:
-    """The JSON body for `error` in `shape`, with the request's id (one field more than TEI's and
-    OpenAI's shapes, which their clients ignore)."""
-    status, error_type = ERROR_TABLE[error.kind]
-    body: dict[str, object] = (
-        {"message": error.message, "code": status, "type": error_type}
-        if shape is ErrorShape.OPENAI
-        else {"error": error.message, "error_type": error_type}
-    )
+    """The JSON body for `error` in `shape`, with the request's id (one field more than the
+    vendors' shapes, which their clients ignore)."""
+    status, error_type = error_status(error, shape), ERROR_TABLE[error.kind][1]
+    body: dict[str, object]
+    if shape is ErrorShape.VLLM:
+        body = {
+            "error": {
+                "message": error.message,
+                "type": VLLM_ERROR_TYPES.get(status, error_type),
+                "param": None,
+                "code": status,
+            }
+        }
+    elif shape is ErrorShape.OPENAI:
+        body = {"message": error.message, "code": status, "type": error_type}
+    else:
+        body = {"error": error.message, "error_type": error_type}
     if request_id:
         body["request_id"] = request_id
     return orjson.dumps(body)

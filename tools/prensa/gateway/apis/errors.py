@@ -1,5 +1,6 @@
 """The error bodies routes declare in their OpenAPI `responses`, by the shape they answer errors in
-(`errors.ErrorShape`): TEI's `{"error", "error_type"}`, or OpenAI's `{"message", "code", "type"}`."""
+(`errors.ErrorShape`): TEI's `{"error", "error_type"}`, OpenAI's `{"message", "code", "type"}`, or
+vLLM's `{"error": {"message", "type", "param", "code"}}`."""
 
 from __future__ import annotations
 
@@ -48,4 +49,28 @@ class OpenAIError(BaseModel):
 # clients read too): the OpenAI, Cohere, Jina and NIM routes.
 MESSAGE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES
+}
+
+
+class VllmErrorInfo(BaseModel):
+    message: str = Field(description="What went wrong.")
+    type: str = Field(description="BadRequestError (400), NotFoundError (404), Overloaded, ...")
+    param: str | None = Field(None, description="Always null.")
+    code: int = Field(description="The HTTP status code.")
+
+
+class VllmError(BaseModel):
+    # what a route declaring this model answers errors with
+    shape: ClassVar[ErrorShape] = ErrorShape.VLLM
+
+    error: VllmErrorInfo = Field(description="OpenAI's error object, as vLLM's server answers.")
+    request_id: str | None = Field(
+        None, description="The request's id, as the `x-request-id` header says."
+    )
+
+
+# The error bodies vLLM's own routes document (`/pooling`); on a path vLLM shares with another
+# vendor, a vLLM body's errors come in this shape too (`apis.dialects`).
+VLLM_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": VllmError} for status in ROUTE_ERROR_STATUSES
 }

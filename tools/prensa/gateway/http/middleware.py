@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prensa.gateway.auth import key_matches
 from prensa.gateway.core.limits import MemoryTrim, Permits, UnsentAnswers
-from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body
+from prensa.gateway.errors import ErrorKind, ErrorShape, GatewayError, error_body, error_status
 from prensa.gateway.logs import ERROR_KEY, ID_KEY
 
 # An answer holds one permit per this many bytes while it is being sent, in pieces of this size:
@@ -92,7 +92,7 @@ async def reject(
     state[ERROR_KEY] = error.message
     await respond(
         send,
-        error.status,
+        error_status(error, shape),
         error_body(error, shape, state.get(ID_KEY, "")),
         b"application/json",
         error.headers,

@@ -5,7 +5,7 @@ route class that counts every request under TEI's metric names."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, TypeVar, cast, get_type_hints
@@ -30,6 +30,9 @@ ModelParam = Annotated[
 ]
 
 M = TypeVar("M", bound=BaseModel)
+# In the ASGI scope's "state": the names a JSON object body sets, once it is parsed, which tell its
+# dialect on a path several vendors share (`apis.dialects`), also when it fails
+BODY_FIELDS_KEY = "body_fields"
 
 
 def validate_body(request_model: type[M], data: Any) -> M:
@@ -76,7 +79,21 @@ class GatewayRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):
             self._orjson = orjson.loads(await self.body())
+            remember_fields(self, self._orjson)
         return self._orjson
+
+
+def remember_fields(request: Request, data: Any) -> None:
+    """Keep the names a JSON object body gives a value (null is none) in the request's state
+    (BODY_FIELDS_KEY)."""
+    if isinstance(data, dict):
+        setattr(request.state, BODY_FIELDS_KEY, [k for k, v in data.items() if v is not None])
+
+
+def body_fields(request: Request) -> Collection[str]:
+    """The names the request's JSON object body sets, once parsed; none before (or for other bodies)."""
+    fields: Collection[str] = getattr(request.state, BODY_FIELDS_KEY, ())
+    return fields
 
 
 class GatewayRoute(APIRoute):
@@ -152,6 +169,7 @@ class GatewayRoute(APIRoute):
                 ],
                 body=exc.doc,
             ) from exc
+        remember_fields(request, data)
         try:
             body = call.body_type.validate_python(data, from_attributes=True)
         except ValidationError as exc:
@@ -177,12 +195,19 @@ class DirectCall:
     model_query: bool
 
 
-class ErrorShapes:
-    """The error body each path answers: the shape of the error model its route declares in its
-    OpenAPI `responses` (a model with a `shape`, see `errors.ErrorShape`); TEI's elsewhere, for a
-    path no route serves included. What clients read in the schema is what they get."""
+SharedShape = Callable[[str, Collection[str]], ErrorShape | None]
 
-    def __init__(self, routes: Iterable[Any]) -> None:
+
+class ErrorShapes:
+    """The error body each path answers: on a path several dialects share, what `shared` says of the
+    body's fields (`apis.dialects.error_shape`); elsewhere the shape of the error model its route
+    declares in its OpenAPI `responses` (a model with a `shape`, see `errors.ErrorShape`); TEI's
+    for a path no route serves. What clients read in the schema is what they get."""
+
+    def __init__(
+        self, routes: Iterable[Any], shared: SharedShape = lambda path, fields: None
+    ) -> None:
+        self.shared = shared
         self.exact: dict[str, ErrorShape] = {}
         self.patterns: list[tuple[Any, ErrorShape]] = []  # routes with path parameters
         for route in routes:
@@ -194,7 +219,9 @@ class ErrorShapes:
             else:
                 self.exact.setdefault(route.path, shape)
 
-    def __call__(self, path: str) -> ErrorShape:
+    def __call__(self, path: str, fields: Collection[str] = ()) -> ErrorShape:
+        if (shape := self.shared(path, fields)) is not None:
+            return shape
         if (shape := self.exact.get(path)) is not None:
             return shape
         return next(

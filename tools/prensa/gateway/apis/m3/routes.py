@@ -11,6 +11,13 @@ import numpy as np
 from fastapi import APIRouter, Response
 
 from prensa.gateway.apis.common import activated, cut_side
+from prensa.gateway.apis.dialects import (
+    VLLM_FIRST_TEXTS,
+    VLLM_SECOND_TEXTS,
+    Dialect,
+    dialect_of,
+    given_fields,
+)
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3.answers import OUTPUT_TENSORS, embed_m3_payload
 from prensa.gateway.apis.m3.protocol import (
@@ -47,11 +54,6 @@ async def embed_m3(request: M3Request, http: GatewayRequest, model: ModelParam =
     return json_response(await embed_m3_payload(request, gw, served, http.context), http.context)
 
 
-# vLLM's names of a pair's first and second texts, each a name for the same field
-FIRST_TEXTS = ("text_1", "queries", "data_1")
-SECOND_TEXTS = ("text_2", "documents", "items", "data_2")
-
-
 def one_of(request: ScoreRequest, names: tuple[str, ...]) -> str | list[str] | None:
     """The one field of `names` the body gives; two are refused."""
     given = [name for name in names if getattr(request, name) is not None]
@@ -69,7 +71,7 @@ def score_pairs(request: ScoreRequest) -> tuple[list[str], list[str]]:
             "give bge-m3's `query` and `passages` (with `weights`) or vLLM's `text_1` and `text_2`, "
             "not both"
         )
-    first, second = one_of(request, FIRST_TEXTS), one_of(request, SECOND_TEXTS)
+    first, second = one_of(request, VLLM_FIRST_TEXTS), one_of(request, VLLM_SECOND_TEXTS)
     if first is None or second is None:
         raise validation(
             "`text_1` and `text_2` are both required (or `queries` with `documents` or `items`, "
@@ -156,11 +158,11 @@ async def vllm_scores(
     }
 
 
-VLLM_FIELDS = (*FIRST_TEXTS, *SECOND_TEXTS)
+SCORE_PATH = "/score"
 
 
 @router.post(
-    "/score",
+    SCORE_PATH,
     response_model=list[HybridScore] | VllmScores,
     summary="bge-m3 hybrid relevance scores (or vLLM's pair scores, by the body)",
 )
@@ -169,7 +171,7 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
     FlagEmbedding's `BGEM3FlagModel.compute_score`; query and passages are encoded in one call.
     A body with vLLM's `text_1`/`text_2` (or its other names) gets vLLM's `/score` instead."""
     gw, context = http.gateway, http.context
-    if any(getattr(request, field) is not None for field in VLLM_FIELDS):
+    if dialect_of(SCORE_PATH, given_fields(request)) is Dialect.VLLM:
         served = await gw.registry.pick(None, named_model(model, request.model))
         return json_response(await vllm_scores(request, gw, served, context), context)
     served = await gw.registry.pick(Capability.M3, named_model(model, request.model))

@@ -24,10 +24,11 @@ from pydantic import BaseModel, RootModel
 from tokenizers import Tokenizer
 
 from prensa.gateway.apis.common import activated, asked_chunking, cut_side
-from prensa.gateway.apis.errors import TEI_ERRORS
+from prensa.gateway.apis.dialects import VLLM_PAIR_FIELDS, Dialect, dialect_of, given_fields
+from prensa.gateway.apis.errors import TEI_ERRORS, VLLM_ERRORS
 from prensa.gateway.apis.m3.answers import embed_m3_payload
 from prensa.gateway.apis.m3.protocol import M3Request, ScoreRequest
-from prensa.gateway.apis.m3.routes import VLLM_FIELDS, vllm_scores
+from prensa.gateway.apis.m3.routes import vllm_scores
 from prensa.gateway.apis.openai.protocol import EmbeddingRequest
 from prensa.gateway.apis.openai.routes import embeddings_payload
 from prensa.gateway.apis.tei.protocol import (
@@ -243,7 +244,7 @@ async def _classify(
         "id": f"classify-{uuid.uuid4().hex}",
         "created": int(time.time()),
     }
-    if request.raw_scores is not None:
+    if dialect_of(CLASSIFY_PATH, given_fields(request)) is Dialect.INFINITY:
         return {
             **answer,
             "object": "classify",
@@ -339,7 +340,8 @@ async def _rerank(
     order = np.argsort(-scores, kind="stable").tolist()[: request.top_n]
     # Infinity's strings where the body or the operator says so; vLLM's objects otherwise
     strings = request.return_documents and (
-        "raw_scores" in request.model_fields_set or gw.settings.rerank_document_strings
+        dialect_of(RERANK_PATH, given_fields(request)) is Dialect.INFINITY
+        or gw.settings.rerank_document_strings
     )
     if shared:
         return {
@@ -476,8 +478,12 @@ async def predict(
     return await _serve(PREDICT, request, http, model)
 
 
+CLASSIFY_PATH, RERANK_PATH, TOKENIZE_PATH = "/classify", "/rerank", "/tokenize"
+INVOCATIONS_PATH = "/invocations"  # SageMaker's, where vLLM's bodies come too (as `/`)
+
+
 @router.post(
-    "/classify",
+    CLASSIFY_PATH,
     response_model=VllmClassifications | InfinityClassifications,
     summary="Classify texts (vLLM's body and answer, or Infinity's with `raw_scores`)",
 )
@@ -489,7 +495,10 @@ async def classify(
 
 
 @router.post(
-    "/pooling", response_model=VllmPoolings, summary="vLLM's pooling: pooled or per-token vectors"
+    "/pooling",
+    response_model=VllmPoolings,
+    responses=VLLM_ERRORS,
+    summary="vLLM's pooling: pooled or per-token vectors",
 )
 async def pooling(
     request: PoolingRequest, http: GatewayRequest, model: ModelParam = None
@@ -499,7 +508,7 @@ async def pooling(
 
 
 @router.post(
-    "/rerank",
+    RERANK_PATH,
     response_model=list[Rank] | InfinityRerank,
     response_model_exclude_none=True,
     summary="Rerank passages (TEI's body, or Infinity's with `documents`)",
@@ -534,9 +543,9 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
         operation = RERANK
     elif isinstance(body.get("inputs"), dict):
         operation = SIMILARITY
-    elif any(field in body for field in VLLM_FIELDS):
+    elif VLLM_PAIR_FIELDS.intersection(body):
         operation = SCORE
-    elif "input" in body and "inputs" not in body:  # vLLM's embeddings or classification body
+    elif dialect_of(INVOCATIONS_PATH, body.keys()) is Dialect.VLLM:  # embeddings or classification
         task = (await gw.registry.pick(None, name)).task
         operation = EMBEDDINGS if task in (Task.EMBED, Task.M3) else CLASSIFY
     else:
@@ -549,7 +558,7 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
 
 
 @default_router.post("/", summary="TEI's default route: the chosen model's own operation")
-@default_router.post("/invocations", include_in_schema=False)
+@default_router.post(INVOCATIONS_PATH, include_in_schema=False)
 async def default_route(
     request: JsonObject, http: GatewayRequest, model: ModelParam = None
 ) -> Response:
@@ -614,7 +623,7 @@ def _vllm_tokens(
 
 
 @router.post(
-    "/tokenize",
+    TOKENIZE_PATH,
     response_model=list[list[SimpleToken]] | VllmTokens,
     summary="Tokenize with the model's tokenizer (TEI's body, or vLLM's with `prompt`)",
 )
@@ -627,7 +636,7 @@ async def tokenize(
         raise validation("give `inputs` (TEI's body) or `prompt` (vLLM's), one of them")
     if request.prompt is None and request.return_token_strs:
         raise validation("`return_token_strs` goes with vLLM's `prompt`")
-    vllm = request.prompt is not None
+    vllm = dialect_of(TOKENIZE_PATH, given_fields(request)) is Dialect.VLLM
     given = cast("str | list[str]", request.prompt if vllm else request.inputs)
     texts = [given] if isinstance(given, str) else given
     # texts stay texts
