@@ -38,7 +38,14 @@ async def document_scores(
         )
     if not max_chunks:
         values, tokens = await service.relevance(
-            served, query, texts, truncation, raw_scores, context, weights, instruction
+            served,
+            query,
+            texts,
+            truncation=truncation,
+            raw_scores=raw_scores,
+            context=context,
+            weights=weights,
+            instruction=instruction,
         )
         return values, int(tokens.sum())
     # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
@@ -61,10 +68,10 @@ async def document_scores(
         served,
         query,
         cast("list[str]", windows.items),
-        truncation,
-        raw_scores,
-        context,
-        weights,
-        instruction,
+        truncation=truncation,
+        raw_scores=raw_scores,
+        context=context,
+        weights=weights,
+        instruction=instruction,
     )
     return best_of(values, windows), int(tokens.sum())

@@ -126,6 +126,7 @@ class Service:
     def windowed(
         self,
         model: ServedModel,
+        *,
         truncate: bool | None,
         direction: str,
         window: int | None,
@@ -248,6 +249,7 @@ class Service:
         self,
         model: ServedModel,
         items: list[Item],
+        *,
         truncation: Truncation,
         normalize: bool,
         dimensions: int | None,
@@ -299,7 +301,12 @@ class Service:
         return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), num_tokens)
 
     async def sparse(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
+        self,
+        model: ServedModel,
+        items: list[Item],
+        *,
+        truncation: Truncation,
+        context: RequestContext,
     ) -> Embeddings:
         """Per input, its non-zero vocabulary ids (ascending) and their weights."""
         self.check(items)
@@ -320,6 +327,7 @@ class Service:
         self,
         model: ServedModel,
         items: list[Item],
+        *,
         truncation: Truncation,
         context: RequestContext,
         query: bool = False,
@@ -328,7 +336,9 @@ class Service:
         alike), a late-interaction model's its kept tokens' (`late_vectors`)."""
         self.check(items)
         if model.task is Task.LATE:
-            return await self.late_vectors(model, items, truncation, query, context)
+            return await self.late_vectors(
+                model, items, truncation=truncation, query=query, context=context
+            )
         with self.permits.hold(len(items)):
             result = await self.engine.infer(
                 Inference(model, items, None, truncation, (contract.COLBERT, contract.NUM_TOKENS)),
@@ -344,6 +354,7 @@ class Service:
         self,
         model: ServedModel,
         items: list[Item],
+        *,
         truncation: Truncation,
         query: bool,
         context: RequestContext,
@@ -385,12 +396,17 @@ class Service:
         return Embeddings([vectors[i, :n] for i, n in enumerate(counts)], result.num_tokens)
 
     async def hidden(
-        self, model: ServedModel, items: list[Item], truncation: Truncation, context: RequestContext
+        self,
+        model: ServedModel,
+        items: list[Item],
+        *,
+        truncation: Truncation,
+        context: RequestContext,
     ) -> Embeddings:
         """The encoder's last hidden state, one vector per token, no pooling; a late-interaction
         model's per-token vectors are its documents' multi-vectors."""
         if model.task is Task.LATE:
-            return await self.colbert(model, items, truncation, context)
+            return await self.colbert(model, items, truncation=truncation, context=context)
         self.check(items)
         with self.permits.hold(len(items)):
             result = await self.engine.infer(
@@ -406,6 +422,7 @@ class Service:
         self,
         model: ServedModel,
         items: list[Item],
+        *,
         normalize: bool,
         dimensions: int | None,
         context: RequestContext,
@@ -455,6 +472,7 @@ class Service:
         self,
         model: ServedModel,
         items: list[Item],
+        *,
         truncation: Truncation,
         wanted: frozenset[str],
         context: RequestContext,
@@ -512,6 +530,7 @@ class Service:
         model: ServedModel,
         query: str,
         texts: list[str],
+        *,
         truncation: Truncation,
         raw_scores: bool,
         context: RequestContext,
@@ -544,17 +563,23 @@ class Service:
                 model,
                 [query] * len(texts),
                 list(texts),
-                truncation,
-                raw_scores,
-                context,
-                instruction,
+                truncation=truncation,
+                raw_scores=raw_scores,
+                context=context,
+                instruction=instruction,
             )
             return values[:, 0], tokens
         if instruction is not None:
             raise validation(
                 f"`instruction` applies to LLM rerankers; model `{model.name}` is bge-m3"
             )
-        rows = await self.m3(model, [query, *texts], truncation, frozenset(M3_OUTPUTS), context)
+        rows = await self.m3(
+            model,
+            [query, *texts],
+            truncation=truncation,
+            wanted=frozenset(M3_OUTPUTS),
+            context=context,
+        )
         try:
             hybrid = scores_of(rows, DEFAULT_WEIGHTS if weights is None else weights)[HYBRID]
         except ValueError as exc:
@@ -576,8 +601,8 @@ class Service:
         pair, whatever else the request holds."""
         asked, documents = await gather(
             [
-                self.colbert(model, [query], truncation, context, query=True),
-                self.colbert(model, list(texts), truncation, context),
+                self.colbert(model, [query], truncation=truncation, context=context, query=True),
+                self.colbert(model, list(texts), truncation=truncation, context=context),
             ]
         )
         scores = [late_score(asked.rows[0], document) for document in documents.rows]
@@ -607,6 +632,7 @@ class Service:
         model: ServedModel,
         texts: list[str],
         pairs: Sequence[str | None],
+        *,
         truncation: Truncation,
         raw_scores: bool,
         context: RequestContext,

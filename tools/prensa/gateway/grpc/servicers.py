@@ -167,11 +167,11 @@ class Handlers:
         result = await self.service.dense(
             served,
             self.items(served, request.inputs, optional(request, "prompt_name")),
-            self.truncation(request.truncate, request.truncation_direction),
-            True if normalize is None else normalize,
-            optional(request, "dimensions"),
-            request_context,
-            self.service.chunking(*asked_chunking(None)),
+            truncation=self.truncation(request.truncate, request.truncation_direction),
+            normalize=True if normalize is None else normalize,
+            dimensions=optional(request, "dimensions"),
+            context=request_context,
+            chunking=self.service.chunking(*asked_chunking(None)),
         )
         return pb.EmbedResponse(
             embeddings=result.rows[0].tolist(), metadata=metadata(request_context)
@@ -184,8 +184,8 @@ class Handlers:
         result = await self.service.sparse(
             served,
             self.items(served, request.inputs, optional(request, "prompt_name")),
-            self.truncation(request.truncate, request.truncation_direction),
-            request_context,
+            truncation=self.truncation(request.truncate, request.truncation_direction),
+            context=request_context,
         )
         values = [
             pb.SparseValue(index=i, value=v)
@@ -200,8 +200,8 @@ class Handlers:
         result = await self.service.hidden(
             served,
             self.items(served, request.inputs, optional(request, "prompt_name")),
-            self.truncation(request.truncate, request.truncation_direction),
-            request_context,
+            truncation=self.truncation(request.truncate, request.truncation_direction),
+            context=request_context,
         )
         tokens = [pb.TokenEmbedding(embeddings=row) for row in result.rows[0].tolist()]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(request_context))
@@ -222,9 +222,9 @@ class Handlers:
             served,
             [text],
             [pair],
-            self.truncation(truncate, direction),
-            raw_scores,
-            request_context,
+            truncation=self.truncation(truncate, direction),
+            raw_scores=raw_scores,
+            context=request_context,
         )
         row = values[0]
         predictions = [
@@ -276,9 +276,9 @@ class Handlers:
             served,
             request.query,
             texts,
-            self.truncation(request.truncate, request.truncation_direction),
-            request.raw_scores,
-            request_context,
+            truncation=self.truncation(request.truncate, request.truncation_direction),
+            raw_scores=request.raw_scores,
+            context=request_context,
         )
         return pb.RerankResponse(
             ranks=ranks(scores, texts if request.return_text else None),
@@ -298,9 +298,9 @@ class Handlers:
             served,
             request.query,
             [request.text],
-            self.truncation(request.truncate, request.truncation_direction),
-            raw_scores,
-            request_context,
+            truncation=self.truncation(request.truncate, request.truncation_direction),
+            raw_scores=raw_scores,
+            context=request_context,
         )
         return float(scores[0])
 

@@ -70,7 +70,11 @@ async def cohere_rerank(
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     texts = document_texts(request.documents)
     truncation = gw.service.windowed(
-        served, None, cut_side(request), request.truncate_prompt_tokens, served.scores_pairs
+        served,
+        truncate=None,
+        direction=cut_side(request),
+        window=request.truncate_prompt_tokens,
+        pairs=served.scores_pairs,
     )
     scores, tokens = await document_scores(
         gw.service,
@@ -157,10 +161,10 @@ async def cohere_embed(
     result = await gw.service.dense(
         served,
         items,
-        gw.service.truncation(*truncate_end(request.truncate)),
-        True,
-        request.output_dimension,
-        context,
+        truncation=gw.service.truncation(*truncate_end(request.truncate)),
+        normalize=True,
+        dimensions=request.output_dimension,
+        context=context,
     )
     tokens = int(result.num_tokens.sum())
     meta = cohere_meta(version, input_tokens=tokens)

@@ -51,10 +51,10 @@ async def embed_m3_payload(
     rows = await gw.service.m3(
         served,
         items,
-        gw.service.truncation(request.truncate, request.truncation_direction),
-        wanted,
-        context,
-        gw.service.chunking(*asked_chunking(request.chunking)),
+        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+        wanted=wanted,
+        context=context,
+        chunking=gw.service.chunking(*asked_chunking(request.chunking)),
     )
     tokens: list[list[str]] | None = None
     if request.return_tokens and rows.sparse_ids is not None:

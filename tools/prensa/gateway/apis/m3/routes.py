@@ -99,10 +99,10 @@ def score_truncation(request: ScoreRequest, gw: Gateway, served: ServedModel) ->
     )
     return gw.service.windowed(
         served,
-        request.truncate,
-        direction,
-        request.truncate_prompt_tokens,
-        served.task is Task.RERANK,
+        truncate=request.truncate,
+        direction=direction,
+        window=request.truncate_prompt_tokens,
+        pairs=served.task is Task.RERANK,
     )
 
 
@@ -116,14 +116,18 @@ async def vllm_scores(
     truncation = score_truncation(request, gw, served)
     raw = not activated(None, request)
     if served.task is Task.RERANK:
-        values, tokens = await gw.service.scores(served, lefts, rights, truncation, raw, context)
+        values, tokens = await gw.service.scores(
+            served, lefts, rights, truncation=truncation, raw_scores=raw, context=context
+        )
         scores, used = values[:, 0], int(tokens.sum())
     elif served.task is Task.LATE:
         queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
         asked, found = await gather(
             [
-                gw.service.colbert(served, list(queries), truncation, context, query=True),
-                gw.service.colbert(served, list(documents), truncation, context),
+                gw.service.colbert(
+                    served, list(queries), truncation=truncation, context=context, query=True
+                ),
+                gw.service.colbert(served, list(documents), truncation=truncation, context=context),
             ]
         )
         query_vectors = dict(zip(queries, asked.rows))
@@ -138,7 +142,12 @@ async def vllm_scores(
     elif served.can(Capability.DENSE):
         unique = list(dict.fromkeys([*lefts, *rights]))
         result = await gw.service.dense(
-            served, prompted(served, gw.settings, list(unique)), truncation, True, None, context
+            served,
+            prompted(served, gw.settings, list(unique)),
+            truncation=truncation,
+            normalize=True,
+            dimensions=None,
+            context=context,
         )
         vectors = dict(zip(unique, np.asarray(result.rows)))
         scores = np.asarray([float(vectors[a] @ vectors[b]) for a, b in zip(lefts, rights)])
@@ -186,9 +195,9 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
     rows = await gw.service.m3(
         served,
         [request.query, *request.passages],
-        score_truncation(request, gw, served),
-        frozenset().union(*OUTPUT_TENSORS.values()),
-        context,
+        truncation=score_truncation(request, gw, served),
+        wanted=frozenset().union(*OUTPUT_TENSORS.values()),
+        context=context,
     )
     try:
         modes = hybrid.scores(rows, request.weights or hybrid.DEFAULT_WEIGHTS)

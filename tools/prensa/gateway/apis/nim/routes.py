@@ -27,9 +27,9 @@ async def nim_ranking(
         served,
         request.query.text,
         passages,
-        gw.service.truncation(*truncate_end(request.truncate)),
-        True,
-        context,
+        truncation=gw.service.truncation(*truncate_end(request.truncate)),
+        raw_scores=True,
+        context=context,
     )
     return json_response(
         {

@@ -84,10 +84,10 @@ async def ollama_embed(
         result = await gw.service.dense(
             served,
             prompted(served, gw.settings, texts),
-            Truncation(request.truncate, "right"),
-            True,
-            dimensions,
-            context,
+            truncation=Truncation(request.truncate, "right"),
+            normalize=True,
+            dimensions=dimensions,
+            context=context,
         )
         vectors, tokens = result.rows, int(result.num_tokens.sum())
     return json_response(
@@ -119,10 +119,10 @@ async def ollama_embeddings(
     result = await gw.service.dense(
         served,
         prompted(served, gw.settings, [request.prompt]),
-        Truncation(gw.settings.auto_truncate, "right"),
-        False,
-        None,
-        context,
+        truncation=Truncation(gw.settings.auto_truncate, "right"),
+        normalize=False,
+        dimensions=None,
+        context=context,
     )
     return json_response({"embedding": result.rows[0]}, context)
 

@@ -94,7 +94,9 @@ def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedM
     """NIM's `truncate` or vLLM's `truncate_prompt_tokens`, not both."""
     truncate, direction = truncate_end(request.truncate)
     direction = cut_side(request, direction, request.truncate is not None)
-    return gw.service.windowed(served, truncate, direction, request.truncate_prompt_tokens)
+    return gw.service.windowed(
+        served, truncate=truncate, direction=direction, window=request.truncate_prompt_tokens
+    )
 
 
 def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
@@ -148,7 +150,11 @@ async def embeddings_payload(
                 f"`late_chunking` reads the inputs whole in one pass: drop {', '.join(given)}"
             )
         result = await gw.service.late_chunks(
-            served, items, request.normalize is not False, request.dimensions, context
+            served,
+            items,
+            normalize=request.normalize is not False,
+            dimensions=request.dimensions,
+            context=context,
         )
     else:
         truncation = embedding_truncation(request, gw, served)
@@ -160,11 +166,11 @@ async def embeddings_payload(
         result = await gw.service.dense(
             served,
             items,
-            truncation,
-            request.normalize is not False,
-            request.dimensions,
-            context,
-            chunking,
+            truncation=truncation,
+            normalize=request.normalize is not False,
+            dimensions=request.dimensions,
+            context=context,
+            chunking=chunking,
         )
     tokens = int(result.num_tokens.sum())
     rows = (
@@ -231,7 +237,11 @@ async def multivector_payload(
     else:
         query = not jina
     result = await gw.service.colbert(
-        served, items, embedding_truncation(request, gw, served), context, query
+        served,
+        items,
+        truncation=embedding_truncation(request, gw, served),
+        context=context,
+        query=query,
     )
     tokens = int(result.num_tokens.sum())
     field, kind = ("embeddings", "embeddings") if jina else ("embedding", "embedding")

@@ -136,11 +136,11 @@ async def _embed(
     result = await gw.service.dense(
         served,
         items,
-        gw.service.truncation(request.truncate, request.truncation_direction),
-        request.normalize,
-        request.dimensions,
-        context,
-        gw.service.chunking(*asked_chunking(request.chunking)),
+        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+        normalize=request.normalize,
+        dimensions=request.dimensions,
+        context=context,
+        chunking=gw.service.chunking(*asked_chunking(request.chunking)),
     )
     return result.rows
 
@@ -157,7 +157,7 @@ async def _embed_sparse(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    result = await gw.service.sparse(served, items, truncation, context)
+    result = await gw.service.sparse(served, items, truncation=truncation, context=context)
     return [
         [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
         for ids, weights in zip(result.rows, result.weights)
@@ -168,14 +168,18 @@ async def _embed_colbert(
     request: ColbertRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    return (await gw.service.colbert(served, items, truncation, context, request.is_query)).rows
+    return (
+        await gw.service.colbert(
+            served, items, truncation=truncation, context=context, query=request.is_query
+        )
+    ).rows
 
 
 async def _embed_all(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    return (await gw.service.hidden(served, items, truncation, context)).rows
+    return (await gw.service.hidden(served, items, truncation=truncation, context=context)).rows
 
 
 def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[list[str]], bool]:
@@ -213,9 +217,9 @@ async def _predict(
         served,
         texts,
         pairs,
-        gw.service.truncation(request.truncate, request.truncation_direction),
-        raw,
-        context,
+        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+        raw_scores=raw,
+        context=context,
     )
     ranked = ranked_labels(values, served.id2label, hub.top_k if hub else None)
     return ranked if batched or hub is not None else ranked[0]
@@ -232,11 +236,11 @@ async def _classify(
     """vLLM's `/classify` answer, or Infinity's for a body with `raw_scores` (see `ClassifyRequest`)."""
     texts = text_list(request.input)
     truncation = gw.service.windowed(
-        served, None, cut_side(request), request.truncate_prompt_tokens
+        served, truncate=None, direction=cut_side(request), window=request.truncate_prompt_tokens
     )
     raw = not activated(request.raw_scores, request)
     values, tokens = await gw.service.scores(
-        served, texts, [None] * len(texts), truncation, raw, context
+        served, texts, [None] * len(texts), truncation=truncation, raw_scores=raw, context=context
     )
     labels, counted = served.id2label, int(tokens.sum())
     answer = {
@@ -270,15 +274,17 @@ async def _pooling(
     # texts only: vLLM's pooling takes no token ids here
     items: list[Item] = [*text_list(request.input)]
     truncation = gw.service.windowed(
-        served, None, cut_side(request), request.truncate_prompt_tokens
+        served, truncate=None, direction=cut_side(request), window=request.truncate_prompt_tokens
     )
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
-        result = await gw.service.hidden(served, items, truncation, context)
+        result = await gw.service.hidden(served, items, truncation=truncation, context=context)
         data: list[Any] = list(result.rows)
     else:
-        result = await gw.service.dense(served, items, truncation, True, None, context)
+        result = await gw.service.dense(
+            served, items, truncation=truncation, normalize=True, dimensions=None, context=context
+        )
         rows = cast("npt.NDArray[Any]", result.rows)
         data = (
             [base64_vector(row, request.embed_dtype, request.endianness) for row in rows]
@@ -322,7 +328,11 @@ async def _rerank(
         request, request.truncation_direction, "truncation_direction" in request.model_fields_set
     )
     truncation = gw.service.windowed(
-        served, request.truncate, direction, request.truncate_prompt_tokens, served.scores_pairs
+        served,
+        truncate=request.truncate,
+        direction=direction,
+        window=request.truncate_prompt_tokens,
+        pairs=served.scores_pairs,
     )
     raw_said = request.raw_scores if "raw_scores" in request.model_fields_set else None
     scores, used = await document_scores(
@@ -385,7 +395,9 @@ async def _similarity(
         [request.inputs.source_sentence, *request.inputs.sentences],
         parameters.prompt_name if parameters else None,
     )
-    result = await gw.service.dense(served, items, truncation, True, None, context)
+    result = await gw.service.dense(
+        served, items, truncation=truncation, normalize=True, dimensions=None, context=context
+    )
     source, others = result.rows[0], result.rows[1:]
     cosine = (
         others @ source / np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
