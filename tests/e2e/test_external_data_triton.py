@@ -58,6 +58,8 @@ def external_triton(tmp_path_factory, external_exports):
 
 @pytest.mark.parametrize("model", ["m3-split", "m3-split-fused", "m3-fp16", "m3-int8"])
 def test_bge_m3_with_external_weights_matches_flagembedding(external_triton, flag_m3, model):
+    """On the fixture's first texts (its whitespace texts are the tier above's)."""
+    flag_m3 = {key: values[: len(TEXTS)] for key, values in flag_m3.items()}
     result = infer(external_triton, model, TEXTS)
     least = MIN_COSINE[model.removesuffix("-fused")]
     assert cosine(result.as_numpy("dense"), flag_m3["dense_vecs"]).min() >= least
