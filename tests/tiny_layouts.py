@@ -71,8 +71,6 @@ def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_
                         reserved: tuple[str, ...] = ()):
     """A BERT-style tokenizer ([CLS] text [SEP]), for ModernBERT and BERT layouts; `reserved` pieces
     (BERT's `[unused0]`...) follow the special tokens in the vocabulary."""
-    from transformers import PreTrainedTokenizerFast
-
     words = corpus_words(CORPUS, normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer())
     chars = sorted({c for word in words for c in word})
     pieces = dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *reserved, *chars, *(f"##{c}" for c in chars),
@@ -81,8 +79,16 @@ def wordpiece_tokenizer(directory: Path, input_names: tuple[str, ...] = ("input_
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
+    return _saved_bert_style(tok, directory, "[CLS] $A [SEP] $B:1 [SEP]:1", input_names)
+
+
+def _saved_bert_style(tok: Tokenizer, directory: Path, pair: str, input_names: tuple[str, ...]):
+    """`tok` framed as BERT frames a text ([CLS] $A [SEP], pairs by `pair`), saved as a fast tokenizer
+    with BERT's special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair=pair,
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                    sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
@@ -95,8 +101,6 @@ def byte_level_tokenizer(directory: Path):
     """ModernBERT's kind of tokenizer ([CLS] text [SEP] around a byte-level BPE): whitespace is
     kept as tokens (`Ġ`, `Ċ`, `ĉ`), unlike WordPiece's. The merges spell each corpus word left to
     right, the most frequent words first: the same vocabulary on every run."""
-    from transformers import PreTrainedTokenizerFast
-
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     words = corpus_words(CORPUS, normalizers.NFC(), byte_level)
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -112,14 +116,7 @@ def byte_level_tokenizer(directory: Path):
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
-                                   model_input_names=["input_ids", "attention_mask"])
-    fast.save_pretrained(directory)
-    return fast
+    return _saved_bert_style(tok, directory, "[CLS] $A [SEP] $B [SEP]", ("input_ids", "attention_mask"))
 
 
 def gemma_tokenizer(directory: Path):
