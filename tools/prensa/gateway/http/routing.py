@@ -30,9 +30,9 @@ ModelParam = Annotated[
 ]
 
 M = TypeVar("M", bound=BaseModel)
-# In the ASGI scope's "state": the names a JSON object body sets, once it is parsed, which tell its
-# dialect on a path several vendors share (`apis.dialects`), also when it fails
-BODY_FIELDS_KEY = "body_fields"
+# In the ASGI scope's "state": the parsed JSON body, whose fields tell its dialect on a path several
+# vendors share (`apis.dialects`), also when it fails
+BODY_KEY = "json_body"
 
 
 def validate_body(request_model: type[M], data: Any) -> M:
@@ -79,21 +79,20 @@ class GatewayRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_orjson"):
             self._orjson = orjson.loads(await self.body())
-            remember_fields(self, self._orjson)
+            remember_body(self, self._orjson)
         return self._orjson
 
 
-def remember_fields(request: Request, data: Any) -> None:
-    """Keep the names a JSON object body gives a value (null is none) in the request's state
-    (BODY_FIELDS_KEY)."""
-    if isinstance(data, dict):
-        setattr(request.state, BODY_FIELDS_KEY, [k for k, v in data.items() if v is not None])
+def remember_body(request: Request, data: Any) -> None:
+    """Keep the parsed body in the request's state (BODY_KEY): only an error reads its fields."""
+    setattr(request.state, BODY_KEY, data)
 
 
 def body_fields(request: Request) -> Collection[str]:
-    """The names the request's JSON object body sets, once parsed; none before (or for other bodies)."""
-    fields: Collection[str] = getattr(request.state, BODY_FIELDS_KEY, ())
-    return fields
+    """The names the request's JSON object body gives a value (null is none), once parsed; none
+    before, or for a body that is not an object."""
+    data = getattr(request.state, BODY_KEY, None)
+    return [k for k, v in data.items() if v is not None] if isinstance(data, dict) else ()
 
 
 class GatewayRoute(APIRoute):
@@ -169,7 +168,7 @@ class GatewayRoute(APIRoute):
                 ],
                 body=exc.doc,
             ) from exc
-        remember_fields(request, data)
+        remember_body(request, data)
         try:
             body = call.body_type.validate_python(data, from_attributes=True)
         except ValidationError as exc:
