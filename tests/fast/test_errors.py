@@ -95,7 +95,7 @@ def test_an_unexpected_error_is_a_bare_500_and_the_next_request_is_served(http, 
         raise RuntimeError("an internal detail")
 
     with monkeypatch.context() as patch:
-        patch.setattr(Service, "dense", fails)
+        patch.setattr(Service, "run", fails)
         response = http.post("/embed", json={"inputs": "dog"}, headers={"x-request-id": "fast-500"})
     assert (response.status_code, response.text) == (500, "Internal Server Error")
     assert response.headers["x-request-id"] == "fast-500"

@@ -243,7 +243,7 @@ def test_late_chunking_pools_each_chunk_over_its_span_of_one_pass(http, oracle):
 def test_late_chunking_refuses_models_that_pool_otherwise(http):
     from dataclasses import replace
 
-    from prensa.gateway.core.service import late_chunking_refusal
+    from prensa.gateway.core.asks import late_chunking_refusal
 
     embed = http.app.state.gateway.registry.models["embed"]
     assert late_chunking_refusal(embed) is None

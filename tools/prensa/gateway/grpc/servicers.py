@@ -22,6 +22,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from prensa.gateway.apis.common import asked_chunking
+from prensa.gateway.core.asks import DenseAsk, HiddenAsk, RelevanceAsk, ScoresAsk, SparseAsk
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import Capability, ServedModel
 from prensa.gateway.core.request_context import RequestContext
@@ -164,14 +165,16 @@ class Handlers:
     ) -> pb.EmbedResponse:
         served = await self.pick(Capability.DENSE, model)
         normalize = optional(request, "normalize")
-        result = await self.service.dense(
-            served,
-            self.items(served, request.inputs, optional(request, "prompt_name")),
-            truncation=self.truncation(request.truncate, request.truncation_direction),
-            normalize=True if normalize is None else normalize,
-            dimensions=optional(request, "dimensions"),
-            context=request_context,
-            chunking=self.service.chunking(*asked_chunking(None)),
+        result = await self.service.run(
+            DenseAsk(
+                model=served,
+                items=self.items(served, request.inputs, optional(request, "prompt_name")),
+                truncation=self.truncation(request.truncate, request.truncation_direction),
+                normalize=True if normalize is None else normalize,
+                dimensions=optional(request, "dimensions"),
+                chunking=self.service.chunking(*asked_chunking(None)),
+            ),
+            request_context,
         )
         return pb.EmbedResponse(
             embeddings=result.rows[0].tolist(), metadata=metadata(request_context)
@@ -181,15 +184,17 @@ class Handlers:
         self, request: pb.EmbedSparseRequest, model: str | None, request_context: RequestContext
     ) -> pb.EmbedSparseResponse:
         served = await self.pick(Capability.SPARSE, model)
-        result = await self.service.sparse(
-            served,
-            self.items(served, request.inputs, optional(request, "prompt_name")),
-            truncation=self.truncation(request.truncate, request.truncation_direction),
-            context=request_context,
+        result = await self.service.run(
+            SparseAsk(
+                model=served,
+                items=self.items(served, request.inputs, optional(request, "prompt_name")),
+                truncation=self.truncation(request.truncate, request.truncation_direction),
+            ),
+            request_context,
         )
         values = [
             pb.SparseValue(index=i, value=v)
-            for i, v in zip(result.rows[0].tolist(), result.weights[0].tolist())
+            for i, v in zip(result.ids[0].tolist(), result.weights[0].tolist())
         ]
         return pb.EmbedSparseResponse(sparse_embeddings=values, metadata=metadata(request_context))
 
@@ -197,11 +202,13 @@ class Handlers:
         self, request: pb.EmbedAllRequest, model: str | None, request_context: RequestContext
     ) -> pb.EmbedAllResponse:
         served = await self.pick(Capability.HIDDEN, model)
-        result = await self.service.hidden(
-            served,
-            self.items(served, request.inputs, optional(request, "prompt_name")),
-            truncation=self.truncation(request.truncate, request.truncation_direction),
-            context=request_context,
+        result = await self.service.run(
+            HiddenAsk(
+                model=served,
+                items=self.items(served, request.inputs, optional(request, "prompt_name")),
+                truncation=self.truncation(request.truncate, request.truncation_direction),
+            ),
+            request_context,
         )
         tokens = [pb.TokenEmbedding(embeddings=row) for row in result.rows[0].tolist()]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata(request_context))
@@ -218,15 +225,17 @@ class Handlers:
     ) -> pb.PredictResponse:
         """Every label of the model by score, best first (ties in label order), as `/predict` ranks them."""
         served = await self.pick(Capability.PREDICT, model)
-        values, _ = await self.service.scores(
-            served,
-            [text],
-            [pair],
-            truncation=self.truncation(truncate, direction),
-            raw_scores=raw_scores,
-            context=request_context,
+        scored = await self.service.run(
+            ScoresAsk(
+                model=served,
+                items=[text],
+                pairs=[pair],
+                truncation=self.truncation(truncate, direction),
+                raw_scores=raw_scores,
+            ),
+            request_context,
         )
-        row = values[0]
+        row = scored.values[0]
         predictions = [
             pb.Prediction(score=float(row[j]), label=served.id2label[j])
             for j in np.argsort(-row, kind="stable").tolist()
@@ -272,16 +281,18 @@ class Handlers:
             raise GatewayError(ErrorKind.VALIDATION, EMPTY_TEXTS)
         served = await self.pick(Capability.RERANK, model)
         texts = list(request.texts)
-        scores, _ = await self.service.relevance(
-            served,
-            request.query,
-            texts,
-            truncation=self.truncation(request.truncate, request.truncation_direction),
-            raw_scores=request.raw_scores,
-            context=request_context,
+        scored = await self.service.relevance(
+            RelevanceAsk(
+                model=served,
+                query=request.query,
+                texts=texts,
+                truncation=self.truncation(request.truncate, request.truncation_direction),
+                raw_scores=request.raw_scores,
+            ),
+            request_context,
         )
         return pb.RerankResponse(
-            ranks=ranks(scores, texts if request.return_text else None),
+            ranks=ranks(scored.values, texts if request.return_text else None),
             metadata=metadata(request_context),
         )
 
@@ -294,15 +305,17 @@ class Handlers:
     ) -> float:
         """One pair of a `RerankStream`: its score (`raw_scores` is the stream's first message's, as TEI)."""
         served = await self.pick(Capability.RERANK, model)
-        scores, _ = await self.service.relevance(
-            served,
-            request.query,
-            [request.text],
-            truncation=self.truncation(request.truncate, request.truncation_direction),
-            raw_scores=raw_scores,
-            context=request_context,
+        scored = await self.service.relevance(
+            RelevanceAsk(
+                model=served,
+                query=request.query,
+                texts=[request.text],
+                truncation=self.truncation(request.truncate, request.truncation_direction),
+                raw_scores=raw_scores,
+            ),
+            request_context,
         )
-        return float(scores[0])
+        return float(scored.values[0])
 
     async def tokenize(
         self, request: pb.EncodeRequest, model: str | None, request_context: RequestContext

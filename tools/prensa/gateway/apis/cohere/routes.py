@@ -26,6 +26,7 @@ from prensa.gateway.apis.cohere.protocol import (
 )
 from prensa.gateway.apis.common import activated, cut_side, truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
+from prensa.gateway.core.asks import DenseAsk, RelevanceAsk
 from prensa.gateway.core.chunking import cut_texts
 from prensa.gateway.core.encodings import as_type, check_ranged
 from prensa.gateway.core.prompts import prompted
@@ -78,15 +79,17 @@ async def cohere_rerank(
     )
     scores, tokens = await document_scores(
         gw.service,
-        served,
-        request.query,
-        texts,
-        truncation,
+        RelevanceAsk(
+            model=served,
+            query=request.query,
+            texts=texts,
+            truncation=truncation,
+            raw_scores=not activated(None, request),
+            instruction=request.instruction,
+        ),
         context,
-        max_chunks,
-        request.max_tokens_per_doc,
-        request.instruction,
-        raw_scores=not activated(None, request),
+        max_chunks=max_chunks,
+        max_tokens=request.max_tokens_per_doc,
     )
     meta = cohere_meta(version, search_units=1) | (
         {"tokens": {"input_tokens": tokens}} if version == "2" else {}
@@ -158,13 +161,14 @@ async def cohere_embed(
             "list[Item]",
             await gw.service.tokenizer_work(len(items), cut_texts, tokenizer, items, content),
         )
-    result = await gw.service.dense(
-        served,
-        items,
-        truncation=gw.service.truncation(*truncate_end(request.truncate)),
-        normalize=True,
-        dimensions=request.output_dimension,
-        context=context,
+    result = await gw.service.run(
+        DenseAsk(
+            model=served,
+            items=items,
+            truncation=gw.service.truncation(*truncate_end(request.truncate)),
+            dimensions=request.output_dimension,
+        ),
+        context,
     )
     tokens = int(result.num_tokens.sum())
     meta = cohere_meta(version, input_tokens=tokens)
@@ -172,7 +176,6 @@ async def cohere_embed(
         embeddings: Any = result.rows
         response_type = "embeddings_floats"
     else:
-        assert isinstance(result.rows, np.ndarray)  # `dense` answers one array
         embeddings, response_type = (
             embeddings_by_type(result.rows, types, served.dense_ranges),
             "embeddings_by_type",

@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from prensa.gateway.apis.common import asked_chunking
 from prensa.gateway.apis.m3.protocol import M3Request
+from prensa.gateway.core.asks import M3Ask
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import ServedModel
 from prensa.gateway.core.request_context import RequestContext
@@ -48,13 +49,15 @@ async def embed_m3_payload(
         )
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
     wanted = frozenset().union(*(OUTPUT_TENSORS[name] for name in request.outputs))
-    rows = await gw.service.m3(
-        served,
-        items,
-        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
-        wanted=wanted,
-        context=context,
-        chunking=gw.service.chunking(*asked_chunking(request.chunking)),
+    rows = await gw.service.run(
+        M3Ask(
+            model=served,
+            items=items,
+            truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+            wanted=wanted,
+            chunking=gw.service.chunking(*asked_chunking(request.chunking)),
+        ),
+        context,
     )
     tokens: list[list[str]] | None = None
     if request.return_tokens and rows.sparse_ids is not None:

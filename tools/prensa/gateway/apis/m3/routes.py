@@ -28,6 +28,7 @@ from prensa.gateway.apis.m3.protocol import (
     VllmScores,
 )
 from prensa.gateway.core import hybrid
+from prensa.gateway.core.asks import ColbertAsk, DenseAsk, M3Ask, ScoresAsk
 from prensa.gateway.core.engine import gather
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import Capability, ServedModel, named_model
@@ -116,18 +117,30 @@ async def vllm_scores(
     truncation = score_truncation(request, gw, served)
     raw = not activated(None, request)
     if served.task is Task.RERANK:
-        values, tokens = await gw.service.scores(
-            served, lefts, rights, truncation=truncation, raw_scores=raw, context=context
+        scored = await gw.service.run(
+            ScoresAsk(
+                model=served,
+                items=list(lefts),
+                pairs=rights,
+                truncation=truncation,
+                raw_scores=raw,
+            ),
+            context,
         )
-        scores, used = values[:, 0], int(tokens.sum())
+        scores, used = scored.values[:, 0], int(scored.num_tokens.sum())
     elif served.task is Task.LATE:
         queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
         asked, found = await gather(
             [
-                gw.service.colbert(
-                    served, list(queries), truncation=truncation, context=context, query=True
+                gw.service.run(
+                    ColbertAsk(
+                        model=served, items=list(queries), truncation=truncation, query=True
+                    ),
+                    context,
                 ),
-                gw.service.colbert(served, list(documents), truncation=truncation, context=context),
+                gw.service.run(
+                    ColbertAsk(model=served, items=list(documents), truncation=truncation), context
+                ),
             ]
         )
         query_vectors = dict(zip(queries, asked.rows))
@@ -141,15 +154,15 @@ async def vllm_scores(
         used = int(asked.num_tokens.sum() + found.num_tokens.sum())
     elif served.can(Capability.DENSE):
         unique = list(dict.fromkeys([*lefts, *rights]))
-        result = await gw.service.dense(
-            served,
-            prompted(served, gw.settings, list(unique)),
-            truncation=truncation,
-            normalize=True,
-            dimensions=None,
-            context=context,
+        result = await gw.service.run(
+            DenseAsk(
+                model=served,
+                items=prompted(served, gw.settings, list(unique)),
+                truncation=truncation,
+            ),
+            context,
         )
-        vectors = dict(zip(unique, np.asarray(result.rows)))
+        vectors = dict(zip(unique, result.rows))
         scores = np.asarray([float(vectors[a] @ vectors[b]) for a, b in zip(lefts, rights)])
         used = int(result.num_tokens.sum())
     else:
@@ -192,12 +205,14 @@ async def score(request: ScoreRequest, http: GatewayRequest, model: ModelParam =
         raise GatewayError(ErrorKind.EMPTY, "`passages` cannot be empty")
     if request.use_activation is not None or request.activation is not None:
         raise validation("bge-m3's hybrid scores have no activation (`use_activation`)")
-    rows = await gw.service.m3(
-        served,
-        [request.query, *request.passages],
-        truncation=score_truncation(request, gw, served),
-        wanted=frozenset().union(*OUTPUT_TENSORS.values()),
-        context=context,
+    rows = await gw.service.run(
+        M3Ask(
+            model=served,
+            items=[request.query, *request.passages],
+            truncation=score_truncation(request, gw, served),
+            wanted=frozenset().union(*OUTPUT_TENSORS.values()),
+        ),
+        context,
     )
     try:
         modes = hybrid.scores(rows, request.weights or hybrid.DEFAULT_WEIGHTS)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from prensa.gateway.apis.common import truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.apis.nim.protocol import RankingRequest, RankingResponse
+from prensa.gateway.core.asks import RelevanceAsk
 from prensa.gateway.core.registry import Capability, named_model
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
 
@@ -23,14 +24,17 @@ async def nim_ranking(
     gw, context = http.gateway, http.context
     served = await gw.registry.pick(Capability.RERANK, named_model(model, request.model))
     passages = [p.text for p in request.passages]
-    logits, _ = await gw.service.relevance(
-        served,
-        request.query.text,
-        passages,
-        truncation=gw.service.truncation(*truncate_end(request.truncate)),
-        raw_scores=True,
-        context=context,
+    scored = await gw.service.relevance(
+        RelevanceAsk(
+            model=served,
+            query=request.query.text,
+            texts=passages,
+            truncation=gw.service.truncation(*truncate_end(request.truncate)),
+            raw_scores=True,
+        ),
+        context,
     )
+    logits = scored.values
     return json_response(
         {
             "rankings": [

@@ -23,6 +23,7 @@ from prensa.gateway.apis.ollama.protocol import (
     OllamaShowRequest,
     OllamaTags,
 )
+from prensa.gateway.core.asks import DenseAsk
 from prensa.gateway.core.prompts import prompted
 from prensa.gateway.core.registry import Capability, ServedModel, named_model
 from prensa.gateway.core.tokenization import Item, Truncation
@@ -81,13 +82,14 @@ async def ollama_embed(
         dimensions = (
             request.dimensions if request.dimensions and 0 < request.dimensions < dim else None
         )
-        result = await gw.service.dense(
-            served,
-            prompted(served, gw.settings, texts),
-            truncation=Truncation(request.truncate, "right"),
-            normalize=True,
-            dimensions=dimensions,
-            context=context,
+        result = await gw.service.run(
+            DenseAsk(
+                model=served,
+                items=prompted(served, gw.settings, texts),
+                truncation=Truncation(request.truncate, "right"),
+                dimensions=dimensions,
+            ),
+            context,
         )
         vectors, tokens = result.rows, int(result.num_tokens.sum())
     return json_response(
@@ -116,13 +118,14 @@ async def ollama_embeddings(
     check_options(request.options, served)
     if not request.prompt:
         return json_response({"embedding": []}, context)
-    result = await gw.service.dense(
-        served,
-        prompted(served, gw.settings, [request.prompt]),
-        truncation=Truncation(gw.settings.auto_truncate, "right"),
-        normalize=False,
-        dimensions=None,
-        context=context,
+    result = await gw.service.run(
+        DenseAsk(
+            model=served,
+            items=prompted(served, gw.settings, [request.prompt]),
+            truncation=Truncation(gw.settings.auto_truncate, "right"),
+            normalize=False,
+        ),
+        context,
     )
     return json_response({"embedding": result.rows[0]}, context)
 

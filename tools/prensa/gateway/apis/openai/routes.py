@@ -19,6 +19,7 @@ from prensa.gateway.apis.openai.protocol import (
     ModelList,
     MultiVectorResponse,
 )
+from prensa.gateway.core.asks import ColbertAsk, DenseAsk, LateChunksAsk
 from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
 from prensa.gateway.core.limits import Permits
 from prensa.gateway.core.prompts import prompted
@@ -149,12 +150,14 @@ async def embeddings_payload(
             raise validation(
                 f"`late_chunking` reads the inputs whole in one pass: drop {', '.join(given)}"
             )
-        result = await gw.service.late_chunks(
-            served,
-            items,
-            normalize=request.normalize is not False,
-            dimensions=request.dimensions,
-            context=context,
+        result = await gw.service.run(
+            LateChunksAsk(
+                model=served,
+                items=items,
+                normalize=request.normalize is not False,
+                dimensions=request.dimensions,
+            ),
+            context,
         )
     else:
         truncation = embedding_truncation(request, gw, served)
@@ -163,14 +166,16 @@ async def embeddings_payload(
             if request.chunking is not None and request.chunking.enabled:
                 raise validation("give `chunking` or `truncate_prompt_tokens`, not both")
             chunking = None
-        result = await gw.service.dense(
-            served,
-            items,
-            truncation=truncation,
-            normalize=request.normalize is not False,
-            dimensions=request.dimensions,
-            context=context,
-            chunking=chunking,
+        result = await gw.service.run(
+            DenseAsk(
+                model=served,
+                items=items,
+                truncation=truncation,
+                normalize=request.normalize is not False,
+                dimensions=request.dimensions,
+                chunking=chunking,
+            ),
+            context,
         )
     tokens = int(result.num_tokens.sum())
     rows = (
@@ -236,12 +241,14 @@ async def multivector_payload(
         query = input_type in QUERY_ROLES
     else:
         query = not jina
-    result = await gw.service.colbert(
-        served,
-        items,
-        truncation=embedding_truncation(request, gw, served),
-        context=context,
-        query=query,
+    result = await gw.service.run(
+        ColbertAsk(
+            model=served,
+            items=items,
+            truncation=embedding_truncation(request, gw, served),
+            query=query,
+        ),
+        context,
     )
     tokens = int(result.num_tokens.sum())
     field, kind = ("embeddings", "embeddings") if jina else ("embedding", "embedding")

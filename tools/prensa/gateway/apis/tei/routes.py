@@ -56,6 +56,14 @@ from prensa.gateway.apis.tei.protocol import (
     VllmPoolings,
     VllmTokens,
 )
+from prensa.gateway.core.asks import (
+    ColbertAsk,
+    DenseAsk,
+    HiddenAsk,
+    RelevanceAsk,
+    ScoresAsk,
+    SparseAsk,
+)
 from prensa.gateway.core.encodings import base64_vector
 from prensa.gateway.core.engine import gather
 from prensa.gateway.core.prompts import prompted
@@ -133,14 +141,16 @@ async def _embed(
         )
         return await embed_m3_payload(m3, gw, served, context)
     items = prompted(served, gw.settings, as_items(request.inputs), request.prompt_name)
-    result = await gw.service.dense(
-        served,
-        items,
-        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
-        normalize=request.normalize,
-        dimensions=request.dimensions,
-        context=context,
-        chunking=gw.service.chunking(*asked_chunking(request.chunking)),
+    result = await gw.service.run(
+        DenseAsk(
+            model=served,
+            items=items,
+            truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+            normalize=request.normalize,
+            dimensions=request.dimensions,
+            chunking=gw.service.chunking(*asked_chunking(request.chunking)),
+        ),
+        context,
     )
     return result.rows
 
@@ -157,10 +167,12 @@ async def _embed_sparse(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    result = await gw.service.sparse(served, items, truncation=truncation, context=context)
+    result = await gw.service.run(
+        SparseAsk(model=served, items=items, truncation=truncation), context
+    )
     return [
         [{"index": i, "value": v} for i, v in zip(ids.tolist(), weights.tolist())]
-        for ids, weights in zip(result.rows, result.weights)
+        for ids, weights in zip(result.ids, result.weights)
     ]
 
 
@@ -168,18 +180,16 @@ async def _embed_colbert(
     request: ColbertRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    return (
-        await gw.service.colbert(
-            served, items, truncation=truncation, context=context, query=request.is_query
-        )
-    ).rows
+    ask = ColbertAsk(model=served, items=items, truncation=truncation, query=request.is_query)
+    return (await gw.service.run(ask, context)).rows
 
 
 async def _embed_all(
     request: TokenLevelRequest, gw: Gateway, served: ServedModel, context: RequestContext
 ) -> Any:
     items, truncation = _token_level(request, gw, served)
-    return (await gw.service.hidden(served, items, truncation=truncation, context=context)).rows
+    ask = HiddenAsk(model=served, items=items, truncation=truncation)
+    return (await gw.service.run(ask, context)).rows
 
 
 def predict_sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[list[str]], bool]:
@@ -213,15 +223,17 @@ async def _predict(
     texts, pairs = [s[0] for s in sequences], [s[1] if len(s) == 2 else None for s in sequences]
     hub = request.parameters  # huggingface_hub's text_classification reads a nested answer
     raw = request.raw_scores or (hub is not None and hub.function_to_apply == "none")
-    values, _ = await gw.service.scores(
-        served,
-        texts,
-        pairs,
-        truncation=gw.service.truncation(request.truncate, request.truncation_direction),
-        raw_scores=raw,
-        context=context,
+    scored = await gw.service.run(
+        ScoresAsk(
+            model=served,
+            items=list(texts),
+            pairs=pairs,
+            truncation=gw.service.truncation(request.truncate, request.truncation_direction),
+            raw_scores=raw,
+        ),
+        context,
     )
-    ranked = ranked_labels(values, served.id2label, hub.top_k if hub else None)
+    ranked = ranked_labels(scored.values, served.id2label, hub.top_k if hub else None)
     return ranked if batched or hub is not None else ranked[0]
 
 
@@ -239,10 +251,17 @@ async def _classify(
         served, truncate=None, direction=cut_side(request), window=request.truncate_prompt_tokens
     )
     raw = not activated(request.raw_scores, request)
-    values, tokens = await gw.service.scores(
-        served, texts, [None] * len(texts), truncation=truncation, raw_scores=raw, context=context
+    scored = await gw.service.run(
+        ScoresAsk(
+            model=served,
+            items=list(texts),
+            pairs=[None] * len(texts),
+            truncation=truncation,
+            raw_scores=raw,
+        ),
+        context,
     )
-    labels, counted = served.id2label, int(tokens.sum())
+    values, labels, counted = scored.values, served.id2label, int(scored.num_tokens.sum())
     answer = {
         "model": served.name,
         "id": f"classify-{uuid.uuid4().hex}",
@@ -279,19 +298,21 @@ async def _pooling(
     if request.task == "token_embed":
         if request.encoding_format != "float":
             raise validation("`encoding_format` base64 is served for `task: embed` only")
-        result = await gw.service.hidden(served, items, truncation=truncation, context=context)
-        data: list[Any] = list(result.rows)
+        tokens = await gw.service.run(
+            HiddenAsk(model=served, items=items, truncation=truncation), context
+        )
+        data: list[Any] = list(tokens.rows)
+        counted = int(tokens.num_tokens.sum())
     else:
-        result = await gw.service.dense(
-            served, items, truncation=truncation, normalize=True, dimensions=None, context=context
+        pooled = await gw.service.run(
+            DenseAsk(model=served, items=items, truncation=truncation), context
         )
-        rows = cast("npt.NDArray[Any]", result.rows)
         data = (
-            [base64_vector(row, request.embed_dtype, request.endianness) for row in rows]
+            [base64_vector(row, request.embed_dtype, request.endianness) for row in pooled.rows]
             if request.encoding_format == "base64"
-            else list(rows)
+            else list(pooled.rows)
         )
-    counted = int(result.num_tokens.sum())
+        counted = int(pooled.num_tokens.sum())
     return {
         "id": f"pool-{uuid.uuid4().hex}",
         "object": "list",
@@ -337,15 +358,17 @@ async def _rerank(
     raw_said = request.raw_scores if "raw_scores" in request.model_fields_set else None
     scores, used = await document_scores(
         gw.service,
-        served,
-        request.query,
-        list(passages),
-        truncation,
+        RelevanceAsk(
+            model=served,
+            query=request.query,
+            texts=list(passages),
+            truncation=truncation,
+            raw_scores=not activated(raw_said, request),
+            weights=request.weights,
+            instruction=request.instruction,
+        ),
         context,
         max_tokens=request.max_tokens_per_doc,
-        instruction=request.instruction,
-        raw_scores=not activated(raw_said, request),
-        weights=request.weights,
     )
     order = np.argsort(-scores, kind="stable").tolist()[: request.top_n]
     # Infinity's strings where the body or the operator says so; vLLM's objects otherwise
@@ -395,8 +418,8 @@ async def _similarity(
         [request.inputs.source_sentence, *request.inputs.sentences],
         parameters.prompt_name if parameters else None,
     )
-    result = await gw.service.dense(
-        served, items, truncation=truncation, normalize=True, dimensions=None, context=context
+    result = await gw.service.run(
+        DenseAsk(model=served, items=items, truncation=truncation), context
     )
     source, others = result.rows[0], result.rows[1:]
     cosine = (
