@@ -66,3 +66,60 @@ def test_a_vllm_body_that_does_not_parse_is_refused_as_vllm_refuses_it(http):
     assert answer.status_code == 400 and answer.json()["error"]["type"] == "BadRequestError", answer.text
     tei = http.post("/rerank", json={"query": "q", "texts": ["a"], "top_n": -1, "model": "rerank"})
     assert tei.status_code == 422 and tei.json()["error_type"] == "Validation", tei.text
+
+
+def test_every_dialect_a_shared_path_picks_has_its_own_body_and_operation(http):
+    """The route table is complete: each dialect a rule picks on a shared route has a body model
+    and an operation there, and the OpenAPI body of the path is one of those models."""
+    from prensa.gateway.apis.shared import SHARED
+
+    spec = http.get("/openapi.json").json()
+    for path, _, dialect in BODIES:
+        if path in SHARED:
+            assert dialect in SHARED[path].operations, (path, dialect)
+    for path, shared in SHARED.items():
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        named = {ref["$ref"].split("/")[-1] for ref in body["oneOf"]}
+        assert named == {operation.request.__name__ for operation in shared.operations.values()}, path
+
+
+@pytest.mark.parametrize(("path", "body", "foreign", "vllm"), [
+    ("/rerank", {"query": "q", "texts": ["a"], "return_documents": True}, "return_documents", False),
+    ("/rerank", {"query": "q", "documents": ["a"], "return_text": True}, "return_text", True),
+    ("/rerank", {"query": "q", "documents": ["a"], "truncation_direction": "left"}, "truncation_direction", True),
+    ("/rerank", {"query": "q", "documents": ["a"], "raw_scores": True, "truncate_prompt_tokens": 4},
+     "truncate_prompt_tokens", False),  # Infinity's body: TEI's error shape
+    ("/tokenize", {"inputs": "a", "return_token_strs": True}, "return_token_strs", False),
+    ("/score", {"text_1": "q", "text_2": ["a"], "weights": [1, 0, 0]}, "weights", True),
+    ("/classify", {"input": "a", "raw_scores": True, "use_activation": True}, "use_activation", False),
+])
+def test_a_field_of_another_dialects_body_is_refused_by_name(http, path, body, foreign, vllm):
+    """A body is read as one dialect's by its fields; a field only another dialect's body has on the
+    same path would be silently ignored there, so it is refused, named, in the body's dialect."""
+    model = {"/rerank": "rerank", "/tokenize": "embed", "/score": "rerank", "/classify": "classify"}[path]
+    answer = http.post(path, json={**body, "model": model})
+    if vllm:
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "BadRequestError", answer.text
+        message = answer.json()["error"]["message"]
+    else:
+        assert answer.status_code == 422 and answer.json()["error_type"] == "Validation", answer.text
+        message = answer.json()["error"]
+    assert f"`{foreign}`" in message, message
+    own = {key: value for key, value in body.items() if key != foreign}
+    assert http.post(path, json={**own, "model": model}).status_code == 200
+
+
+def test_a_failed_field_is_named_without_the_dialect_pydantic_tags_it_with(http):
+    answer = http.post("/rerank", json={"query": "q", "documents": "not a list", "model": "rerank"})
+    assert answer.status_code == 400 and "`documents`:" in answer.json()["error"]["message"], answer.text
+    tei = http.post("/rerank", json={"query": "q", "texts": [1], "model": "rerank"})
+    assert tei.status_code == 422 and "`texts.0`:" in tei.json()["error"], tei.text
+
+
+def test_a_hybrid_score_is_served_unchanged_whatever_its_activation(http):
+    """bge-m3's `/score` has no activation to leave out: `use_activation: false` serves the same scores."""
+    body = {"model": "m3", "query": "the capital of france", "passages": ["paris is the capital", "the dog"]}
+    plain = http.post("/score", json=body)
+    raw = http.post("/score", json={**body, "use_activation": False})
+    assert plain.status_code == raw.status_code == 200, raw.text
+    assert plain.json() == raw.json()

@@ -165,14 +165,18 @@ def test_score_takes_every_name_vllm_gives_its_pairs(http, oracle):
 
 def test_rerank_documents_come_as_vllm_and_infinity_read_them(http, start_gateway):
     """vLLM's objects, `return_documents: true` too (LiteLLM's `hosted_vllm/` sends it); Infinity's
-    strings for a body with its own `raw_scores`, or from a gateway told to (`--rerank-document-strings`)."""
+    strings for a body with its own `raw_scores` and `return_documents` (none without it, as Infinity),
+    or from a gateway told to (`--rerank-document-strings`)."""
     body = {"model": "rerank", "query": QUERY, "documents": PASSAGES}
-    for asked in ({}, {"return_documents": True}, {"raw_scores": True}):
+    for asked in ({}, {"return_documents": True}):
         vllm = http.post("/rerank", json={**body, **asked}).json()
         assert [r["document"] for r in vllm["results"]] == [{"text": PASSAGES[r["index"]]} for r in vllm["results"]]
     assert vllm["usage"]["total_tokens"] > 0 and vllm["id"].startswith("rerank-")
     infinity = http.post("/rerank", json={**body, "return_documents": True, "raw_scores": False}).json()
     assert [r["document"] for r in infinity["results"]] == [PASSAGES[r["index"]] for r in infinity["results"]]
+    unechoed = http.post("/rerank", json={**body, "raw_scores": True}).json()
+    assert [r["document"] for r in unechoed["results"]] == [None] * len(PASSAGES)
+    assert [r["relevance_score"] for r in unechoed["results"]] != [r["relevance_score"] for r in infinity["results"]]
     told = start_gateway(rerank_document_strings=True).post("/rerank", json={**body, "return_documents": True}).json()
     assert [r["document"] for r in told["results"]] == [PASSAGES[r["index"]] for r in told["results"]]
 

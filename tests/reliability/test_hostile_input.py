@@ -126,18 +126,24 @@ VALID = {
     "/pooling": {"input": ["a text"], "model": "minilm", "task": "embed", "encoding_format": "base64",
                  "truncate_prompt_tokens": 8, "embed_dtype": "bfloat16", "endianness": "big",
                  "truncation_side": "right"},
-    "/classify": {"input": ["a text"], "model": "classifier", "raw_scores": False, "truncate_prompt_tokens": -1,
-                  "use_activation": True, "activation": None, "truncation_side": None},
+    "/classify": [{"input": ["a text"], "model": "classifier", "truncate_prompt_tokens": -1,
+                   "use_activation": True, "activation": None, "truncation_side": None},
+                  {"input": ["a text"], "model": "classifier", "raw_scores": False}],  # vLLM's, Infinity's
     "/predict": {"inputs": ["q", "p"], "truncate": True, "truncation_direction": "right", "raw_scores": False,
                  "model": "msmarco", "parameters": {"top_k": 1, "function_to_apply": "sigmoid"}},
-    "/rerank": {"query": "q", "texts": ["p"], "truncate": True, "truncation_direction": "right",
-                "raw_scores": False, "return_text": False, "model": "msmarco", "weights": None, "instruction": None,
-                "documents": None, "return_documents": False, "top_n": 1, "truncate_prompt_tokens": None,
-                "use_activation": True, "activation": True, "max_tokens_per_doc": 8,
-                "truncation_side": "right"},
+    "/rerank": [{"query": "q", "texts": ["p"], "truncate": True, "truncation_direction": "right",
+                 "raw_scores": False, "return_text": False, "model": "msmarco", "weights": None, "instruction": None,
+                 "top_n": 1, "truncate_prompt_tokens": None, "use_activation": True, "activation": True,
+                 "max_tokens_per_doc": 8, "truncation_side": "right"},  # TEI's
+                {"query": "q", "documents": ["p"], "return_documents": True, "truncate": True, "model": "msmarco",
+                 "weights": None, "instruction": None, "top_n": 1, "truncate_prompt_tokens": None,
+                 "use_activation": True, "activation": None, "max_tokens_per_doc": 8, "truncation_side": "right"},
+                {"query": "q", "documents": ["p"], "raw_scores": False, "return_documents": True, "model": "msmarco",
+                 "weights": None, "instruction": None, "top_n": 1, "max_tokens_per_doc": 8}],  # vLLM's, Infinity's
     "/similarity": {"inputs": {"source_sentence": "s", "sentences": ["t"]}, "parameters": None, "model": "minilm"},
-    "/tokenize": {"inputs": "ok", "add_special_tokens": True, "prompt_name": None, "model": "minilm", "prompt": None,
-                  "return_token_strs": False},
+    "/tokenize": [{"inputs": "ok", "add_special_tokens": True, "prompt_name": None, "model": "minilm"},
+                  {"prompt": "ok", "add_special_tokens": True, "prompt_name": None, "model": "minilm",
+                   "return_token_strs": False}],  # TEI's, vLLM's
     "/decode": {"ids": [101], "skip_special_tokens": True, "model": "minilm"},
     "/v1/embeddings": {"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
                        "input_type": "query", "truncate": "END", "chunking": None, "embedding_type": "float",
@@ -164,10 +170,12 @@ VALID = {
     "/embed_m3": {"inputs": "ok", "outputs": ["dense"], "truncate": True, "truncation_direction": "right",
                   "prompt_name": None, "return_tokens": False, "colbert_encoding": "float",
                   "chunking": {"enabled": True, "overlap": 8}, "model": "bge-m3"},
-    "/score": {"query": "q", "passages": ["p"], "weights": [0.4, 0.2, 0.4], "truncate": True,
-               "truncation_direction": "right", "model": "bge-m3", "text_1": None, "text_2": None, "queries": None,
-               "documents": None, "items": None, "data_1": None, "data_2": None, "truncate_prompt_tokens": None,
-               "use_activation": None, "activation": None, "truncation_side": "right"},
+    "/score": [{"query": "q", "passages": ["p"], "weights": [0.4, 0.2, 0.4], "truncate": True,
+                "truncation_direction": "right", "model": "bge-m3", "truncate_prompt_tokens": None,
+                "use_activation": None, "activation": None, "truncation_side": "right"},  # bge-m3's
+               {"text_1": "q", "text_2": ["p"], "queries": None, "documents": None, "items": None, "data_1": None,
+                "data_2": None, "truncate": True, "model": "msmarco", "truncate_prompt_tokens": None,
+                "use_activation": None, "activation": None, "truncation_side": "right"}],  # vLLM's
     "/api/embed": {"model": "minilm", "input": "ok", "truncate": True, "dimensions": 8, "options": {"num_ctx": 4096},
                    "keep_alive": "5m"},
     "/api/embeddings": {"model": "minilm:latest", "prompt": "ok", "options": {}, "keep_alive": 0},
@@ -186,20 +194,31 @@ def test_wrong_type_in_every_field_of_every_route_is_refused_as_its_dialect_refu
     posted = {path: op["post"] for path, op in spec["paths"].items() if "post" in op}
     assert set(posted) == set(VALID), "add the new route to VALID"
     for path, operation in posted.items():
-        assert post(url, path, VALID[path]).status_code == 200, path
-        schema = schemas[operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]]
-        fields = schema.get("properties", {})  # `POST /` takes any object and validates it as the route it runs
-        assert set(fields) == (set(VALID[path]) if fields else set()), f"VALID[{path!r}] must set every field"
-        for field in fields:
-            body = {**VALID[path], field: WRONG}
-            # vLLM's bodies on the paths it shares get vLLM's answer (`apis.dialects`)
-            vllm = error_shape(path, [k for k, v in body.items() if v is not None]) is ErrorShape.VLLM
-            want = (400, "BadRequestError") if vllm else (422, "Validation")
-            response = post(url, path, body)
-            assert (response.status_code, error_type(path, response)) == want, (path, field)
-            answer = response.json()
-            message = answer["error"]["message"] if vllm else answer.get("error") or answer["message"]
-            assert f"`{field}" in message, (path, field)
+        body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        # a path several dialects share takes one of their bodies (`apis.shared`): VALID has each
+        models = [schemas[ref["$ref"].split("/")[-1]] for ref in body_schema.get("oneOf", [body_schema])]
+        bodies = VALID[path] if isinstance(VALID[path], list) else [VALID[path]]
+        assert len(bodies) == len(models), f"VALID[{path!r}] needs one body per dialect"
+        for schema in models:
+            fields = schema.get("properties", {})  # `POST /` takes any object, validated as the route it runs
+            valid = next((b for b in bodies if set(b) == set(fields)), bodies[0] if not fields else None)
+            assert valid is not None, f"VALID[{path!r}] must set every field of {schema['title']}"
+            assert post(url, path, valid).status_code == 200, (path, schema["title"])
+            refused_in_its_dialect(url, path, valid, fields)
+
+
+def refused_in_its_dialect(url: str, path: str, valid: dict, fields: dict) -> None:
+    """Each field of `valid` set to a wrong type is refused, named, as the body's dialect refuses."""
+    for field in fields:
+        body = {**valid, field: WRONG}
+        # vLLM's bodies on the paths it shares get vLLM's answer (`apis.dialects`)
+        vllm = error_shape(path, [k for k, v in body.items() if v is not None]) is ErrorShape.VLLM
+        want = (400, "BadRequestError") if vllm else (422, "Validation")
+        response = post(url, path, body)
+        assert (response.status_code, error_type(path, response)) == want, (path, field)
+        answer = response.json()
+        message = answer["error"]["message"] if vllm else answer.get("error") or answer["message"]
+        assert f"`{field}" in message, (path, field)
 
 
 def test_schemathesis_finds_no_server_error(served, tmp_path):

@@ -16,7 +16,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.addresses import LOOPBACK
-from prensa.gateway.apis import dialects
+from prensa.gateway.apis import dialects, shared
 from prensa.gateway.apis.cohere import routes as cohere_routes
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3 import routes as m3_routes
@@ -24,6 +24,7 @@ from prensa.gateway.apis.nim import routes as nim_routes
 from prensa.gateway.apis.ollama import routes as ollama_routes
 from prensa.gateway.apis.openai import routes as openai_routes
 from prensa.gateway.apis.tei import routes as tei_routes
+from prensa.gateway.apis.vllm import routes as vllm_routes
 from prensa.gateway.backends.base import Backend, BackendFactory
 from prensa.gateway.backends.replicas import ReplicaPool
 from prensa.gateway.backends.triton import TritonClient
@@ -48,7 +49,9 @@ INFERENCE_ROUTERS = [
     ollama_routes.router,
     tei_routes.router,
     m3_routes.router,
-    tei_routes.default_router,
+    vllm_routes.router,
+    shared.router,
+    shared.default_router,
 ]
 INFERENCE_ROUTES = [route for router in INFERENCE_ROUTERS for route in router.routes]
 ROUTERS = [
@@ -67,7 +70,7 @@ def vertex_router(environ: Mapping[str, str]) -> APIRouter:
     if predict := environ.get(VERTEX_PREDICT_ROUTE):
         router.add_api_route(
             predict,
-            tei_routes.vertex,
+            shared.vertex,
             methods=["POST"],
             responses=TEI_ERRORS,
             summary=f"Vertex AI predictions (${VERTEX_PREDICT_ROUTE})",
@@ -98,6 +101,18 @@ async def on_gateway_error(request: Request, error: GatewayError) -> Response:
     return _error_response(request, error)
 
 
+def field_path(loc: Sequence[Any]) -> str:
+    """A failed field's place in the body (`inputs.str`): after "body", and after the dialect
+    pydantic tags a shared path's body with (`apis.shared`), which is no field of it."""
+    parts = list(loc[1:])
+    if parts and parts[0] in DIALECT_TAGS:
+        parts = parts[1:]
+    return ".".join(str(part) for part in parts)
+
+
+DIALECT_TAGS = frozenset(dialect.value for dialect in dialects.Dialect)
+
+
 async def on_invalid_request(request: Request, error: RequestValidationError) -> Response:
     """400 for malformed JSON, 422 for missing fields or fields of the wrong type (`middleware.JsonBody`
     already answered 415 to bodies that are not JSON)."""
@@ -107,9 +122,7 @@ async def on_invalid_request(request: Request, error: RequestValidationError) ->
         reason = malformed[0].get("ctx", {}).get("error", malformed[0]["msg"])
         kind, message = ErrorKind.MALFORMED, f"Failed to parse the request body as JSON: {reason}"
     else:
-        details = "; ".join(
-            f"`{'.'.join(str(x) for x in p['loc'][1:])}`: {p['msg']}" for p in problems[:5]
-        )
+        details = "; ".join(f"`{field_path(p['loc'])}`: {p['msg']}" for p in problems[:5])
         kind, message = ErrorKind.VALIDATION, f"Input validation error: {details}"
     return _error_response(request, GatewayError(kind, message))
 

@@ -1,4 +1,5 @@
-"""The API families the gateway speaks, one folder each (protocol: pydantic shapes only; routes:
-parse, call the core, shape the JSON); `common` holds what several share, `errors` their error
-bodies. vLLM's and Infinity's bodies arrive on TEI's and bge-m3's paths; `dialects` alone tells them
-apart, by their fields, for the routes' answers and the error handlers' alike."""
+"""The API dialects the gateway speaks, one folder each (protocol: the dialect's own bodies and
+answers, pydantic only; routes: its operations, each reading a body into an ask and rendering the
+answer in its vendor's shape). `shared` is the route table of the paths several dialects share,
+`dialects` the rule that tells their bodies apart by their fields (for the bodies and the error
+handlers alike); `operation`, `common`, `answers` and `errors` are what dialects share."""

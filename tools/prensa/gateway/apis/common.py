@@ -1,5 +1,6 @@
-"""Wire pieces several APIs share (pydantic and plain values only): token counts, the chunking
-field, the input roles of NIM and Cohere, their `truncate` ends, and vLLM's pooling options."""
+"""Wire pieces several APIs share (pydantic and plain values only): the `model` field, token
+counts, the chunking field, prensa's relevance options, the input roles of NIM and Cohere, their
+`truncate` ends, and vLLM's pooling options."""
 
 from __future__ import annotations
 
@@ -10,6 +11,40 @@ from pydantic import BaseModel, Field
 from prensa.gateway.core.chunking import DEFAULT_OVERLAP
 from prensa.gateway.core.encodings import EmbedDType, Endianness
 from prensa.gateway.errors import validation
+
+MODEL = "Served model name (as `?model=`); the default model when absent."
+PROMPT = "Name of a prompt from the model's sentence-transformers config to prepend; unknown names are refused."
+
+
+class ModelRequest(BaseModel):
+    """Every inference body may name its model, as OpenAI's, Cohere's and LiteLLM's clients do."""
+
+    model: str | None = Field(None, description=MODEL)
+
+
+class RelevanceOptions(BaseModel):
+    """What every dialect's `/rerank` body takes: the query, and the options prensa serves on each
+    (vLLM's `top_n` and `max_tokens_per_doc`, bge-m3's weights, an LLM reranker's instruction)."""
+
+    query: str = Field(description="The query.")
+    top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
+    max_tokens_per_doc: int | None = Field(
+        None,
+        ge=1,
+        description="Cut each passage to its first N tokens first (vLLM's, Cohere v2's).",
+    )
+    weights: list[float] | None = Field(
+        None,
+        min_length=3,
+        max_length=3,
+        description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and "
+        "ColBERT; default [0.4, 0.2, 0.4].",
+    )
+    instruction: str | None = Field(
+        None,
+        description="An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place "
+        "of the model's default; refused for cross-encoders (prensa's own field).",
+    )
 
 
 class Usage(BaseModel):

@@ -1,7 +1,8 @@
 """Which vendor's API a request speaks, where several vendors share a path: one table from such a
 path to the rule that tells their bodies apart by the fields the body sets, and the error shape
-each dialect answers in. Routes ask `dialect_of` for how to answer a body, the error handlers for
-how to answer its failure; nothing else tells dialects apart."""
+each dialect answers in. `shared` reads a body as its dialect's own (and `POST /` picks an
+operation) by `dialect_of`, the error handlers answer a failure in `error_shape`; nothing else
+tells dialects apart."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def _sagemaker(fields: Fields) -> Dialect:
     return Dialect.VLLM if vllm else Dialect.TEI
 
 
+INVOCATIONS_PATH = "/invocations"  # SageMaker's, where vLLM's bodies come too (as `/`)
+
 # The paths several dialects share (and vLLM's own `/pooling`): path -> the rule that picks one.
 SHARED_PATHS: dict[str, Callable[[Fields], Dialect]] = {
     "/rerank": _rerank,
@@ -83,7 +86,7 @@ SHARED_PATHS: dict[str, Callable[[Fields], Dialect]] = {
     "/pooling": lambda fields: Dialect.VLLM,
     "/v1/embeddings": _embeddings,
     "/embeddings": _embeddings,  # the same route without `/v1`
-    "/invocations": _sagemaker,
+    INVOCATIONS_PATH: _sagemaker,
     "/": _sagemaker,
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ from prensa.gateway.core.tokenization import (
     filling_tokens,
     has_long_texts,
     may_fill,
+    too_many_tokens,
 )
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.metrics import GatewayMetrics
@@ -169,6 +170,21 @@ class Service:
             or self.settings.max_client_batch_size * model.max_length
         )
         return limit
+
+    def tokenizable(self, model: ServedModel, texts: Sequence[Item]) -> list[str]:
+        """`texts` for `/tokenize`, within the batch limit (422 first, as on every route) and not
+        surely past the token limit: more characters than it holds of the model's longest token
+        are refused before tokenizing."""
+        self.check_batch(len(texts))
+        limit = self.tokenize_limit(model)
+        characters = sum(map(len, texts))
+        if characters > limit * model.longest_token:
+            raise too_many_tokens(
+                limit,
+                f"{characters} characters, and no token of the model is longer than "
+                f"{model.longest_token}",
+            )
+        return cast("list[str]", list(texts))  # texts stay texts (`prompted` keeps their kind)
 
     async def tokenizer_work(self, inputs: int, work: Callable[..., T], *args: Any) -> T:
         """`work(*args)` on `inputs` inputs in a thread, under the batch limit and holding their

@@ -8,14 +8,14 @@ import inspect
 from collections.abc import Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, TypeVar, cast, get_type_hints
+from typing import Annotated, Any, TypeVar, cast, get_origin, get_type_hints
 
 import orjson
 from fastapi import Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, Discriminator, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prensa.gateway.core.request_context import RequestContext
@@ -95,6 +95,16 @@ def body_fields(request: Request) -> Collection[str]:
     return [k for k, v in data.items() if v is not None] if isinstance(data, dict) else ()
 
 
+def is_body(hint: Any) -> bool:
+    """Whether a parameter's type is a JSON body: a pydantic model, or a union of them tagged by a
+    discriminator (a path several dialects share, `apis.shared`)."""
+    if isinstance(hint, type):
+        return issubclass(hint, BaseModel)
+    return get_origin(hint) is Annotated and any(
+        isinstance(meta, Discriminator) for meta in hint.__metadata__
+    )
+
+
 class GatewayRoute(APIRoute):
     """Hands the endpoint a `GatewayRequest`. A route that takes only a JSON body, the request and
     `?model=` (every inference route) can also be run without FastAPI (`run_direct`, see
@@ -123,11 +133,7 @@ class GatewayRoute(APIRoute):
             return None
         hints = get_type_hints(self.endpoint, include_extras=True)
         parameters = list(inspect.signature(self.endpoint).parameters)
-        bodies = [
-            name
-            for name in parameters
-            if isinstance(hints.get(name), type) and issubclass(hints[name], BaseModel)
-        ]
+        bodies = [name for name in parameters if is_body(hints.get(name))]
         requests = [
             name
             for name in parameters

@@ -9,12 +9,12 @@ from pydantic import BaseModel, Field
 
 from prensa.gateway.apis.common import (
     CHUNKING,
+    PROMPT,
     ChunkingRequest,
     VllmActivation,
-    VllmList,
     VllmTruncation,
 )
-from prensa.gateway.apis.tei.protocol import PROMPT, Inputs, SparseValue, TruncatedRequest
+from prensa.gateway.apis.tei.protocol import Inputs, SparseValue, TruncatedRequest
 
 M3Output = Literal["dense", "sparse", "colbert"]
 ColbertEncoding = Literal["float", "base64", "base64_float16"]
@@ -74,37 +74,12 @@ class M3Embedding(BaseModel):
 
 
 class ScoreRequest(TruncatedRequest, VllmTruncation, VllmActivation):
-    """prensa's bge-m3 body (`query`, `passages`), or vLLM's (`text_1`/`text_2`, `queries` with
-    `documents` or `items`, `data_1`/`data_2`), answered in vLLM's shape."""
+    """prensa's bge-m3 `/score` body; vLLM's window and activation options are served on it too
+    (a hybrid score has no activation: `use_activation` leaves it as it is)."""
 
-    query: str | None = Field(
-        None, description="The query (bge-m3's hybrid scores); with `passages`."
-    )
-    passages: list[str] | None = Field(None, description="Passages to score against the query.")
+    query: str = Field(description="The query.")
+    passages: list[str] = Field(description="Passages to score against the query.")
     weights: list[float] | None = Field(None, min_length=3, max_length=3, description=WEIGHTS)
-    text_1: str | list[str] | None = Field(
-        None, description="vLLM: the first text of each pair (one for all, or one per `text_2`)."
-    )
-    text_2: str | list[str] | None = Field(None, description="vLLM: the second text of each pair.")
-    queries: str | list[str] | None = Field(None, description="vLLM's newer name for `text_1`.")
-    documents: str | list[str] | None = Field(None, description="vLLM's newer name for `text_2`.")
-    items: str | list[str] | None = Field(None, description="vLLM's other name for `text_2`.")
-    data_1: str | list[str] | None = Field(None, description="vLLM's other name for `text_1`.")
-    data_2: str | list[str] | None = Field(None, description="vLLM's other name for `text_2`.")
-
-
-class VllmScore(BaseModel):
-    index: int = Field(description="Position of the pair.")
-    object: str = Field("score", description="Always `score`.")
-    score: float = Field(
-        description="A reranker's sigmoid score, or an embedder's cosine similarity."
-    )
-
-
-class VllmScores(VllmList):
-    """vLLM's answer to a `/score` body with `text_1`/`text_2` (or `queries`/`documents`)."""
-
-    data: list[VllmScore] = Field(description="One score per pair, in pair order.")
 
 
 class HybridScore(BaseModel):

@@ -19,6 +19,7 @@ from prensa.gateway.apis.openai.protocol import (
     ModelList,
     MultiVectorResponse,
 )
+from prensa.gateway.apis.operation import Operation
 from prensa.gateway.core.asks import ColbertAsk, DenseAsk, LateChunksAsk
 from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
 from prensa.gateway.core.limits import Permits
@@ -273,6 +274,10 @@ def embeddings_capability(request: EmbeddingRequest, gw: Gateway, name: str | No
     ):
         return Capability.COLBERT
     return Capability.DENSE
+
+
+# vLLM's embeddings body on `/invocations` (and `POST /`; `apis.shared`)
+EMBEDDINGS = Operation("openai_embeddings", EmbeddingRequest, Capability.DENSE, embeddings_payload)
 
 
 @router.post(

@@ -8,11 +8,11 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from prensa.gateway.apis.common import (
     CHUNKING,
+    PROMPT,
     ChunkingRequest,
-    Usage,
+    ModelRequest,
+    RelevanceOptions,
     VllmActivation,
-    VllmEncoding,
-    VllmList,
     VllmTruncation,
 )
 
@@ -24,14 +24,6 @@ Direction = Annotated[
 
 TRUNCATE = "Cut inputs longer than the model's max length; null means the server's --auto-truncate."
 DIRECTION = "Which end to cut when truncating: `right` (default) or `left`."
-PROMPT = "Name of a prompt from the model's sentence-transformers config to prepend; unknown names are refused."
-MODEL = "Served model name (as `?model=`); the default model when absent."
-
-
-class ModelRequest(BaseModel):
-    """Every inference body may name its model, as OpenAI's, Cohere's and LiteLLM's clients do."""
-
-    model: str | None = Field(None, description=MODEL)
 
 
 class Truncation(BaseModel):
@@ -111,149 +103,18 @@ class Prediction(BaseModel):
     label: str = Field(description="The label's name.")
 
 
-class RerankRequest(TruncatedRequest, VllmTruncation, VllmActivation):
-    """TEI's body (`texts`), or vLLM's and Infinity's (`documents`, answered in their shape)."""
+class RerankRequest(TruncatedRequest, RelevanceOptions, VllmTruncation, VllmActivation):
+    """TEI's `/rerank` body, with vLLM's window and activation options served on it too."""
 
-    query: str = Field(description="The query.")
-    texts: list[str] | None = Field(
-        None,
-        description="Passages to score against the query (TEI); required "
-        "unless `documents` is given.",
-    )
-    documents: list[str] | None = Field(
-        None,
-        description="Passages in vLLM's and Infinity's body: the answer is then theirs, "
-        "`{object, id, model, usage, results, created}`.",
-    )
+    texts: list[str] = Field(description="Passages to score against the query.")
     raw_scores: bool = Field(False, description="Return logits instead of sigmoid scores.")
-    return_text: bool = Field(
-        False, description="Echo each passage in the response (with `texts`)."
-    )
-    return_documents: bool | None = Field(
-        None,
-        description="With `documents`: each comes as `{\"text\": ...}` (vLLM's, Cohere's and "
-        "Jina's); true with Infinity's `raw_scores` in the body (or the gateway's "
-        "--rerank-document-strings) echoes each as a string (Infinity's).",
-    )
-    top_n: int | None = Field(None, gt=0, description="Keep only the N best.")
-    max_tokens_per_doc: int | None = Field(
-        None,
-        ge=1,
-        description="Cut each passage to its first N tokens first (vLLM's, Cohere v2's).",
-    )
-    weights: list[float] | None = Field(
-        None,
-        min_length=3,
-        max_length=3,
-        description="bge-m3 only (its `colbert+sparse+dense` score): weights of dense, sparse and ColBERT; "
-        "default [0.4, 0.2, 0.4].",
-    )
-    instruction: str | None = Field(
-        None,
-        description="An LLM reranker's task instruction (Qwen3-Reranker's `<Instruct>`), in place of the "
-        "model's default; refused for cross-encoders (prensa's own field).",
-    )
+    return_text: bool = Field(False, description="Echo each passage in the response.")
 
 
 class Rank(BaseModel):
     index: int = Field(description="Position of the passage in `texts`.")
     score: float = Field(description="Sigmoid of the logit, or the logit with `raw_scores`.")
     text: str | None = Field(None, description="The passage, with `return_text`.")
-
-
-class RankedDocument(BaseModel):
-    text: str = Field(description="The document.")
-
-
-class InfinityRank(BaseModel):
-    relevance_score: float = Field(
-        description="Sigmoid of the logit, or the logit with `raw_scores`."
-    )
-    index: int = Field(description="Position of the document in `documents`.")
-    document: RankedDocument | str = Field(
-        description="The document: `{\"text\": ...}` (vLLM's), or the string Infinity's body asks for "
-        "(`return_documents` with `raw_scores`, see `RerankRequest.return_documents`)."
-    )
-
-
-class ClassifyRequest(ModelRequest, VllmTruncation, VllmActivation):
-    """vLLM's `/classify` body, or Infinity's: the same `input` and `model`; a body with Infinity's
-    `raw_scores` (true or false) is answered in Infinity's shape, any other in vLLM's."""
-
-    input: str | list[str] = Field(
-        description="A text or a list of texts, each classified on its own."
-    )
-    raw_scores: bool | None = Field(
-        None,
-        description="Infinity's: logits instead of probabilities; present, the "
-        "answer is Infinity's `{object: classify, data: [[{score, label}]]}`.",
-    )
-
-
-class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding):
-    """vLLM's `/pooling` body: each input's pooled vector (`embed`) or its tokens' vectors (`token_embed`)."""
-
-    input: str | list[str] = Field(description="A text or a list of texts.")
-    task: Literal["embed", "token_embed"] = Field(
-        "embed",
-        description="embed: the model's pooled, L2-normalised "
-        "vector; token_embed: the encoder's vector of every token.",
-    )
-    encoding_format: Literal["float", "base64"] = Field(
-        "float",
-        description="base64: the vector's bytes (`embed_dtype`, `endianness`; `embed` only).",
-    )
-
-
-class VllmPooled(BaseModel):
-    index: int = Field(description="Position of the input.")
-    object: str = Field("pooling", description="Always `pooling`.")
-    data: list[float] | list[list[float]] | str = Field(
-        description="The vector, the tokens' vectors, or base64."
-    )
-
-
-class VllmPoolings(VllmList):
-    """vLLM's answer to `/pooling`."""
-
-    data: list[VllmPooled] = Field(description="One per input, in input order.")
-
-
-class VllmClassification(BaseModel):
-    index: int = Field(description="Position of the input.")
-    label: str = Field(description="The most likely label.")
-    probs: list[float] = Field(
-        description="Softmax (several labels) or sigmoid (one label) of each label's logit."
-    )
-    num_classes: int = Field(description="How many labels.")
-
-
-class VllmClassifications(VllmList):
-    """vLLM's answer to `/classify`."""
-
-    data: list[VllmClassification] = Field(description="One per input, in input order.")
-
-
-class InfinityClassifications(BaseModel):
-    """Infinity's answer to `/classify` (a body with `raw_scores`)."""
-
-    object: str = Field("classify", description="Always `classify`.")
-    data: list[list[Prediction]] = Field(description="Per input, every label by score, best first.")
-    model: str = Field(description="The served model that answered.")
-    usage: Usage = Field(description="Token counts.")
-    id: str = Field(description="A fresh id.")
-    created: int = Field(description="Unix seconds.")
-
-
-class InfinityRerank(BaseModel):
-    """vLLM's and Infinity's answer to a `/rerank` body with `documents`: the same but for `document`."""
-
-    object: str = Field("rerank", description="Always `rerank`.")
-    results: list[InfinityRank] = Field(description="Documents by score, best first.")
-    model: str = Field(description="The served model that answered.")
-    usage: Usage = Field(description="Token counts.")
-    id: str = Field(description="A fresh id.")
-    created: int = Field(description="Unix seconds.")
 
 
 class SimilarityInput(BaseModel):
@@ -271,33 +132,13 @@ class SimilarityRequest(ModelRequest):
 
 
 class TokenizeRequest(ModelRequest):
-    """TEI's body (`inputs`), or vLLM's (`prompt`), answered in its own shape."""
+    """TEI's `/tokenize` body."""
 
-    inputs: str | list[str] | None = Field(
-        None, description="A text or a list of texts (TEI's); or give `prompt`."
-    )
-    prompt: str | None = Field(
-        None,
-        description="vLLM's: one text, answered `{count, max_model_len, tokens, token_strs}`.",
-    )
+    inputs: str | list[str] = Field(description="A text or a list of texts.")
     add_special_tokens: bool = Field(
         True, description="Add the model's special tokens ([CLS], </s>, ...)."
     )
     prompt_name: str | None = Field(None, description=PROMPT)
-    return_token_strs: bool = Field(
-        False, description="vLLM's: each token's string in `token_strs` (with `prompt`)."
-    )
-
-
-class VllmTokens(BaseModel):
-    """vLLM's answer to `/tokenize` with `prompt`."""
-
-    count: int = Field(description="How many tokens.")
-    max_model_len: int = Field(description="Max tokens per input, special tokens included.")
-    tokens: list[int] = Field(description="Token ids.")
-    token_strs: list[str] | None = Field(
-        description="Each token's string, with `return_token_strs`."
-    )
 
 
 class SimpleToken(BaseModel):
