@@ -9,8 +9,8 @@ import pytest
 
 from prensa.gateway.apis.dialects import error_shape
 from prensa.gateway.app import INFERENCE_ROUTES
-from prensa.gateway.errors import ErrorShape
-from tests.bodies import error_kind
+from prensa.gateway.errors import BAD_REQUEST_SHAPES
+from tests.bodies import declared_error, error_kind
 
 PATHS = sorted(route.path for route in INFERENCE_ROUTES if "POST" in route.methods)
 
@@ -40,10 +40,10 @@ def assert_error_shape(path: str, response, status: int) -> None:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_bodies_no_route_accepts(http, path):
-    """vLLM's own paths answer 400 where TEI's answer 422, as vLLM does."""
-    vllm = error_shape(path) is ErrorShape.VLLM
+    """vLLM's own paths and Cohere's answer 400 where TEI's answer 422, as vLLM and Cohere do."""
+    bad_request = (error_shape(path) or declared_error(path).shape) in BAD_REQUEST_SHAPES
     for body, status in REFUSED.items():
-        assert_error_shape(path, http.post(path, content=body, headers=JSON), 400 if vllm else status)
+        assert_error_shape(path, http.post(path, content=body, headers=JSON), 400 if bad_request else status)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from prensa.gateway.apis.dialects import error_shape
-from prensa.gateway.errors import ErrorShape
+from prensa.gateway.errors import BAD_REQUEST_SHAPES, ErrorShape
 from prensa.gateway.settings import GatewaySettings
-from tests.bodies import error_kind
+from tests.bodies import declared_error, error_kind
 from tests.gateway.conftest import running_gateway
 from tests.reliability.conftest import assert_no_leak
 
@@ -211,9 +211,10 @@ def refused_in_its_dialect(url: str, path: str, valid: dict, fields: dict) -> No
     """Each field of `valid` set to a wrong type is refused, named, as the body's dialect refuses."""
     for field in fields:
         body = {**valid, field: WRONG}
-        # vLLM's bodies on the paths it shares get vLLM's answer (`apis.dialects`)
-        vllm = error_shape(path, [k for k, v in body.items() if v is not None]) is ErrorShape.VLLM
-        want = (400, "BadRequestError") if vllm else (422, "Validation")
+        # vLLM's bodies on the paths it shares get vLLM's answer (`apis.dialects`), Cohere's routes Cohere's
+        shape = error_shape(path, [k for k, v in body.items() if v is not None]) or declared_error(path).shape
+        vllm = shape is ErrorShape.VLLM
+        want = (400, "BadRequestError" if vllm else "Validation") if shape in BAD_REQUEST_SHAPES else (422, "Validation")
         response = post(url, path, body)
         assert (response.status_code, error_type(path, response)) == want, (path, field)
         answer = response.json()

@@ -16,6 +16,12 @@ class ErrorShape(Enum):
     OPENAI = "openai"  # {"message", "code", "type"}: the OpenAI, Cohere, Jina and NIM SDKs
     # {"error": {...}} and 400 for any bad request, as vLLM answers (the OpenAI SDK's BadRequestError)
     VLLM = "vllm"
+    # OpenAI's body and 400 for any bad request, as Cohere's API answers (its SDK's BadRequestError)
+    COHERE = "cohere"
+
+
+# The shapes whose vendors answer every request they cannot read with 400 (TEI's 422)
+BAD_REQUEST_SHAPES = frozenset({ErrorShape.VLLM, ErrorShape.COHERE})
 
 
 class ErrorKind(str, Enum):
@@ -81,8 +87,9 @@ VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
 
 
 def error_status(error: GatewayError, shape: ErrorShape = ErrorShape.TEI) -> int:
-    """The status `error` answers with in `shape`: vLLM's 400 for every request it cannot read (TEI's 422)."""
-    return 400 if shape is ErrorShape.VLLM and error.status == 422 else error.status
+    """The status `error` answers with in `shape`: vLLM's and Cohere's 400 for every request they
+    cannot read (TEI's 422)."""
+    return 400 if shape in BAD_REQUEST_SHAPES and error.status == 422 else error.status
 
 
 def error_body(
@@ -101,7 +108,7 @@ def error_body(
                 "code": status,
             }
         }
-    elif shape is ErrorShape.OPENAI:
+    elif shape in (ErrorShape.OPENAI, ErrorShape.COHERE):
         body = {"message": error.message, "code": status, "type": error_type}
     else:
         body = {"error": error.message, "error_type": error_type}

@@ -1,6 +1,7 @@
 """The error bodies routes declare in their OpenAPI `responses`, by the shape they answer errors in
-(`errors.ErrorShape`): TEI's `{"error", "error_type"}`, OpenAI's `{"message", "code", "type"}`, or
-vLLM's `{"error": {"message", "type", "param", "code"}}`."""
+(`errors.ErrorShape`): TEI's `{"error", "error_type"}`, OpenAI's `{"message", "code", "type"}`
+(Cohere's the same with 400 for a bad request), or vLLM's `{"error": {"message", "type", "param",
+"code"}}`."""
 
 from __future__ import annotations
 
@@ -45,10 +46,21 @@ class OpenAIError(BaseModel):
     )
 
 
-# The error bodies an OpenAI-shaped route documents (`{"message", ...}`, which Cohere's and NIM's
-# clients read too): the OpenAI, Cohere, Jina and NIM routes.
+# The error bodies an OpenAI-shaped route documents (`{"message", ...}`, which NIM's clients read
+# too): the OpenAI and NIM routes.
 MESSAGE_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": OpenAIError} for status in ROUTE_ERROR_STATUSES
+}
+
+
+class CohereError(OpenAIError):
+    # 400 for a body it cannot read, as Cohere's API answers (docs.cohere.com's errors reference)
+    shape: ClassVar[ErrorShape] = ErrorShape.COHERE
+
+
+# The error bodies Cohere's and Jina's routes document: OpenAI's body, Cohere's statuses.
+COHERE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": CohereError} for status in ROUTE_ERROR_STATUSES
 }
 
 

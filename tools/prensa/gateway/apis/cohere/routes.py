@@ -1,5 +1,6 @@
 """Cohere's `/v1/rerank`, `/v2/rerank`, `/v1/embed` and `/v2/embed`, and Jina's `/v1/rerank`
-(HTTP only). Errors use the `{"message", ...}` shape both SDKs read.
+(HTTP only). Errors use the `{"message", ...}` shape both SDKs read, with Cohere's 400 for a body
+it cannot read (`CohereError`).
 
 `/v1/rerank` serves Cohere's v1 and Jina's request, which differ in one default: Jina echoes the
 documents unless told not to, Cohere does not. Cohere's SDKs identify themselves (`X-Fern-SDK-Name:
@@ -25,7 +26,7 @@ from prensa.gateway.apis.cohere.protocol import (
     RerankV2Request,
 )
 from prensa.gateway.apis.common import activated, cut_side, truncate_end
-from prensa.gateway.apis.errors import MESSAGE_ERRORS
+from prensa.gateway.apis.errors import COHERE_ERRORS
 from prensa.gateway.core.asks import DenseAsk, RelevanceAsk
 from prensa.gateway.core.chunking import cut_texts
 from prensa.gateway.core.encodings import as_type, check_ranged
@@ -35,7 +36,7 @@ from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.core.tokenization import Item
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
 
-router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["Cohere and Jina"])
+router = APIRouter(route_class=CountedRoute, responses=COHERE_ERRORS, tags=["Cohere and Jina"])
 COHERE_SDK_HEADER = "x-fern-sdk-name"
 
 
