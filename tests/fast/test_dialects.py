@@ -123,3 +123,18 @@ def test_a_hybrid_score_is_served_unchanged_whatever_its_activation(http):
     raw = http.post("/score", json={**body, "use_activation": False})
     assert plain.status_code == raw.status_code == 200, raw.text
     assert plain.json() == raw.json()
+
+
+def test_invocations_reads_a_shared_paths_body_in_its_dialect(http):
+    """SageMaker's route runs a shared path's operation as that path reads the body: Infinity's
+    `/classify` body gets Infinity's answer there too, vLLM's gets vLLM's."""
+    infinity = http.post("/invocations", json={"input": ["a dog"], "raw_scores": True, "model": "classify"})
+    assert infinity.status_code == 200 and infinity.json()["object"] == "classify", infinity.text
+    assert infinity.json()["data"] == http.post("/classify", json={"input": ["a dog"], "raw_scores": True,
+                                                                   "model": "classify"}).json()["data"]
+    vllm = http.post("/invocations", json={"input": ["a dog"], "model": "classify"})
+    assert vllm.status_code == 200 and vllm.json()["object"] == "list" and "probs" in vllm.json()["data"][0]
+    mixed = http.post("/invocations", json={"input": ["a dog"], "raw_scores": True, "use_activation": True,
+                                            "model": "classify"})
+    # SageMaker's path answers an `input` body's errors as vLLM's `/invocations` does
+    assert mixed.status_code == 400 and "`use_activation`" in mixed.json()["error"]["message"], mixed.text

@@ -23,6 +23,15 @@ class Dialect(StrEnum):
     BGE_M3 = "bge-m3"  # prensa's own bge-m3 bodies (`/score`'s hybrid)
 
 
+# How messages name each dialect
+DIALECT_NAMES: dict[Dialect, str] = {
+    Dialect.TEI: "TEI",
+    Dialect.OPENAI: "OpenAI",
+    Dialect.VLLM: "vLLM",
+    Dialect.INFINITY: "Infinity",
+    Dialect.BGE_M3: "prensa's bge-m3",
+}
+
 # How each dialect answers errors: vLLM with OpenAI's error object and 400 for a bad request,
 # OpenAI's compatible route as TEI's does, the others as TEI.
 ERROR_SHAPES: dict[Dialect, ErrorShape] = {

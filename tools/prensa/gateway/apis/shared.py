@@ -17,6 +17,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Discriminator, RootModel, Tag
 
 from prensa.gateway.apis.dialects import (
+    DIALECT_NAMES,
     INVOCATIONS_PATH,
     VLLM_PAIR_FIELDS,
     Dialect,
@@ -83,7 +84,8 @@ class SharedPath:
         return Annotated[Union[tagged], Discriminator(self.tag)]  # noqa: UP007 (a runtime tuple)
 
     def operation(self, request: BaseModel) -> Operation:
-        return next(op for op in self.operations.values() if isinstance(request, op.request))
+        """The operation of the dialect whose body `request` is."""
+        return next(op for op in self.operations.values() if type(request) is op.request)
 
     def refuse_foreign(self, request: BaseModel, fields: Collection[str]) -> None:
         """Refuse, by name, a field of another dialect's body on this path: the body is read as
@@ -94,8 +96,8 @@ class SharedPath:
             if foreign:
                 mine = self.dialect(fields)
                 raise validation(
-                    f"`{foreign[0]}` is a field of {dialect_name(dialect)}'s `{self.path}` body, "
-                    f"and this one is {dialect_name(mine)}'s (by its fields: see docs/api.md); "
+                    f"`{foreign[0]}` is a field of {DIALECT_NAMES[dialect]}'s `{self.path}` body, "
+                    f"and this one is {DIALECT_NAMES[mine]}'s (by its fields: see docs/api.md); "
                     "give one dialect's fields"
                 )
 
@@ -104,12 +106,6 @@ class SharedPath:
     ) -> Response:
         self.refuse_foreign(request, body_fields(http))
         return await self.operation(request).respond(request, http, model)
-
-
-def dialect_name(dialect: Dialect) -> str:
-    return {"tei": "TEI", "vllm": "vLLM", "infinity": "Infinity", "bge-m3": "prensa's bge-m3"}.get(
-        dialect.value, dialect.value
-    )
 
 
 RERANK = SharedPath(
@@ -193,26 +189,30 @@ class JsonObject(RootModel[dict[str, Any]]):
 
 async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str | None) -> Any:
     """Run the operation TEI's default route would run for `body` and return its payload: rerank for a
-    query with texts or documents (in the body's dialect), similarity for a source sentence, vLLM's
-    bodies by their fields, else what the model's task serves."""
+    query with texts or documents, similarity for a source sentence, vLLM's bodies by their fields,
+    else what the model's task serves; on a shared path's operation, in the body's dialect there."""
     gw = http.gateway
     name = named_model(
         query_model, body.get("model") if isinstance(body.get("model"), str) else None
     )
     fields = [k for k, v in body.items() if v is not None]
-    shared = None
+    shared: SharedPath | None = None
     if "query" in body and ("texts" in body or "documents" in body):
         shared = RERANK
-        operation = RERANK.operations[RERANK.dialect(fields)]
     elif isinstance(body.get("inputs"), dict):
         operation = tei_routes.SIMILARITY
     elif VLLM_PAIR_FIELDS.intersection(body):
-        operation = vllm_routes.SCORE
+        shared = SCORE
     elif dialect_of(INVOCATIONS_PATH, fields) is Dialect.VLLM:  # embeddings or classification
         task = (await gw.registry.pick(None, name)).task
-        operation = EMBEDDINGS if task in (Task.EMBED, Task.M3) else vllm_routes.CLASSIFY
+        if task in (Task.EMBED, Task.M3):
+            operation = EMBEDDINGS
+        else:
+            shared = CLASSIFY
     else:
         operation = tei_routes.DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
+    if shared is not None:  # the body's dialect on that path, as the path itself reads it
+        operation = shared.operations[shared.dialect(fields)]
     gw.metrics.started(operation.name)  # before parsing, as CountedRoute counts the named routes
     request = validate_body(operation.request, body)
     if shared is not None:
