@@ -101,6 +101,13 @@ class Framed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JoinedFrame(Framed):
+    """Late chunking's one sequence, and where each chunk's own tokens lie in it."""
+
+    spans: list[range]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Ask(Generic[R]):
     """One operation on `model`'s `items`, cut as `truncation` says."""
 
@@ -330,13 +337,6 @@ class LateChunksAsk(Ask[Vectors]):
         if self.normalize:
             vectors = POOL_STAGE.l2_normalize(vectors)
         return Vectors(np.ascontiguousarray(vectors, dtype=np.float32), counts)
-
-
-@dataclass(frozen=True, kw_only=True)
-class JoinedFrame(Framed):
-    """Late chunking's one sequence, and where each chunk's own tokens lie in it."""
-
-    spans: list[range]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,9 +65,9 @@ def check_items(items: Sequence[Item], batch_limit: int, split: bool) -> None:
 
 
 class Service:
-    """What every API asks of the gateway, per task (dense vectors, sparse weights, ColBERT and
-    token vectors, bge-m3's outputs, relevance and class scores), with the checks, permits,
-    truncation and chunking each takes; each runs its inputs through `engine.infer`."""
+    """What every API's operations share: the request limits and truncation they are checked
+    against, the template (`run`) each typed ask goes through to `engine.infer`, and relevance
+    composed of asks."""
 
     def __init__(
         self, settings: GatewaySettings, client: Backend, metrics: GatewayMetrics, permits: Permits
