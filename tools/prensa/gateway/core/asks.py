@@ -404,16 +404,20 @@ class ScoresAsk(Ask[Scores]):
     index) and pairs, mixed as they come. An LLM reranker scores pairs only, each written into its
     prompt with `instruction` (or its own)."""
 
-    pairs: Sequence[str | None]
+    pairs: Sequence[str | None] | None = None  # None: single texts only
     raw_scores: bool = False
     instruction: str | None = None
 
+    def paired(self) -> Sequence[str | None]:
+        """Each text's pair, None for a text on its own."""
+        return self.pairs if self.pairs is not None else [None] * len(self.items)
+
     def check(self, service: Service) -> None:
-        model = self.model
-        if any(pair == "" for pair in self.pairs):
+        model, pairs = self.model, self.paired()
+        if any(pair == "" for pair in pairs):
             raise validation("`inputs` cannot be empty")
         if model.pair_template is not None:
-            if any(pair is None for pair in self.pairs):
+            if any(pair is None for pair in pairs):
                 raise validation(
                     f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs"
                 )
@@ -422,7 +426,7 @@ class ScoresAsk(Ask[Scores]):
             raise validation(
                 f"`instruction` applies to LLM rerankers; model `{model.name}` is a cross-encoder"
             )
-        if not model.takes_pairs and any(pair is not None for pair in self.pairs):
+        if not model.takes_pairs and any(pair is not None for pair in pairs):
             raise validation(
                 f"model `{model.name}` classifies single texts; give one text per input"
             )
@@ -430,12 +434,12 @@ class ScoresAsk(Ask[Scores]):
     async def frame(self, service: Service, context: RequestContext) -> Framed:
         template = self.model.pair_template
         if template is None:
-            return Framed(self.items, self.truncation, pairs=self.pairs)
+            return Framed(self.items, self.truncation, pairs=self.paired())
         texts = cast("list[str]", self.items)
         await service.check_room(self.model, texts, self.instruction)
         prompts: list[Item] = [
             template.text(text, cast(str, pair), self.instruction)
-            for text, pair in zip(texts, self.pairs)
+            for text, pair in zip(texts, self.paired())
         ]
         return Framed(prompts, self.truncation, pairs=[None] * len(prompts))
 

@@ -57,7 +57,6 @@ async def _classify(
         ScoresAsk(
             model=served,
             items=list(texts),
-            pairs=[None] * len(texts),
             truncation=gw.service.truncation(None, "right"),
             raw_scores=request.raw_scores,
         ),

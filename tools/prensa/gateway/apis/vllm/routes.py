@@ -66,7 +66,6 @@ async def _classify(
         ScoresAsk(
             model=served,
             items=list(texts),
-            pairs=[None] * len(texts),
             truncation=window(request, gw, served),
             raw_scores=not activated(None, request),
         ),
