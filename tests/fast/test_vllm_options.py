@@ -48,7 +48,7 @@ def test_truncate_prompt_tokens_keeps_the_first_tokens(http, oracle):
     assert by_ids["usage"]["prompt_tokens"] == 5
     for body, named in (({"truncate_prompt_tokens": MAX_LENGTH + 1}, "greater than"),
                         ({"truncate_prompt_tokens": 0}, "at least 3"), ({"truncate_prompt_tokens": -5}, "-1"),
-                        ({"truncate_prompt_tokens": 8, "truncate": "END"}, "not both"),
+                        ({"truncate_prompt_tokens": 8, "truncate": "END"}, "`truncate` is a field of OpenAI's"),
                         ({"truncate_prompt_tokens": 8, "chunking": {"enabled": True}}, "not both")):
         refused = http.post("/v1/embeddings", json={"input": TEXT, "model": "embed", **body})
         assert refused_as_vllm(refused, named), (body, refused.text)
@@ -68,7 +68,8 @@ def test_truncation_side_left_keeps_the_last_tokens(http, oracle):
                                             "truncation_side": "left"})
     tei = http.post("/rerank", json={"model": "rerank", "query": QUERY, "texts": [TEXT],
                                      "truncation_direction": "right", "truncation_side": "left"})
-    assert refused_as_vllm(nim, "disagree"), nim.text  # `truncation_side` is vLLM's: its answer
+    # `truncation_side` makes the body vLLM's, where NIM's `truncate` is no field: refused by name
+    assert refused_as_vllm(nim, "`truncate` is a field of OpenAI's"), nim.text
     assert tei.status_code == 422 and "disagree" in tei.text, tei.text  # TEI's body: TEI's answer
 
 

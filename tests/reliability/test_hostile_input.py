@@ -146,15 +146,16 @@ VALID = {
                   {"prompt": "ok", "add_special_tokens": True, "prompt_name": None, "model": "minilm",
                    "return_token_strs": False}],  # TEI's, vLLM's
     "/decode": {"ids": [101], "skip_special_tokens": True, "model": "minilm"},
-    "/v1/embeddings": {"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
-                       "input_type": "query", "truncate": "END", "chunking": None, "embedding_type": "float",
-                       "task": "retrieval.query", "late_chunking": False, "truncate_prompt_tokens": None,
-                       "normalize": True, "embed_dtype": "float16", "endianness": "little",
-                       "truncation_side": "right", "return_multivector": False, "is_query": None},
+    "/v1/embeddings": [{"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
+                        "input_type": "query", "truncate": "END", "chunking": None, "embedding_type": "float",
+                        "task": "retrieval.query", "late_chunking": False, "normalize": True,
+                        "return_multivector": False, "is_query": None},  # OpenAI's, NIM's, Jina's, PyLate's
+                       {"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
+                        "chunking": None, "normalize": True, "truncate_prompt_tokens": None,
+                        "embed_dtype": "float16", "endianness": "little", "truncation_side": "right"}],  # vLLM's
     "/v1/multi-vector": {"input": "ok", "model": "bge-m3", "encoding_format": "float", "dimensions": None, "user": "u",
                          "input_type": "document", "truncate": "END", "chunking": None, "embedding_type": "float",
-                         "task": None, "late_chunking": False, "truncate_prompt_tokens": None, "normalize": True,
-                         "embed_dtype": "float32", "endianness": "native", "truncation_side": "right",
+                         "task": None, "late_chunking": False, "normalize": True,
                          "return_multivector": True, "is_query": False},
     "/v1/rerank": {"query": "q", "documents": ["p"], "model": "msmarco", "top_n": 1, "return_documents": True,
                    "max_chunks_per_doc": 2, "instruction": None, "max_tokens_per_doc": 8,

@@ -4,7 +4,7 @@ counts, the chunking field, prensa's relevance options, the input roles of NIM a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -134,7 +134,14 @@ class VllmTruncation(BaseModel):
     )
 
 
-def cut_side(body: VllmTruncation, direction: str = "right", said: bool = False) -> str:
+class SaysCutSide(Protocol):
+    """A body that may say vLLM's `truncation_side` (unset where its dialect has no such field)."""
+
+    @property
+    def truncation_side(self) -> Literal["left", "right"] | None: ...
+
+
+def cut_side(body: SaysCutSide, direction: str = "right", said: bool = False) -> str:
     """Which end inputs are cut from: vLLM's `truncation_side`, else `direction` (the body's own
     field, `said` when the body gave it); the two disagreeing are refused."""
     if body.truncation_side is None:
@@ -184,3 +191,35 @@ def activated(raw_scores: bool | None, body: VllmActivation) -> bool:
     if len(set(said.values())) > 1:
         raise validation(f"{' and '.join(f'`{name}`' for name in said)} disagree")
     return next(iter(said.values()), True)
+
+
+# One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
+EmbeddingInput = str | list[int] | list[str | list[int]]
+
+
+class EmbeddingFields(BaseModel):
+    """OpenAI's `/v1/embeddings` body, as every dialect on that path extends it (vLLM's `normalize`
+    and prensa's `chunking` included)."""
+
+    input: EmbeddingInput = Field(
+        description="A text, a list of token ids, or a list of texts and/or token-id lists."
+    )
+    model: str | None = Field(
+        None, description="Served model name; the gateway's default embedding model when absent."
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float",
+        description="`float`: JSON numbers; `base64`: the vector's bytes base64-encoded (float32, "
+        "little-endian unless vLLM's `embed_dtype` and `endianness` say otherwise).",
+    )
+    dimensions: int | None = Field(
+        None, description="Keep the first N dimensions (Matryoshka), then re-normalise."
+    )
+    normalize: bool | None = Field(
+        None,
+        description="vLLM's: false answers the vectors unnormalised; absent or true L2-normalised.",
+    )
+    user: str | None = Field(None, description="Accepted for compatibility and ignored.")
+    chunking: ChunkingRequest | None = Field(
+        None, description=CHUNKING + " Each embedding then says its `chunks`."
+    )

@@ -24,12 +24,13 @@ from prensa.gateway.apis.dialects import (
     dialect_of,
     given_fields,
 )
-from prensa.gateway.apis.errors import TEI_ERRORS
+from prensa.gateway.apis.errors import MESSAGE_ERRORS, TEI_ERRORS
 from prensa.gateway.apis.infinity import routes as infinity_routes
 from prensa.gateway.apis.infinity.protocol import InfinityClassifications, InfinityRerank
 from prensa.gateway.apis.m3 import routes as m3_routes
 from prensa.gateway.apis.m3.protocol import HybridScore
-from prensa.gateway.apis.openai.routes import EMBEDDINGS
+from prensa.gateway.apis.openai import routes as openai_routes
+from prensa.gateway.apis.openai.protocol import EmbeddingResponse, MultiVectorResponse
 from prensa.gateway.apis.operation import Operation
 from prensa.gateway.apis.tei import routes as tei_routes
 from prensa.gateway.apis.tei.protocol import Rank, SimpleToken, VertexRequest, VertexResponse
@@ -123,18 +124,24 @@ SCORE = SharedPath("/score", {Dialect.BGE_M3: m3_routes.SCORE, Dialect.VLLM: vll
 TOKENIZE = SharedPath(
     "/tokenize", {Dialect.TEI: tei_routes.TOKENIZE, Dialect.VLLM: vllm_routes.TOKENIZE}
 )
-SHARED = {shared.path: shared for shared in (RERANK, CLASSIFY, SCORE, TOKENIZE)}
+EMBEDDINGS = SharedPath(
+    "/v1/embeddings",
+    {Dialect.OPENAI: openai_routes.EMBEDDINGS, Dialect.VLLM: openai_routes.VLLM_EMBEDDINGS},
+)
+SHARED = {shared.path: shared for shared in (RERANK, CLASSIFY, SCORE, TOKENIZE, EMBEDDINGS)}
 
 if TYPE_CHECKING:  # a checker sees a body; FastAPI and `DirectRoutes` the dialects' union
     RerankBody: TypeAlias = BaseModel
     ClassifyBody: TypeAlias = BaseModel
     ScoreBody: TypeAlias = BaseModel
     TokenizeBody: TypeAlias = BaseModel
+    EmbeddingsBody: TypeAlias = openai_routes.AnyEmbeddingRequest
 else:
     RerankBody = RERANK.body()
     ClassifyBody = CLASSIFY.body()
     ScoreBody = SCORE.body()
     TokenizeBody = TOKENIZE.body()
+    EmbeddingsBody = EMBEDDINGS.body()
 
 router = APIRouter(route_class=CountedRoute, responses=TEI_ERRORS, tags=["shared paths"])
 # `/`, `/invocations`, `/vertex`: counted per operation they run, as TEI counts them.
@@ -183,6 +190,28 @@ async def tokenize(
     return await TOKENIZE.respond(request, http, model)
 
 
+@router.post(
+    EMBEDDINGS.path,
+    response_model=EmbeddingResponse | MultiVectorResponse,
+    responses=MESSAGE_ERRORS,
+    summary="OpenAI embeddings: OpenAI's body (with NIM's, Jina's and PyLate's fields) or vLLM's "
+    "(with its own options)",
+)
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingResponse | MultiVectorResponse,
+    responses=MESSAGE_ERRORS,
+    include_in_schema=False,
+)
+async def openai_embeddings(
+    request: EmbeddingsBody, http: GatewayRequest, model: ModelParam = None
+) -> Response:
+    """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); token vectors with Jina's
+    `return_multivector`, and on a late-interaction model as PyLate's server answers them."""
+    EMBEDDINGS.refuse_foreign(request, body_fields(http))
+    return await openai_routes.answer_embeddings(request, http, model)
+
+
 class JsonObject(RootModel[dict[str, Any]]):
     """Any JSON object: the body of a route that picks its operation from the body itself."""
 
@@ -205,10 +234,7 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
         shared = SCORE
     elif dialect_of(INVOCATIONS_PATH, fields) is Dialect.VLLM:  # embeddings or classification
         task = (await gw.registry.pick(None, name)).task
-        if task in (Task.EMBED, Task.M3):
-            operation = EMBEDDINGS
-        else:
-            shared = CLASSIFY
+        shared = EMBEDDINGS if task in (Task.EMBED, Task.M3) else CLASSIFY
     else:
         operation = tei_routes.DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
     if shared is not None:  # the body's dialect on that path, as the path itself reads it

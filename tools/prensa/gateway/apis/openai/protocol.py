@@ -1,25 +1,20 @@
-"""OpenAI `/v1/embeddings` (with NIM's `input_type` and `truncate`, Jina's and vLLM's fields) and
-`/v1/models` shapes (pydantic only)."""
+"""OpenAI `/v1/embeddings` (with NIM's `input_type` and `truncate`, Jina's and PyLate's fields; vLLM's
+body on the same path is `vllm.protocol`'s) and `/v1/models` shapes (pydantic only)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from prensa.gateway.apis.common import (
-    CHUNKING,
     INPUT_TYPE,
-    ChunkingRequest,
+    EmbeddingFields,
     InputType,
     TruncateEnd,
     Usage,
-    VllmEncoding,
-    VllmTruncation,
 )
 
-# One text, one token-id list, or a batch mixing both (TEI accepts the mix too).
-EmbeddingInput = str | list[int] | list[str | list[int]]
 # NIM's (float, int8, uint8, binary, ubinary) and Jina's (float, base64, binary, ubinary) `embedding_type`.
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 EMBEDDING_TYPE = (
@@ -37,31 +32,17 @@ NimTruncate = TruncateEnd
 NIM_TRUNCATE = "NONE: refuse inputs over the model's max length; START / END: cut that end. Default: --auto-truncate."
 
 
-class EmbeddingRequest(VllmTruncation, VllmEncoding):
-    input: EmbeddingInput = Field(
-        description="A text, a list of token ids, or a list of texts and/or token-id lists."
-    )
-    model: str | None = Field(
-        None, description="Served model name; the gateway's default embedding model when absent."
-    )
-    encoding_format: Literal["float", "base64"] = Field(
-        "float",
-        description="`float`: JSON numbers; `base64`: the vector's bytes base64-encoded (float32, "
-        "little-endian unless `embed_dtype` and `endianness` say otherwise).",
-    )
-    dimensions: int | None = Field(
-        None, description="Keep the first N dimensions (Matryoshka), then re-normalise."
-    )
-    normalize: bool | None = Field(
-        None,
-        description="vLLM's: false answers the vectors unnormalised; absent or true L2-normalised.",
-    )
-    user: str | None = Field(None, description="Accepted for compatibility and ignored.")
+class EmbeddingRequest(EmbeddingFields):
+    """OpenAI's body, with the fields NIM, Jina and PyLate's server add to it."""
+
+    # vLLM's options belong to vLLM's body on this path (a body with one is vLLM's): here, unset
+    truncate_prompt_tokens: ClassVar[None] = None
+    truncation_side: ClassVar[None] = None
+    embed_dtype: ClassVar[Literal["float32"]] = "float32"
+    endianness: ClassVar[Literal["native"]] = "native"
+
     input_type: InputType | None = Field(None, description=INPUT_TYPE)
     truncate: NimTruncate | None = Field(None, description=NIM_TRUNCATE)
-    chunking: ChunkingRequest | None = Field(
-        None, description=CHUNKING + " Each embedding then says its `chunks`."
-    )
     embedding_type: EmbeddingType | None = Field(None, description=EMBEDDING_TYPE)
     task: JinaTask | None = Field(None, description=JINA_TASK)
     is_query: bool | None = Field(

@@ -1,7 +1,8 @@
-"""OpenAI-compatible `/v1/embeddings` (also at `/embeddings`, as TEI; NIM's `input_type`,
-`truncate`, `embedding_type` and `-query`/`-passage` model names, Jina's `task`, `embedding_type`
-and `late_chunking` too) and `/v1/models`, which SDKs and LiteLLM health checks read (HTTP only). Errors on
-these routes use OpenAI's `{"message","code","type"}`."""
+"""OpenAI-compatible `/v1/embeddings`' answer (its route, also at `/embeddings` as TEI, is
+`apis.shared`'s: vLLM's body arrives there too; NIM's `input_type`, `truncate`, `embedding_type` and
+`-query`/`-passage` model names, Jina's `task`, `embedding_type` and `late_chunking`), Jina's
+`/v1/multi-vector`, and `/v1/models`, which SDKs and LiteLLM health checks read (HTTP only). Errors
+on these routes use OpenAI's `{"message","code","type"}`."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from prensa.gateway.apis.common import asked_chunking, cut_side, truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.apis.openai.protocol import (
     EmbeddingRequest,
-    EmbeddingResponse,
     ModelCard,
     ModelList,
     MultiVectorResponse,
 )
 from prensa.gateway.apis.operation import Operation
+from prensa.gateway.apis.vllm.protocol import VllmEmbeddingRequest
 from prensa.gateway.core.asks import ColbertAsk, DenseAsk, LateChunksAsk
 from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
 from prensa.gateway.core.limits import Permits
@@ -39,6 +40,9 @@ from prensa.gateway.state import Gateway
 from prensa.manifest import Task
 
 router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
+# The bodies `/v1/embeddings` takes: OpenAI's (with NIM's, Jina's and PyLate's fields) or vLLM's
+# (`apis.shared` tells them apart); both run the same operation, each unsetting the other's fields.
+AnyEmbeddingRequest = EmbeddingRequest | VllmEmbeddingRequest
 models_router = APIRouter(route_class=GatewayRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
 # NIM's and Cohere's `truncate`, as the gateway's truncation; None leaves it to --auto-truncate.
 # NIM's model names for one role: `<model>-query`, `<model>-passage`.
@@ -67,7 +71,7 @@ async def _embedder(
 
 
 def prompt_choice(
-    request: EmbeddingRequest, served: ServedModel, role: str | None
+    request: AnyEmbeddingRequest, served: ServedModel, role: str | None
 ) -> tuple[str | None, str | None]:
     """(prompt_name, input_type) from `input_type`, the model name's role and Jina's `task`; two
     that disagree, and a task the model has no prompt for, are refused."""
@@ -92,7 +96,9 @@ def prompt_choice(
     return None, task_role
 
 
-def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedModel) -> Truncation:
+def embedding_truncation(
+    request: AnyEmbeddingRequest, gw: Gateway, served: ServedModel
+) -> Truncation:
     """NIM's `truncate` or vLLM's `truncate_prompt_tokens`, not both."""
     truncate, direction = truncate_end(request.truncate)
     direction = cut_side(request, direction, request.truncate is not None)
@@ -101,7 +107,7 @@ def embedding_truncation(request: EmbeddingRequest, gw: Gateway, served: ServedM
     )
 
 
-def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
+def embedding_kind(request: AnyEmbeddingRequest, served: ServedModel) -> str:
     """The type each vector is written in (`encodings.as_type`), checked before any inference."""
     kind = request.embedding_type or "float"
     if request.encoding_format == "base64":
@@ -121,7 +127,7 @@ def embedding_kind(request: EmbeddingRequest, served: ServedModel) -> str:
 
 
 async def embeddings_payload(
-    request: EmbeddingRequest,
+    request: AnyEmbeddingRequest,
     gw: Gateway,
     served: ServedModel,
     context: RequestContext,
@@ -207,7 +213,7 @@ async def embeddings_payload(
 
 
 async def multivector_payload(
-    request: EmbeddingRequest,
+    request: AnyEmbeddingRequest,
     gw: Gateway,
     served: ServedModel,
     context: RequestContext,
@@ -263,7 +269,9 @@ async def multivector_payload(
     }
 
 
-def embeddings_capability(request: EmbeddingRequest, gw: Gateway, name: str | None) -> Capability:
+def embeddings_capability(
+    request: AnyEmbeddingRequest, gw: Gateway, name: str | None
+) -> Capability:
     """Token vectors where the body asks for them (Jina's `return_multivector`, PyLate's server's
     `is_query`) or names a late-interaction model; else a dense vector."""
     named = gw.registry.models.get(name or "")
@@ -276,24 +284,20 @@ def embeddings_capability(request: EmbeddingRequest, gw: Gateway, name: str | No
     return Capability.DENSE
 
 
-# vLLM's embeddings body on `/invocations` (and `POST /`; `apis.shared`)
+# `/v1/embeddings`' bodies as operations, for `/invocations` and `POST /` (`apis.shared`)
 EMBEDDINGS = Operation("openai_embeddings", EmbeddingRequest, Capability.DENSE, embeddings_payload)
+VLLM_EMBEDDINGS = Operation(
+    "openai_embeddings", VllmEmbeddingRequest, Capability.DENSE, embeddings_payload
+)
 
 
-@router.post(
-    "/v1/embeddings",
-    response_model=EmbeddingResponse | MultiVectorResponse,
-    summary="OpenAI embeddings",
-)
-@router.post(
-    "/embeddings", response_model=EmbeddingResponse | MultiVectorResponse, include_in_schema=False
-)
-async def openai_embeddings(
-    request: EmbeddingRequest, http: GatewayRequest, model: ModelParam = None
+async def answer_embeddings(
+    request: AnyEmbeddingRequest, http: GatewayRequest, model: str | None
 ) -> Response:
-    """Dense, L2-normalised vectors (unless vLLM's `normalize: false`); right truncation when
-    --auto-truncate is on (the default). Token vectors with Jina's `return_multivector`, and on a
-    late-interaction model as PyLate's server answers them."""
+    """`/v1/embeddings`' answer (its route is `apis.shared`'s): dense, L2-normalised vectors (unless
+    vLLM's `normalize: false`); right truncation when --auto-truncate is on (the default). Token
+    vectors with Jina's `return_multivector`, and on a late-interaction model as PyLate's server
+    answers them."""
     await http.gateway.registry.ensure()
     capability = embeddings_capability(request, http.gateway, named_model(model, request.model))
     served, role = await _embedder(http.gateway, model, request.model, capability)

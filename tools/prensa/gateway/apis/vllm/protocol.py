@@ -1,14 +1,15 @@
-"""vLLM's pooling bodies and answers (pydantic only): `/pooling` is its own; `/classify`, `/score`,
-`/rerank` and `/tokenize` it shares with other dialects (`apis.shared`)."""
+"""vLLM's pooling bodies and answers (pydantic only): `/pooling` is its own; `/v1/embeddings`,
+`/classify`, `/score`, `/rerank` and `/tokenize` it shares with other dialects (`apis.shared`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from prensa.gateway.apis.common import (
     PROMPT,
+    EmbeddingFields,
     ModelRequest,
     RelevanceOptions,
     Usage,
@@ -29,6 +30,19 @@ class VllmClassifyRequest(ModelRequest, VllmTruncation, VllmActivation):
     """vLLM's `/classify` body: each text classified on its own."""
 
     input: str | list[str] = Field(description=TEXTS)
+
+
+class VllmEmbeddingRequest(EmbeddingFields, VllmTruncation, VllmEncoding):
+    """vLLM's `/v1/embeddings` body: OpenAI's, with vLLM's window and base64 options."""
+
+    # NIM's, Jina's and PyLate's fields belong to the OpenAI body on this path: here, unset
+    input_type: ClassVar[None] = None
+    truncate: ClassVar[None] = None
+    embedding_type: ClassVar[None] = None
+    task: ClassVar[None] = None
+    is_query: ClassVar[None] = None
+    return_multivector: ClassVar[None] = None
+    late_chunking: ClassVar[None] = None
 
 
 class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding):
