@@ -279,12 +279,12 @@ def create_app(
             )
         client.start_probing(lambda: sorted(registry.triton_models()))
         app.state.gateway = gateway = Gateway(
-            settings,
-            client,
-            registry,
-            Service(settings, client, metrics, app.permits),
-            metrics,
-            app.tracer,
+            settings=settings,
+            client=client,
+            registry=registry,
+            service=Service(settings, client, metrics, app.permits),
+            metrics=metrics,
+            tracer=app.tracer,
         )
         tei_grpc = None
         if settings.tei_grpc_port is not None:

@@ -126,6 +126,19 @@ class Ask(Generic[R]):
         """What to ask of Triton: one inference, or one per group of a mixed request."""
         raise NotImplementedError
 
+    def inference(
+        self, framed: Framed, outputs: tuple[str, ...], *, encoder_only: bool = False
+    ) -> Inference:
+        """One Triton call on all of `framed`, for `outputs` (`<name>_encode`'s, `encoder_only`)."""
+        return Inference(
+            model=self.model,
+            items=framed.items,
+            truncation=framed.truncation,
+            outputs=outputs,
+            encoder_only=encoder_only,
+            rows=framed.rows,
+        )
+
     def finish(self, results: list[Inferred], framed: Framed) -> R:
         """The answer from the outputs of `inferences`, in their order."""
         raise NotImplementedError
@@ -168,9 +181,9 @@ class DenseAsk(Ask[Vectors]):
     def inferences(self, framed: Framed) -> list[Inference]:
         raw = self.unnormalized_output()
         if raw is not None:
-            return [Inference(self.model, framed.items, None, framed.truncation, (raw,), True)]
+            return [self.inference(framed, (raw,), encoder_only=True)]
         outputs = (contract.DENSE, contract.NUM_TOKENS)
-        return [Inference(self.model, framed.items, None, framed.truncation, outputs)]
+        return [self.inference(framed, outputs)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> Vectors:
         (result,) = results
@@ -196,7 +209,7 @@ class SparseAsk(Ask[SparseVectors]):
 
     def inferences(self, framed: Framed) -> list[Inference]:
         outputs = (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS, contract.NUM_TOKENS)
-        return [Inference(self.model, framed.items, None, framed.truncation, outputs)]
+        return [self.inference(framed, outputs)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> SparseVectors:
         (result,) = results
@@ -239,9 +252,7 @@ class ColbertAsk(Ask[TokenVectors]):
 
     def inferences(self, framed: Framed) -> list[Inference]:
         outputs = (contract.COLBERT, contract.NUM_TOKENS)
-        return [
-            Inference(self.model, framed.items, None, framed.truncation, outputs, rows=framed.rows)
-        ]
+        return [self.inference(framed, outputs)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> TokenVectors:
         (result,) = results
@@ -265,7 +276,7 @@ class HiddenAsk(ColbertAsk):
         if self.model.task is Task.LATE:
             return super().inferences(framed)
         outputs = (contract.LAST_HIDDEN_STATE,)
-        return [Inference(self.model, framed.items, None, framed.truncation, outputs, True)]
+        return [self.inference(framed, outputs, encoder_only=True)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> TokenVectors:
         if self.model.task is Task.LATE:
@@ -322,7 +333,7 @@ class LateChunksAsk(Ask[Vectors]):
 
     def inferences(self, framed: Framed) -> list[Inference]:
         outputs = (contract.LAST_HIDDEN_STATE,)
-        return [Inference(self.model, framed.items, None, framed.truncation, outputs, True)]
+        return [self.inference(framed, outputs, encoder_only=True)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> Vectors:
         (result,) = results
@@ -353,7 +364,7 @@ class M3Ask(Ask[M3Rows]):
 
     def inferences(self, framed: Framed) -> list[Inference]:
         outputs = (*(name for name in M3_OUTPUTS if name in self.wanted), contract.NUM_TOKENS)
-        return [Inference(self.model, framed.items, None, framed.truncation, outputs)]
+        return [self.inference(framed, outputs)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> M3Rows:
         (result,) = results
@@ -459,7 +470,11 @@ class ScoresAsk(Ask[Scores]):
         outputs = (self.output(), contract.NUM_TOKENS)
         return [
             Inference(
-                self.model, [framed.items[i] for i in rows], pairs, framed.truncation, outputs
+                model=self.model,
+                items=[framed.items[i] for i in rows],
+                pairs=pairs,
+                truncation=framed.truncation,
+                outputs=outputs,
             )
             for rows, pairs in self.groups(framed)
         ]

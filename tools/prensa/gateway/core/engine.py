@@ -76,7 +76,7 @@ async def gather(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     return [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Inference:
     """What one request asks of Triton: its inputs (and their `pairs`), their truncation and the
     outputs wanted; `encoder_only` asks for `<name>_encode`'s outputs instead of the pooled ones.
@@ -84,7 +84,7 @@ class Inference:
 
     model: ServedModel
     items: list[Item]
-    pairs: list[str] | None
+    pairs: list[str] | None = None
     truncation: Truncation
     outputs: tuple[str, ...]
     encoder_only: bool = False

@@ -217,6 +217,7 @@ class Handlers:
         self,
         text: str,
         pair: str | None,
+        *,
         truncate: bool,
         direction: int,
         raw_scores: bool,
@@ -248,11 +249,11 @@ class Handlers:
         return await self._predict(
             request.inputs,
             None,
-            request.truncate,
-            request.truncation_direction,
-            request.raw_scores,
-            model,
-            request_context,
+            truncate=request.truncate,
+            direction=request.truncation_direction,
+            raw_scores=request.raw_scores,
+            model=model,
+            request_context=request_context,
         )
 
     async def predict_pair(
@@ -267,11 +268,11 @@ class Handlers:
         return await self._predict(
             request.inputs[0],
             pair,
-            request.truncate,
-            request.truncation_direction,
-            request.raw_scores,
-            model,
-            request_context,
+            truncate=request.truncate,
+            direction=request.truncation_direction,
+            raw_scores=request.raw_scores,
+            model=model,
+            request_context=request_context,
         )
 
     async def rerank(

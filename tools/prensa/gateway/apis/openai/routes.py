@@ -140,7 +140,9 @@ async def embeddings_payload(
     )
     if vectors_per_token:
         items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
-        return await multivector_payload(request, gw, served, context, items, input_type)
+        return await multivector_payload(
+            request, gw, served, context, items=items, input_type=input_type
+        )
     kind = embedding_kind(request, served)  # checked before the prompt, as before any inference
     items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
     if request.late_chunking:
@@ -217,6 +219,7 @@ async def multivector_payload(
     gw: Gateway,
     served: ServedModel,
     context: RequestContext,
+    *,
     items: list[Item],
     input_type: str | None,
 ) -> dict[str, Any]:
