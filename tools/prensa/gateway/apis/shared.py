@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
 from fastapi import APIRouter, Response
@@ -50,6 +51,7 @@ from prensa.gateway.http.routing import (
     GatewayRoute,
     ModelParam,
     body_fields,
+    given_keys,
     json_response,
     validate_body,
 )
@@ -73,8 +75,7 @@ class SharedPath:
         """The dialect of a body as pydantic sees it: parsed JSON, or a model already."""
         if isinstance(body, BaseModel):
             return self.dialect(given_fields(body)).value
-        fields = [k for k, v in body.items() if v is not None] if isinstance(body, dict) else ()
-        return self.dialect(fields).value
+        return self.dialect(given_keys(body)).value
 
     def body(self) -> Any:
         """The path's body: each dialect's own model, picked by `tag` (the OpenAPI `oneOf`)."""
@@ -84,6 +85,11 @@ class SharedPath:
         )
         return Annotated[Union[tagged], Discriminator(self.tag)]  # noqa: UP007 (a runtime tuple)
 
+    @cached_property
+    def fields(self) -> dict[Dialect, frozenset[str]]:
+        """Each dialect's body's fields, read once: `refuse_foreign` runs on every request."""
+        return {d: frozenset(op.request.model_fields) for d, op in self.operations.items()}
+
     def operation(self, request: BaseModel) -> Operation:
         """The operation of the dialect whose body `request` is."""
         return next(op for op in self.operations.values() if type(request) is op.request)
@@ -92,8 +98,8 @@ class SharedPath:
         """Refuse, by name, a field of another dialect's body on this path: the body is read as
         its own dialect's, where that field would be silently ignored."""
         own = type(request).model_fields
-        for dialect, operation in self.operations.items():
-            foreign = sorted(set(fields) & set(operation.request.model_fields) - set(own))
+        for dialect, theirs in self.fields.items():
+            foreign = sorted(theirs.intersection(fields).difference(own))
             if foreign:
                 mine = self.dialect(fields)
                 raise validation(
@@ -224,7 +230,7 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
     name = named_model(
         query_model, body.get("model") if isinstance(body.get("model"), str) else None
     )
-    fields = [k for k, v in body.items() if v is not None]
+    fields = given_keys(body)
     shared: SharedPath | None = None
     if "query" in body and ("texts" in body or "documents" in body):
         shared = RERANK

@@ -88,11 +88,15 @@ def remember_body(request: Request, data: Any) -> None:
     setattr(request.state, BODY_KEY, data)
 
 
-def body_fields(request: Request) -> Collection[str]:
-    """The names the request's JSON object body gives a value (null is none), once parsed; none
-    before, or for a body that is not an object."""
-    data = getattr(request.state, BODY_KEY, None)
+def given_keys(data: Any) -> Collection[str]:
+    """The names a parsed JSON body gives a value (null is none, as vendors read it); none for a
+    body that is not an object."""
     return [k for k, v in data.items() if v is not None] if isinstance(data, dict) else ()
+
+
+def body_fields(request: Request) -> Collection[str]:
+    """`given_keys` of the request's body, once parsed; none before."""
+    return given_keys(getattr(request.state, BODY_KEY, None))
 
 
 def is_body(hint: Any) -> bool:
