@@ -11,10 +11,11 @@ from typing import Any
 from fastapi import Response
 from pydantic import BaseModel
 
-from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.http.routing import GatewayRequest, json_response
 from prensa.gateway.state import Gateway
+from prensa.layouts import Capability
 
 
 @dataclass(frozen=True)

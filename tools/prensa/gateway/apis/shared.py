@@ -56,7 +56,6 @@ from prensa.gateway.http.routing import (
     validate_body,
 )
 from prensa.gateway.state import record_success
-from prensa.manifest import Task
 
 
 @dataclass(frozen=True)
@@ -239,10 +238,10 @@ async def _dispatch(body: dict[str, Any], http: GatewayRequest, query_model: str
     elif VLLM_PAIR_FIELDS.intersection(body):
         shared = SCORE
     elif dialect_of(INVOCATIONS_PATH, fields) is Dialect.VLLM:  # embeddings or classification
-        task = (await gw.registry.pick(None, name)).task
-        shared = EMBEDDINGS if task in (Task.EMBED, Task.M3) else CLASSIFY
+        dense = (await gw.registry.pick(None, name)).layout.dense
+        shared = EMBEDDINGS if dense else CLASSIFY
     else:
-        operation = tei_routes.DEFAULT_OPERATION[(await gw.registry.pick(None, name)).task]
+        operation = tei_routes.default_operation(await gw.registry.pick(None, name))
     if shared is not None:  # the body's dialect on that path, as the path itself reads it
         operation = shared.operations[shared.dialect(fields)]
     gw.metrics.started(operation.name)  # before parsing, as CountedRoute counts the named routes

@@ -37,7 +37,8 @@ from prensa.gateway.core.tokenization import (
     query_rows,
 )
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.manifest import Pooling, Task
+from prensa.layouts import Scoring
+from prensa.manifest import Pooling
 from prensa.stages import contract, load_stage
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ class ColbertAsk(Ask[TokenVectors]):
     query: bool = False
 
     async def frame(self, service: Service, context: RequestContext) -> Framed:
-        if not (self.query and self.model.task is Task.LATE):
+        if not (self.query and self.model.layout.token_vectors):
             return Framed(self.items, self.truncation)
         framing = self.model.queries
         if framing is None:
@@ -257,7 +258,7 @@ class ColbertAsk(Ask[TokenVectors]):
     def finish(self, results: list[Inferred], framed: Framed) -> TokenVectors:
         (result,) = results
         vectors = result.outputs[contract.COLBERT]
-        if self.model.task is Task.LATE:
+        if self.model.layout.token_vectors:
             # the pool stage moves each row's vectors to its front; zero rows follow them
             counts = np.any(vectors != 0, axis=2).sum(axis=1).tolist()
             return TokenVectors([vectors[i, :n] for i, n in enumerate(counts)], result.num_tokens)
@@ -273,13 +274,13 @@ class HiddenAsk(ColbertAsk):
     model's per-token vectors are its documents' multi-vectors."""
 
     def inferences(self, framed: Framed) -> list[Inference]:
-        if self.model.task is Task.LATE:
+        if self.model.layout.token_vectors:
             return super().inferences(framed)
         outputs = (contract.LAST_HIDDEN_STATE,)
         return [self.inference(framed, outputs, encoder_only=True)]
 
     def finish(self, results: list[Inferred], framed: Framed) -> TokenVectors:
-        if self.model.task is Task.LATE:
+        if self.model.layout.token_vectors:
             return super().finish(results, framed)
         (result,) = results
         hidden = result.outputs[contract.LAST_HIDDEN_STATE]
@@ -291,8 +292,8 @@ def late_chunking_refusal(model: ServedModel) -> str | None:
     """Why `model`'s vector of a chunk cannot be the mean of the chunk's own token states, or None:
     a decoder's last token, SPLADE's vocabulary weights, and a graph that pools and projects
     (sentence-transformers' Dense) before the states reach the gateway each make another vector."""
-    if model.task not in (Task.EMBED, Task.M3):
-        return f"it is a {model.task} model, not a dense embedder"
+    if not model.layout.dense:
+        return f"it is a {model.layout.name} model, not a dense embedder"
     if model.pooling == Pooling.LAST.value:
         return "it pools its last token (a decoder), which no chunk but the last has"
     if contract.SENTENCE_EMBEDDING in model.encode_outputs:
@@ -506,7 +507,7 @@ class RelevanceAsk:
     def refusal(self) -> str | None:
         """The option this model's score has no use for, by name, or None."""
         model = self.model
-        if model.task is Task.LATE:
+        if model.layout.scoring is Scoring.MAXSIM:
             said = (
                 "`weights` applies to bge-m3 models"
                 if self.weights is not None

@@ -18,8 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from enum import Enum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ from tritonclient.grpc import model_config_pb2
 from prensa.gateway.backends.base import READY, Backend
 from prensa.gateway.core.tokenization import QueryFraming, longest_token, token_id_limit
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
+from prensa.layouts import Capability, Layout, Scoring, resolve
+from prensa.layouts.m3 import M3
 from prensa.manifest import Task, read_dense_ranges
 from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
 from prensa.triton.config import config_parameters
@@ -46,18 +47,6 @@ UNLOADED = (
     "UNAVAILABLE",
     "unloaded",
 )
-
-
-class Capability(str, Enum):
-    """What a route needs from a model; the value is used in error messages."""
-
-    DENSE = "dense embeddings"
-    SPARSE = "sparse embeddings"
-    COLBERT = "ColBERT multi-vectors"
-    HIDDEN = "per-token hidden states"
-    RERANK = "reranking"
-    M3 = "bge-m3's dense, sparse and ColBERT outputs"
-    PREDICT = "classification"
 
 
 @dataclass(frozen=True)
@@ -129,36 +118,41 @@ class ServedModel:
             self.pool_model,
         )
 
+    @cached_property
+    def layout(self) -> Layout:
+        """What kind of model it is, resolved once (an LLM reranker's ensemble carries its prompt)."""
+        return resolve(self.task, prompted_pairs=self.pair_template is not None)
+
     @property
     def needs_pairs(self) -> bool:
         """The ensemble takes (query, passage) pairs only: a lone text goes the token path. An LLM
         reranker takes a pair already written into its prompt too."""
-        return self.task is Task.RERANK and self.pair_template is None
+        return self.layout.scoring is Scoring.PAIRS and not self.layout.prompted_pairs
 
     @property
     def is_m3(self) -> bool:
         """bge-m3 with its heads: the hybrid scores need all three outputs."""
-        return (
-            self.task is Task.M3
-            and {contract.DENSE, contract.SPARSE_IDS, contract.COLBERT} <= self.outputs
-        )
+        return self.layout is M3 and self.ranks
+
+    @property
+    def ranks(self) -> bool:
+        """Whether it scores a query against texts: its layout does, and it has what that reads."""
+        return self.layout.scoring is not None and self.layout.scoring_outputs <= self.outputs
 
     @property
     def scores_pairs(self) -> bool:
         """Whether its relevance scores read (query, text) pairs in one input, as a cross-encoder's;
         bge-m3 and late-interaction models encode each text apart."""
-        return not self.is_m3 and self.task is not Task.LATE
+        return self.layout.scoring is Scoring.PAIRS
 
     def can(self, capability: Capability) -> bool:
         return {
             Capability.DENSE: contract.DENSE in self.outputs,
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
-            # a late-interaction model's per-token vectors are its documents' multi-vectors
             Capability.HIDDEN: contract.LAST_HIDDEN_STATE in self.encode_outputs
-            or self.task is Task.LATE,
-            Capability.RERANK: self.task in (Task.RERANK, Task.LATE)
-            or self.is_m3,  # bge-m3 and late-interaction models score by their vectors
+            or self.layout.token_vectors,
+            Capability.RERANK: self.ranks,
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
         }[capability]
@@ -468,9 +462,9 @@ class Registry:
                 ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
             )
         candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
-        if capability is Capability.RERANK and any(m.task is Task.RERANK for m in candidates):
-            # bge-m3 reranks when named, or alone
-            candidates = [m for m in candidates if m.task is Task.RERANK]
+        if capability is Capability.RERANK and any(m.scores_pairs for m in candidates):
+            # a model that scores by its vectors (bge-m3, late interaction) reranks when named, or alone
+            candidates = [m for m in candidates if m.scores_pairs]
         default = self.models.get(self.default_model or "")
         if default is not None and default in candidates:
             return default

@@ -41,7 +41,7 @@ from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
-from prensa.manifest import Task
+from prensa.layouts import Scoring
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -244,7 +244,7 @@ class Service:
         if refusal is not None:
             raise validation(refusal)
         model, query, texts, truncation = ask.model, ask.query, ask.texts, ask.truncation
-        if model.task is Task.LATE:
+        if model.layout.scoring is Scoring.MAXSIM:
             return await self._late_relevance(model, query, texts, truncation, context)
         if not model.is_m3:
             scored = await self.run(

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from prensa.gateway.apis.common import asked_chunking
 from prensa.gateway.core.asks import DenseAsk, HiddenAsk, RelevanceAsk, ScoresAsk, SparseAsk
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, ServedModel
+from prensa.gateway.core.registry import ServedModel
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.tokenization import (
     Item,
@@ -38,16 +38,17 @@ from prensa.gateway.grpc import tei_pb2 as pb
 from prensa.gateway.grpc import tei_pb2_grpc
 from prensa.gateway.grpc.calls import Calls, WrongModel, lenient
 from prensa.gateway.state import Gateway
+from prensa.layouts import Capability, ModelType
 
 # read once: importlib.metadata scans site-packages on every call
 PRENSA_VERSION = version("prensa")
 SERVICES = ("Info", "Embed", "Predict", "Rerank", "Tokenize")
 # "tei.v1.Embed", ...
 SERVICE_NAMES = tuple(pb.DESCRIPTOR.services_by_name[name].full_name for name in SERVICES)
-# any other task: embedding
 MODEL_TYPES = {
-    "rerank": pb.MODEL_TYPE_RERANKER,
-    "classify": pb.MODEL_TYPE_CLASSIFIER,
+    ModelType.EMBEDDING: pb.MODEL_TYPE_EMBEDDING,
+    ModelType.RERANKER: pb.MODEL_TYPE_RERANKER,
+    ModelType.CLASSIFIER: pb.MODEL_TYPE_CLASSIFIER,
 }
 DIRECTIONS: dict[int, str] = {
     pb.TRUNCATION_DIRECTION_RIGHT: "right",
@@ -151,7 +152,7 @@ class Handlers:
             model_id=served.source,
             model_sha=served.revision or None,
             model_dtype=served.dtype,
-            model_type=MODEL_TYPES.get(served.task, pb.MODEL_TYPE_EMBEDDING),
+            model_type=MODEL_TYPES[served.layout.model_type],
             max_concurrent_requests=self.settings.max_concurrent_requests,
             max_input_length=served.max_length,
             max_batch_tokens=served.max_batch_tokens or 0,

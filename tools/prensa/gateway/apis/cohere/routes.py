@@ -31,10 +31,11 @@ from prensa.gateway.core.asks import DenseAsk, RelevanceAsk
 from prensa.gateway.core.chunking import cut_texts
 from prensa.gateway.core.encodings import as_type, check_ranged
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, named_model
+from prensa.gateway.core.registry import named_model
 from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.core.tokenization import Item
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
+from prensa.layouts import Capability
 
 router = APIRouter(route_class=CountedRoute, responses=COHERE_ERRORS, tags=["Cohere and Jina"])
 COHERE_SDK_HEADER = "x-fern-sdk-name"

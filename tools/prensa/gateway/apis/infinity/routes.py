@@ -10,10 +10,11 @@ from prensa.gateway.apis.answers import opening, ranked_labels, ranking, text_li
 from prensa.gateway.apis.infinity.protocol import InfinityClassifyRequest, InfinityRerankRequest
 from prensa.gateway.apis.operation import Operation
 from prensa.gateway.core.asks import RelevanceAsk, ScoresAsk
-from prensa.gateway.core.registry import Capability, ServedModel
+from prensa.gateway.core.registry import ServedModel
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.state import Gateway
+from prensa.layouts import Capability
 
 
 async def _rerank(

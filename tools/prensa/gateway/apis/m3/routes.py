@@ -15,12 +15,13 @@ from prensa.gateway.apis.m3.protocol import M3Embedding, M3Request, ScoreRequest
 from prensa.gateway.apis.operation import Operation
 from prensa.gateway.core import hybrid
 from prensa.gateway.core.asks import M3Ask
-from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.tokenization import Truncation
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
 from prensa.gateway.state import Gateway
+from prensa.layouts import Capability
 
 router = APIRouter(route_class=CountedRoute, responses=TEI_ERRORS, tags=["bge-m3"])
 

@@ -10,8 +10,9 @@ from prensa.gateway.apis.common import truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.apis.nim.protocol import RankingRequest, RankingResponse
 from prensa.gateway.core.asks import RelevanceAsk
-from prensa.gateway.core.registry import Capability, named_model
+from prensa.gateway.core.registry import named_model
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
+from prensa.layouts import Capability
 
 router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["NIM"])
 

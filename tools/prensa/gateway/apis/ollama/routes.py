@@ -25,7 +25,7 @@ from prensa.gateway.apis.ollama.protocol import (
 )
 from prensa.gateway.core.asks import DenseAsk
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.tokenization import Item, Truncation
 from prensa.gateway.errors import validation
 from prensa.gateway.http.routing import (
@@ -36,6 +36,7 @@ from prensa.gateway.http.routing import (
     json_response,
 )
 from prensa.gateway.state import Gateway
+from prensa.layouts import Capability
 
 router = APIRouter(route_class=CountedRoute, responses=TEI_ERRORS, tags=["Ollama"])
 models_router = APIRouter(route_class=GatewayRoute, responses=TEI_ERRORS, tags=["Ollama"])

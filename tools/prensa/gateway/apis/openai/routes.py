@@ -25,7 +25,7 @@ from prensa.gateway.core.asks import ColbertAsk, DenseAsk, LateChunksAsk
 from prensa.gateway.core.encodings import RANGED, as_type, check_ranged
 from prensa.gateway.core.limits import Permits
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.tokenization import Item, Truncation, as_items
 from prensa.gateway.errors import validation
@@ -37,7 +37,7 @@ from prensa.gateway.http.routing import (
     json_response,
 )
 from prensa.gateway.state import Gateway
-from prensa.manifest import Task
+from prensa.layouts import Capability
 
 router = APIRouter(route_class=CountedRoute, responses=MESSAGE_ERRORS, tags=["OpenAI"])
 # The bodies `/v1/embeddings` takes: OpenAI's (with NIM's, Jina's and PyLate's fields) or vLLM's
@@ -136,7 +136,7 @@ async def embeddings_payload(
     """`/v1/embeddings`' answer on `served`; `role` is the input type its requested name implies."""
     prompt_name, input_type = prompt_choice(request, served, role)
     vectors_per_token = (
-        request.return_multivector or request.is_query is not None or served.task is Task.LATE
+        request.return_multivector or request.is_query is not None or served.layout.token_vectors
     )
     if vectors_per_token:
         items = prompted(served, gw.settings, as_items(request.input), prompt_name, input_type)
@@ -281,7 +281,7 @@ def embeddings_capability(
     if (
         request.return_multivector
         or request.is_query is not None
-        or (named is not None and named.task is Task.LATE)
+        or (named is not None and named.layout.token_vectors)
     ):
         return Capability.COLBERT
     return Capability.DENSE

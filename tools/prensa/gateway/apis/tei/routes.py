@@ -47,7 +47,7 @@ from prensa.gateway.core.asks import (
     SparseAsk,
 )
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, ServedModel, named_model
+from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.core.tokenization import (
@@ -68,7 +68,7 @@ from prensa.gateway.http.routing import (
 )
 from prensa.gateway.logs import ERROR_KEY
 from prensa.gateway.state import Gateway
-from prensa.manifest import Task
+from prensa.layouts import Capability, ModelType
 
 # read once: importlib.metadata scans site-packages on every call
 PRENSA_VERSION = version("prensa")
@@ -249,15 +249,15 @@ EMBED_COLBERT = Operation("embed_colbert", ColbertRequest, Capability.COLBERT, _
 PREDICT = Operation("predict", PredictRequest, Capability.PREDICT, _predict)
 RERANK = Operation("rerank", RerankRequest, Capability.RERANK, _rerank)
 SIMILARITY = Operation("similarity", SimilarityRequest, Capability.DENSE, _similarity)
-# What `POST /` runs for a model of each task when the body does not say (TEI: by model type).
-DEFAULT_OPERATION = {
-    "embed": EMBED,
-    "m3": EMBED,
-    "splade": EMBED_SPARSE,
-    "late": EMBED_COLBERT,
-    "rerank": PREDICT,
-    "classify": PREDICT,
+# What `POST /` may run for a model when the body does not say: its layout's default operation.
+DEFAULT_OPERATIONS = {
+    operation.name: operation for operation in (EMBED, EMBED_SPARSE, EMBED_COLBERT, PREDICT)
 }
+
+
+def default_operation(model: ServedModel) -> Operation:
+    """The operation `model`'s layout runs for a body that names none (TEI: by model type)."""
+    return DEFAULT_OPERATIONS[model.layout.default_operation]
 
 
 @router.post("/embed", response_model=list[list[float]], summary="Dense embeddings")
@@ -377,22 +377,13 @@ async def decode(
     )
 
 
-# /info's pooling for the tasks that answer per-token weights or vectors rather than a pooled one
-TOKEN_POOLINGS = {Task.SPLADE: "splade", Task.LATE: "colbert"}
-
-
 def model_info(model: ServedModel) -> dict[str, object]:
     labels = {str(i): label for i, label in enumerate(model.id2label)}
-    kinds = {"rerank": "reranker", "classify": "classifier"}
+    kind = model.layout.model_type
     model_type = (
-        {
-            kinds[model.task]: {
-                "id2label": labels,
-                "label2id": {v: int(k) for k, v in labels.items()},
-            }
-        }
-        if model.task in kinds
-        else {"embedding": {"pooling": TOKEN_POOLINGS.get(model.task, model.pooling)}}
+        {kind.value: {"pooling": model.layout.token_pooling or model.pooling}}
+        if kind is ModelType.EMBEDDING
+        else {kind.value: {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
     )
     return {
         "model_id": model.source,

@@ -28,14 +28,14 @@ from prensa.gateway.core.asks import ColbertAsk, DenseAsk, HiddenAsk, RelevanceA
 from prensa.gateway.core.encodings import base64_vector
 from prensa.gateway.core.engine import gather
 from prensa.gateway.core.prompts import prompted
-from prensa.gateway.core.registry import Capability, ServedModel
+from prensa.gateway.core.registry import ServedModel
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.reranking import document_scores
 from prensa.gateway.core.tokenization import Item, Truncation
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
 from prensa.gateway.http.routing import CountedRoute, GatewayRequest, ModelParam, json_response
 from prensa.gateway.state import Gateway
-from prensa.manifest import Task
+from prensa.layouts import Capability, Scoring
 from prensa.stages import contract
 
 router = APIRouter(route_class=CountedRoute, responses=VLLM_ERRORS, tags=["vLLM"])
@@ -188,8 +188,8 @@ async def _score(
     text as a query against its second, or an embedder's cosine similarity; the last two have no
     activation, so `use_activation: false` leaves them as they are (as vLLM serves it)."""
     lefts, rights = score_pairs(request)
-    truncation = window(request, gw, served, request.truncate, pairs=served.task is Task.RERANK)
-    if served.task is Task.RERANK:
+    truncation = window(request, gw, served, request.truncate, pairs=served.scores_pairs)
+    if served.scores_pairs:
         scored = await gw.service.run(
             ScoresAsk(
                 model=served,
@@ -201,7 +201,7 @@ async def _score(
             context,
         )
         scores, used = scored.values[:, 0], int(scored.num_tokens.sum())
-    elif served.task is Task.LATE:
+    elif served.layout.scoring is Scoring.MAXSIM:
         queries, documents = list(dict.fromkeys(lefts)), list(dict.fromkeys(rights))
         asked, found = await gather(
             [

@@ -1,0 +1,63 @@
+"""What a kind of model is, said once: the `Layout` each subsystem asks instead of switching on
+`Task` (TEI resolves its `ModelType` and `Pool` once; vLLM gives each architecture its pooler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from prensa.manifest import Task
+
+
+class Capability(str, Enum):
+    """What a route needs from a model; the value is used in error messages."""
+
+    DENSE = "dense embeddings"
+    SPARSE = "sparse embeddings"
+    COLBERT = "ColBERT multi-vectors"
+    HIDDEN = "per-token hidden states"
+    RERANK = "reranking"
+    M3 = "bge-m3's dense, sparse and ColBERT outputs"
+    PREDICT = "classification"
+
+
+class Scoring(str, Enum):
+    """How a layout scores a query against texts."""
+
+    PAIRS = "pairs"  # each (query, text) read as one input: a cross-encoder, an LLM reranker
+    HYBRID = "hybrid"  # bge-m3's weighted dense, sparse and ColBERT scores of query and text apart
+    MAXSIM = "maxsim"  # late interaction: each query vector's best match among the text's, summed
+
+
+class ModelType(str, Enum):
+    """TEI's kind of model (`/info`'s `model_type`, gRPC's `ModelType`)."""
+
+    EMBEDDING = "embedding"
+    RERANKER = "reranker"
+    CLASSIFIER = "classifier"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """One kind of model prensa serves, as the gateway reads it.
+
+    A layout's answers come from its outputs (`ServedModel.can`); what the outputs do not say is here:
+    how it scores a query against texts, what its per-token vectors mean, and which operation a body
+    that names none runs."""
+
+    name: str
+    task: Task  # what its export writes in `prensa.json` and the ensemble's `task` parameter
+    model_type: ModelType
+    default_operation: str  # the operation TEI's `POST /` runs when the body does not say
+    # a pooled dense vector is what it answers (the dense routes' models, late chunking's)
+    dense: bool = False
+    scoring: Scoring | None = None  # None: it scores no query against texts
+    # the ensemble outputs its scoring reads: an export without one of them ranks nothing
+    scoring_outputs: frozenset[str] = frozenset()
+    # its per-token vectors are what it answers for a text (a late-interaction model's documents,
+    # which its pool stage moves to the front of each row), and its queries are framed apart
+    token_vectors: bool = False
+    # `/info`'s pooling, for layouts that answer per-token weights or vectors rather than one pooled
+    token_pooling: str | None = None
+    # its pairs are written into a prompt by the tokenize stage (an LLM reranker), not given as two texts
+    prompted_pairs: bool = False

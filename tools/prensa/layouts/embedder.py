@@ -1,0 +1,12 @@
+"""Pooled embedders: sentence-transformers layouts (encoders and decoders) and plain encoders."""
+
+from prensa.layouts.base import Layout, ModelType
+from prensa.manifest import Task
+
+EMBEDDER = Layout(
+    name="embedder",
+    task=Task.EMBED,
+    model_type=ModelType.EMBEDDING,
+    default_operation="embed",
+    dense=True,
+)

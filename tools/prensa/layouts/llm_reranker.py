@@ -1,0 +1,13 @@
+"""LLM rerankers (Qwen3-Reranker): a pair written into the model's prompt, scored by its yes/no logits."""
+
+from prensa.layouts.base import Layout, ModelType, Scoring
+from prensa.manifest import Task
+
+LLM_RERANKER = Layout(
+    name="llm-reranker",
+    task=Task.RERANK,
+    model_type=ModelType.RERANKER,
+    default_operation="predict",
+    scoring=Scoring.PAIRS,
+    prompted_pairs=True,
+)

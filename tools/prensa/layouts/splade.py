@@ -1,0 +1,12 @@
+"""SPLADE: a masked LM's vocabulary weights, max-pooled over the text's tokens."""
+
+from prensa.layouts.base import Layout, ModelType
+from prensa.manifest import Task
+
+SPLADE = Layout(
+    name="splade",
+    task=Task.SPLADE,
+    model_type=ModelType.EMBEDDING,
+    default_operation="embed_sparse",
+    token_pooling="splade",
+)
