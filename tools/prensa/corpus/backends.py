@@ -17,7 +17,8 @@ import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from prensa.manifest import Manifest, Task
+from prensa.layouts import LAYOUTS
+from prensa.manifest import Manifest
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
 from prensa.tensors import texts_tensor
 from prensa.triton.config import config_parameters
@@ -32,7 +33,12 @@ from prensa.triton.repo import (
 
 # output kinds a corpus run can ask for, and the ensemble outputs each needs
 KINDS = contract.OUTPUT_KINDS
-EMBEDDING_TASKS = (Task.EMBED.value, Task.M3.value, Task.SPLADE.value)
+# the layouts whose answers are a text's embedding, dense or sparse (a late model's are per token)
+EMBEDDING_TASKS = tuple(
+    layout.task.value
+    for layout in LAYOUTS
+    if layout.answers & {contract.DENSE, contract.SPARSE_IDS}
+)
 
 
 class BackendError(RuntimeError):

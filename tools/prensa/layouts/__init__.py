@@ -5,7 +5,7 @@ A new layout is a module here and a row in `LAYOUTS`; the gateway reads what it 
 
 from __future__ import annotations
 
-from prensa.layouts.base import Capability, Layout, ModelType, Scoring
+from prensa.layouts.base import Capability, Layout, ModelType, PairInput, Scoring
 from prensa.layouts.classifier import CLASSIFIER
 from prensa.layouts.cross_encoder import CROSS_ENCODER
 from prensa.layouts.embedder import EMBEDDER
@@ -13,7 +13,7 @@ from prensa.layouts.late import LATE
 from prensa.layouts.llm_reranker import LLM_RERANKER
 from prensa.layouts.m3 import M3
 from prensa.layouts.splade import SPLADE
-from prensa.manifest import Task
+from prensa.manifest import Manifest, Task
 
 LAYOUTS: tuple[Layout, ...] = (EMBEDDER, M3, SPLADE, LATE, CROSS_ENCODER, LLM_RERANKER, CLASSIFIER)
 
@@ -27,4 +27,18 @@ def resolve(task: Task, *, prompted_pairs: bool = False) -> Layout:
     raise ValueError(f"no layout serves task {task} with prompted_pairs={prompted_pairs}")
 
 
-__all__ = ["LAYOUTS", "Capability", "Layout", "ModelType", "Scoring", "resolve"]
+def of_manifest(manifest: Manifest) -> Layout:
+    """The layout of an export, as its manifest says."""
+    return resolve(manifest.task, prompted_pairs=manifest.pair_template is not None)
+
+
+__all__ = [
+    "LAYOUTS",
+    "Capability",
+    "Layout",
+    "ModelType",
+    "PairInput",
+    "Scoring",
+    "of_manifest",
+    "resolve",
+]

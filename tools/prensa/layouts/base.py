@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from prensa.manifest import Task
+from prensa.stages import contract
 
 
 class Capability(str, Enum):
@@ -29,6 +30,15 @@ class Scoring(str, Enum):
     MAXSIM = "maxsim"  # late interaction: each query vector's best match among the text's, summed
 
 
+class PairInput(str, Enum):
+    """How the ensemble takes a second text (`text_pair`)."""
+
+    REQUIRED = "required"  # a cross-encoder scores (query, passage) pairs only
+    OPTIONAL = (
+        "optional"  # a classifier reads one text or a pair; an LLM reranker a prompt or a pair
+    )
+
+
 class ModelType(str, Enum):
     """TEI's kind of model (`/info`'s `model_type`, gRPC's `ModelType`)."""
 
@@ -49,8 +59,13 @@ class Layout:
     task: Task  # what its export writes in `prensa.json` and the ensemble's `task` parameter
     model_type: ModelType
     default_operation: str  # the operation TEI's `POST /` runs when the body does not say
-    # a pooled dense vector is what it answers (the dense routes' models, late chunking's)
-    dense: bool = False
+    # what its ensemble answers besides `num_tokens`: `contract.DENSE`, `SPARSE_IDS` (with
+    # `SPARSE_WEIGHTS`), `COLBERT`, `LOGITS` (with `SCORES`)
+    answers: frozenset[str]
+    pair_input: PairInput | None = None  # None: the ensemble takes no `text_pair`
+    # Triton's response cache may keep its answers: its clients ask one output set of the same inputs
+    # (Triton's cache key has no requested outputs)
+    cacheable: bool = False
     scoring: Scoring | None = None  # None: it scores no query against texts
     # the ensemble outputs its scoring reads: an export without one of them ranks nothing
     scoring_outputs: frozenset[str] = frozenset()
@@ -61,3 +76,8 @@ class Layout:
     token_pooling: str | None = None
     # its pairs are written into a prompt by the tokenize stage (an LLM reranker), not given as two texts
     prompted_pairs: bool = False
+
+    @property
+    def dense(self) -> bool:
+        """A pooled dense vector is among its answers (the dense routes' models, late chunking's)."""
+        return contract.DENSE in self.answers

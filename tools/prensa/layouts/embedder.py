@@ -2,11 +2,13 @@
 
 from prensa.layouts.base import Layout, ModelType
 from prensa.manifest import Task
+from prensa.stages import contract
 
 EMBEDDER = Layout(
     name="embedder",
     task=Task.EMBED,
     model_type=ModelType.EMBEDDING,
     default_operation="embed",
-    dense=True,
+    answers=frozenset({contract.DENSE}),
+    cacheable=True,
 )

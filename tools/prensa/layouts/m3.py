@@ -9,7 +9,7 @@ M3 = Layout(
     task=Task.M3,
     model_type=ModelType.EMBEDDING,
     default_operation="embed",
-    dense=True,
+    answers=frozenset({contract.DENSE, contract.SPARSE_IDS, contract.COLBERT}),
     scoring=Scoring.HYBRID,
     scoring_outputs=frozenset({contract.DENSE, contract.SPARSE_IDS, contract.COLBERT}),
 )

@@ -26,6 +26,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from prensa.files import graph_data_files, link_graph_files, link_or_copy
+from prensa.layouts import LAYOUTS, PairInput, of_manifest
 from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
 from prensa.options import internal, require_positive, setting
 from prensa.stages import (
@@ -48,7 +49,6 @@ from prensa.triton.config import (
 )
 
 WARMUP_TEXT = "prensa warms every stage up with this sentence before the model reports ready."
-PAIR_TASKS = (Task.RERANK, Task.CLASSIFY)
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
 # the exported graph's outputs, named by its manifest
 ENCODER_OUTPUT = contract.ENCODER_OUTPUT_TYPE.triton
@@ -67,11 +67,9 @@ DEFAULT_LENGTH_RATIO = contract.DEFAULT_LENGTH_RATIO
 
 # Triton keys a cached response on the model, its version and the bytes of each input by name: not on
 # the outputs the request asked for, nor on input shapes. The cached response carries only the outputs
-# its first request asked for, and later requests get exactly those. So only models whose clients
-# ask one output set of the same inputs are cached: prensa's routes ask an embedder for `dense` and
-# `num_tokens`, a SPLADE model for its sparse pair and `num_tokens`; they ask bge-m3 for dense,
-# sparse or ColBERT and a reranker or classifier for `scores` or `logits`, each from the same texts.
-CACHED_TASKS = (Task.EMBED, Task.SPLADE)
+# its first request asked for, so only layouts whose clients ask one output set of the same inputs are
+# cached (`Layout.cacheable`: an embedder's `dense`, SPLADE's sparse pair).
+CACHED_TASKS = tuple(layout.task for layout in LAYOUTS if layout.cacheable)
 
 
 class Pipeline(str, Enum):
@@ -333,17 +331,18 @@ def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, st
 def client_outputs(manifest: Manifest) -> list[Tensor]:
     """What the ensemble returns, by task; docs/api.md (calling Triton directly) says how to decode each."""
     graph = {o.name: o for o in manifest.outputs}
+    answers = of_manifest(manifest).answers
     outputs = []
-    if manifest.task in (Task.EMBED, Task.M3):
+    if contract.DENSE in answers:
         pooled = graph.get(contract.SENTENCE_EMBEDDING)
         dim = pooled.dims[0] if pooled else graph[contract.LAST_HIDDEN_STATE].dims[1]
         outputs.append(Tensor(contract.DENSE, contract.triton_type(contract.DENSE), [dim]))
-    if manifest.task in (Task.M3, Task.SPLADE):
+    if contract.SPARSE_IDS in answers:
         outputs += [
             Tensor(n, contract.triton_type(n), [-1])
             for n in (contract.SPARSE_IDS, contract.SPARSE_WEIGHTS)
         ]
-    if manifest.task in (Task.M3, Task.LATE):
+    if contract.COLBERT in answers:
         outputs.append(
             Tensor(
                 contract.COLBERT,
@@ -351,7 +350,7 @@ def client_outputs(manifest: Manifest) -> list[Tensor]:
                 [-1, graph[contract.COLBERT_VECS].dims[1]],
             )
         )
-    if manifest.task in PAIR_TASKS:
+    if contract.LOGITS in answers:
         labels = graph[contract.LOGITS].dims
         outputs += [
             Tensor(n, contract.triton_type(n), labels) for n in (contract.LOGITS, contract.SCORES)
@@ -369,7 +368,7 @@ class ModelRenderer:
 
         tokenizer = Tokenizer.from_file(str(model.export_dir / self.m.tokenizer_file))
         tokenizer.enable_truncation(self.m.max_length)
-        pair = self.m.task in PAIR_TASKS
+        pair = of_manifest(self.m).pair_input is not None
         encoding = tokenizer.encode(WARMUP_TEXT, WARMUP_TEXT if pair else None)
         self.sample_tokens = {
             contract.INPUT_IDS: np.asarray(encoding.ids, dtype=contract.INT64.numpy),
@@ -464,8 +463,9 @@ class ModelRenderer:
         inputs = [
             Tensor(contract.TEXT, contract.triton_type(contract.TEXT), [1], optional=optional)
         ]
-        if self.m.task in PAIR_TASKS:
-            alone = self.m.task is Task.CLASSIFY or self.m.pair_template is not None
+        pair_input = of_manifest(self.m).pair_input
+        if pair_input is not None:
+            alone = pair_input is PairInput.OPTIONAL
             inputs.append(
                 Tensor(
                     contract.TEXT_PAIR,
