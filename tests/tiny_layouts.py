@@ -402,3 +402,29 @@ def bert_cross_encoder(directory: Path, seed: int = 10, spread: float = 1000.0) 
     sharpened(model, model.classifier, tokenizer, spread)
     model.save_pretrained(directory)
     return directory
+
+
+def static_embedder(directory: Path, seed: int = 14, normalize: bool = False, cut: int | None = None,
+                    legacy: bool = False) -> Path:
+    """sentence-transformers' `StaticEmbedding` (a random 24-dim table on the BERT-style tokenizer), as
+    sentence-transformers 5 saves it at the model's root, or under `0_StaticEmbedding/` as older versions
+    did (`legacy`); `normalize` adds a Normalize module, `cut` a truncation to the tokenizer file."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules.static_embedding import StaticEmbedding
+
+    shutil.rmtree(directory, ignore_errors=True)
+    backend = wordpiece_tokenizer(directory.parent / f"{directory.name}-tokenizer").backend_tokenizer
+    if cut is not None:
+        backend.enable_truncation(cut)
+    torch.manual_seed(seed)
+    modules = [StaticEmbedding(backend, embedding_dim=24), *([_normalize()] if normalize else [])]
+    SentenceTransformer(modules=modules).save(str(directory))
+    if legacy:  # the module's files in its own folder, as modules.json then names it
+        folder = directory / "0_StaticEmbedding"
+        folder.mkdir()
+        for name in ("model.safetensors", "tokenizer.json"):
+            (directory / name).rename(folder / name)
+        entries = json.loads((directory / "modules.json").read_text())
+        entries[0]["path"] = folder.name
+        (directory / "modules.json").write_text(json.dumps(entries))
+    return directory

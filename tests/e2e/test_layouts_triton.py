@@ -55,6 +55,11 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
     "instructor-dense": (lambda d: tiny_layouts.dense_embedder(d, include_prompt=False), Pipeline.ENSEMBLE),
 }
 LEAVING_PROMPTS_OUT = [name for name in EMBEDDERS if name.startswith("instructor-")]
+# sentence-transformers' StaticEmbedding: at the root (5.x) and under 0_StaticEmbedding/ with Normalize and a
+# tokenizer file that cuts at 8 tokens
+STATIC = {"static": (tiny_layouts.static_embedder, Pipeline.ENSEMBLE),
+          "static-legacy": (lambda d: tiny_layouts.static_embedder(d, normalize=True, cut=8, legacy=True),
+                            Pipeline.FUSED)}
 OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
           "splade-modernbert": (lambda d: tiny_layouts.sparse_encoder(d, modernbert=True), Pipeline.FUSED),
           "modernbert-cross-encoder": (tiny_layouts.modernbert_cross_encoder, Pipeline.ENSEMBLE),
@@ -69,14 +74,14 @@ EXPORT_OPTIONS = {"flag-reranker": {"pair_truncation": PairTruncation.CAPPED_QUE
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, object]:
     root = tmp_path_factory.mktemp("layouts")
-    return {name: build(root / name) for name, (build, _) in {**EMBEDDERS, **OTHERS}.items()}
+    return {name: build(root / name) for name, (build, _) in {**EMBEDDERS, **STATIC, **OTHERS}.items()}
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, sources):
     root = tmp_path_factory.mktemp("layout-exports")
     repo = root / "repo"
-    for name, (_, pipeline) in {**EMBEDDERS, **OTHERS}.items():
+    for name, (_, pipeline) in {**EMBEDDERS, **STATIC, **OTHERS}.items():
         manifest, report = export_model(ExportOptions(str(sources[name]), root / name,
                                                       **EXPORT_OPTIONS.get(name, {})))
         assert report.ok, (name, report.figures)
@@ -117,6 +122,28 @@ def test_embed_equals_sentence_transformers_encode(served, sources, name):
     normalizes = any(type(module).__name__ == "Normalize" for module in model)
     got = np.asarray(post(served, "/embed", {"inputs": TEXTS, "model": name, "normalize": normalizes}))
     assert_equal(got, model.encode(TEXTS, batch_size=len(TEXTS)))
+
+
+@pytest.mark.parametrize("name", list(STATIC))
+def test_static_embeddings_equal_sentence_transformers_encode(served, sources, name):
+    """Every dense route reads a static model's texts as `StaticEmbedding` does (no special tokens,
+    `[UNK]` kept, cut only where its tokenizer file says) and answers the mean of its rows (a text of
+    no token, whitespace alone, a zero vector as the library's); a text past the file's cut is refused
+    unless the client asks for the cut."""
+    model = sentence_transformer(sources[name])
+    want = model.encode(TEXTS, batch_size=len(TEXTS))
+    assert not want[TEXTS.index(" \t\n ")].any()
+    normalizes = any(type(module).__name__ == "Normalize" for module in model)
+    got = post(served, "/embed", {"inputs": TEXTS, "model": name, "normalize": normalizes, "truncate": True})
+    np.testing.assert_allclose(np.asarray(got), want, atol=MAX_DIFF)
+    answer = post(served, "/v1/embeddings", {"input": TEXTS, "model": name})  # normalised, as TEI's
+    unit = want / np.maximum(np.linalg.norm(want, axis=-1, keepdims=True), 1e-12)
+    np.testing.assert_allclose(np.asarray([row["embedding"] for row in answer["data"]]), unit, atol=MAX_DIFF)
+    tokens = [len(model.tokenize([text])["input_ids"]) for text in TEXTS]
+    assert answer["usage"]["prompt_tokens"] == sum(tokens)
+    if name == "static-legacy":
+        refused = httpx.post(f"{served}/embed", json={"inputs": TEXTS[2], "model": name, "truncate": False}, timeout=60)
+        assert refused.status_code == 422 and "must have less than 8 tokens" in refused.text, refused.text
 
 
 @pytest.mark.parametrize(("name", "prompt"), [("qwen3-embedding", "query"), ("embeddinggemma", "document"),

@@ -9,6 +9,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from prensa.cli import app
@@ -16,6 +17,7 @@ from prensa.export import sentence
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import pooling_modes, read_layout
+from prensa.layouts import static
 from prensa.manifest import Manifest, Pooling, Task
 from prensa.stages import load_stage
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
@@ -231,3 +233,46 @@ def test_a_matryoshka_list_of_anything_but_sizes_is_refused(tmp_path):
 
     with pytest.raises(SourceError, match="matryoshka_dimensions must list positive sizes"):
         read_matryoshka(source(tmp_path), {"matryoshka_dimensions": [64, "all"]})
+
+
+@pytest.fixture(scope="module")
+def static_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("static")
+    return {"root": tiny_layouts.static_embedder(root / "root"),
+            "legacy": tiny_layouts.static_embedder(root / "legacy", normalize=True, cut=8, legacy=True)}
+
+
+def test_a_static_embedding_is_read_where_each_version_saves_it(static_dirs):
+    root, legacy = (static.read_static(source(static_dirs[form])) for form in ("root", "legacy"))
+    assert (root.folder, root.normalize, root.max_length) == (static_dirs["root"], False, None)
+    assert (legacy.folder, legacy.normalize, legacy.max_length) == (
+        static_dirs["legacy"] / "0_StaticEmbedding", True, 8)
+    assert static.read_static(source(tiny_layouts.dense_embedder(static_dirs["root"].parent / "dense"))) is None
+
+
+def test_a_static_export_reads_texts_without_special_tokens_and_pools_in_its_graph(static_dirs, tmp_path):
+    manifest, report = export_model(ExportOptions(str(static_dirs["legacy"]), tmp_path / "out"))
+    assert report.ok, report.figures
+    assert (manifest.task, manifest.graph_pooling, manifest.max_length, manifest.normalize) == (
+        Task.EMBED, "mean", 8, True)
+    assert manifest.inputs == ["input_ids", "attention_mask"]
+    written = Tokenizer.from_file(str(tmp_path / "out" / manifest.tokenizer_file))
+    own = Tokenizer.from_file(str(static_dirs["legacy"] / "0_StaticEmbedding" / "tokenizer.json"))
+    text = "Berlin is the capital of Germany."
+    assert written.encode(text).ids == own.encode(text, add_special_tokens=False).ids  # as StaticEmbedding reads it
+    assert written.encode(text).ids != own.encode(text).ids  # the file itself frames a text with [CLS] and [SEP]
+
+
+@pytest.mark.parametrize(("after", "options", "message"), [
+    ("Dense", {}, "follows its StaticEmbedding with Dense"),
+    (None, {"task": Task.RERANK}, "drop --task and --pooling"),
+    (None, {"pooling": Pooling.CLS}, "drop --task and --pooling"),
+])
+def test_what_a_static_model_cannot_be_is_refused_by_name(static_dirs, tmp_path, after, options, message):
+    copy = shutil.copytree(static_dirs["root"], tmp_path / "copy")
+    if after is not None:
+        entries = modules_of(copy)
+        entries.append({"idx": 1, "name": "1", "path": "1_Dense", "type": f"sentence_transformers.models.{after}"})
+        (copy / "modules.json").write_text(json.dumps(entries))
+    with pytest.raises(SourceError, match=message):
+        export_model(ExportOptions(str(copy), tmp_path / "out", **options))

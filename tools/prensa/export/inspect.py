@@ -12,10 +12,12 @@ from prensa.export.late import STANFORD_ARCHITECTURE as STANFORD
 from prensa.export.late import LateLayout, read_late_layout
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
+from prensa.layouts import static
 from prensa.manifest import Pooling, Task
 
 M3_HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+DEFAULT_LENGTH = 512  # a model that states no length of its own
 # sentence-transformers' pooling modes the pool stage computes itself.
 STAGE_POOLING = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pooling.LAST}
 
@@ -37,10 +39,15 @@ class ModelPlan:
     late: LateLayout | None = None
     # the reference library strips each text before tokenizing (`contract.STRIP_TEXTS`)
     strip_texts: bool = False
+    # a static embedding model's table and files (`layouts.static`)
+    static: static.StaticLayout | None = None
 
     @property
     def graph_pooling(self) -> str | None:
-        """The pooling modes the graph runs itself (sentence-transformers' modules traced into it)."""
+        """The pooling modes the graph runs itself (sentence-transformers' modules traced into it,
+        a static model's mean of its rows)."""
+        if self.static is not None:
+            return "mean"
         if self.task is not Task.EMBED or self.layout is None or self.layout.simple_pooling:
             return None
         return "+".join(self.layout.pooling_modes)
@@ -162,7 +169,7 @@ def detect_max_length(
     elif tokenizer_limit and tokenizer_limit < MAX_SANE_LENGTH:
         length = int(tokenizer_limit)
     else:
-        length = int(position_limit or 512)
+        length = int(position_limit or DEFAULT_LENGTH)
     return min(length, position_limit) if position_limit else length
 
 
@@ -217,6 +224,24 @@ def _late_plan(
     return ModelPlan(Task.LATE, None, True, length, late=late, strip_texts=True)
 
 
+def _static_plan(
+    source: SourceModel,
+    layout: static.StaticLayout,
+    requested_task: Task | None,
+    pooling: Pooling | None,
+    max_length: int | None,
+) -> ModelPlan:
+    """A static embedding model's plan: its mean, cut where its tokenizer file cuts (or at
+    `max_length`, else the default length: the library itself never cuts a text without one)."""
+    if requested_task not in (None, static.LAYOUT.task) or pooling is not None:
+        raise SourceError(
+            f"{source.name} is a static embedding model (StaticEmbedding): it serves the mean of its "
+            "token rows as dense embeddings; drop --task and --pooling"
+        )
+    length = max_length or layout.max_length or DEFAULT_LENGTH
+    return ModelPlan(static.LAYOUT.task, None, layout.normalize, length, static=layout)
+
+
 def plan_model(
     source: SourceModel,
     architectures: list[str],
@@ -228,6 +253,9 @@ def plan_model(
     position_limit: int | None,
     prompts: dict[str, str] | None = None,
 ) -> ModelPlan:
+    static_layout = static.read_static(source)
+    if static_layout is not None:
+        return _static_plan(source, static_layout, requested_task, pooling, max_length)
     late = read_late_layout(source, architectures)
     if late is not None or requested_task is Task.LATE:
         return _late_plan(source, late, requested_task, max_length, position_limit)

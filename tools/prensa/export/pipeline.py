@@ -30,6 +30,7 @@ from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_output
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.export.st_layout import lowercase_first, lowercases
 from prensa.files import GraphDataError, link_graph_files
+from prensa.layouts import static
 from prensa.manifest import (
     CALIBRATION_FILE,
     GraphOutput,
@@ -629,6 +630,10 @@ def _load_graph(
 ) -> tuple[nn.Module, list[GraphOutput], Reference | None]:
     """The torch module to trace, its outputs, and what the model's own library answers for the
     sample (sentence-transformers' `encode`, the LLM reranker card's formula), taken before tracing."""
+    if plan.static is not None:
+        graph, outputs = static.graph(plan.static)
+        values = static.reference(source, VERIFY_TEXTS)
+        return graph, outputs, Reference(static.FIGURE, values, "encode")
     if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
         from prensa.export import sentence
 
@@ -1005,10 +1010,13 @@ def export_model(
         require_native_code(source, config)
         if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
             require_memory(source, config, psutil.virtual_memory().available)
+        static_layout = static.read_static(source)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
-        tokenizer = AutoTokenizer.from_pretrained(
-            source.path, use_fast=True, trust_remote_code=False
-        )  # type: ignore[no-untyped-call]
+        tokenizer = (
+            static.tokenizer(static_layout)
+            if static_layout is not None
+            else AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
+        )
         if not tokenizer.is_fast:
             raise SourceError(
                 f"{source.name} has no fast (Rust) tokenizer; prensa's tokenize stage needs tokenizer.json"

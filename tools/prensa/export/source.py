@@ -59,9 +59,12 @@ def cached_hub_model(model_id: str) -> Path | None:
 def resolve_source(source: str, revision: str | None = None) -> SourceModel:
     local = Path(source).expanduser()
     if local.is_dir():
-        if not (local / "config.json").exists() and not (local / "model.onnx").exists():
+        # a static embedding model has only sentence-transformers' modules.json
+        if not any(
+            (local / name).exists() for name in ("config.json", "model.onnx", "modules.json")
+        ):
             raise SourceError(
-                f"{local} has neither config.json nor model.onnx: not a model directory"
+                f"{local} has neither config.json, model.onnx nor modules.json: not a model directory"
             )
         return SourceModel(local.resolve(), source, content_revision(local))
     if local.exists() or source.startswith((".", "/")):
