@@ -428,3 +428,22 @@ def static_embedder(directory: Path, seed: int = 14, normalize: bool = False, cu
         entries[0]["path"] = folder.name
         (directory / "modules.json").write_text(json.dumps(entries))
     return directory
+
+
+def model2vec_embedder(directory: Path, seed: int = 15, quantized: bool = True) -> Path:
+    """model2vec's `StaticModel` saved by its own `save_pretrained`: random 16-dim rows on the BERT-style
+    tokenizer, a weight per token, normalised; `quantized` maps the vocabulary onto a third as many rows
+    (its vocabulary quantization's `mapping`)."""
+    import numpy as np
+    from model2vec import StaticModel
+
+    shutil.rmtree(directory, ignore_errors=True)
+    backend = wordpiece_tokenizer(directory.parent / f"{directory.name}-tokenizer").backend_tokenizer
+    rng = np.random.default_rng(seed)
+    vocab = backend.get_vocab_size()
+    rows = vocab // 3 if quantized else vocab
+    model = StaticModel(vectors=rng.normal(size=(rows, 16)).astype(np.float32), tokenizer=backend, normalize=True,
+                        weights=rng.uniform(0.5, 2.0, size=vocab).astype(np.float32),
+                        token_mapping=rng.integers(0, rows, size=vocab) if quantized else None)
+    model.save_pretrained(str(directory))
+    return directory

@@ -55,11 +55,12 @@ EMBEDDERS = {  # served name -> (builder, pipeline)
     "instructor-dense": (lambda d: tiny_layouts.dense_embedder(d, include_prompt=False), Pipeline.ENSEMBLE),
 }
 LEAVING_PROMPTS_OUT = [name for name in EMBEDDERS if name.startswith("instructor-")]
-# sentence-transformers' StaticEmbedding: at the root (5.x) and under 0_StaticEmbedding/ with Normalize and a
-# tokenizer file that cuts at 8 tokens
+# sentence-transformers' StaticEmbedding at the root (5.x), and under 0_StaticEmbedding/ with Normalize and a
+# tokenizer file that cuts at 8 tokens; model2vec's StaticModel with weights and a quantized vocabulary
 STATIC = {"static": (tiny_layouts.static_embedder, Pipeline.ENSEMBLE),
           "static-legacy": (lambda d: tiny_layouts.static_embedder(d, normalize=True, cut=8, legacy=True),
-                            Pipeline.FUSED)}
+                            Pipeline.FUSED),
+          "potion": (tiny_layouts.model2vec_embedder, Pipeline.ENSEMBLE)}
 OTHERS = {"splade-st5": (tiny_layouts.sparse_encoder, Pipeline.ENSEMBLE),
           "splade-modernbert": (lambda d: tiny_layouts.sparse_encoder(d, modernbert=True), Pipeline.FUSED),
           "modernbert-cross-encoder": (tiny_layouts.modernbert_cross_encoder, Pipeline.ENSEMBLE),
@@ -124,23 +125,34 @@ def test_embed_equals_sentence_transformers_encode(served, sources, name):
     assert_equal(got, model.encode(TEXTS, batch_size=len(TEXTS)))
 
 
-@pytest.mark.parametrize("name", list(STATIC))
-def test_static_embeddings_equal_sentence_transformers_encode(served, sources, name):
-    """Every dense route reads a static model's texts as `StaticEmbedding` does (no special tokens,
-    `[UNK]` kept, cut only where its tokenizer file says) and answers the mean of its rows (a text of
-    no token, whitespace alone, a zero vector as the library's); a text past the file's cut is refused
-    unless the client asks for the cut."""
-    model = sentence_transformer(sources[name])
-    want = model.encode(TEXTS, batch_size=len(TEXTS))
-    assert not want[TEXTS.index(" \t\n ")].any()
+def static_library(path) -> tuple[np.ndarray, bool, list[int] | None]:
+    """What a static model's own library answers for TEXTS, whether it normalises, and the tokens it
+    reads per text (model2vec leaves its unknown tokens out, so prensa's count is not its own: None)."""
+    if (path / "config.json").exists():  # model2vec's
+        from model2vec import StaticModel
+
+        model = StaticModel.from_pretrained(str(path))
+        return model.encode(TEXTS), model.normalize, None
+    model = sentence_transformer(path)
     normalizes = any(type(module).__name__ == "Normalize" for module in model)
+    return model.encode(TEXTS, batch_size=len(TEXTS)), normalizes, [len(model.tokenize([t])["input_ids"]) for t in TEXTS]
+
+
+@pytest.mark.parametrize("name", list(STATIC))
+def test_static_embeddings_equal_their_librarys(served, sources, name):
+    """Every dense route reads a static model's texts as its library does (no special tokens; `[UNK]`
+    kept by sentence-transformers, left out by model2vec; cut only where the tokenizer file says) and
+    answers the mean of its rows (a text of no token, whitespace alone, a zero vector as the library's);
+    a text past the file's cut is refused unless the client asks for the cut."""
+    want, normalizes, tokens = static_library(sources[name])
+    assert not want[TEXTS.index(" \t\n ")].any()
     got = post(served, "/embed", {"inputs": TEXTS, "model": name, "normalize": normalizes, "truncate": True})
     np.testing.assert_allclose(np.asarray(got), want, atol=MAX_DIFF)
     answer = post(served, "/v1/embeddings", {"input": TEXTS, "model": name})  # normalised, as TEI's
     unit = want / np.maximum(np.linalg.norm(want, axis=-1, keepdims=True), 1e-12)
     np.testing.assert_allclose(np.asarray([row["embedding"] for row in answer["data"]]), unit, atol=MAX_DIFF)
-    tokens = [len(model.tokenize([text])["input_ids"]) for text in TEXTS]
-    assert answer["usage"]["prompt_tokens"] == sum(tokens)
+    if tokens is not None:
+        assert answer["usage"]["prompt_tokens"] == sum(tokens)
     if name == "static-legacy":
         refused = httpx.post(f"{served}/embed", json={"inputs": TEXTS[2], "model": name, "truncate": False}, timeout=60)
         assert refused.status_code == 422 and "must have less than 8 tokens" in refused.text, refused.text

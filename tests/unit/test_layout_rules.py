@@ -239,7 +239,8 @@ def test_a_matryoshka_list_of_anything_but_sizes_is_refused(tmp_path):
 def static_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("static")
     return {"root": tiny_layouts.static_embedder(root / "root"),
-            "legacy": tiny_layouts.static_embedder(root / "legacy", normalize=True, cut=8, legacy=True)}
+            "legacy": tiny_layouts.static_embedder(root / "legacy", normalize=True, cut=8, legacy=True),
+            "model2vec": tiny_layouts.model2vec_embedder(root / "model2vec")}
 
 
 def test_a_static_embedding_is_read_where_each_version_saves_it(static_dirs):
@@ -248,6 +249,22 @@ def test_a_static_embedding_is_read_where_each_version_saves_it(static_dirs):
     assert (legacy.folder, legacy.normalize, legacy.max_length) == (
         static_dirs["legacy"] / "0_StaticEmbedding", True, 8)
     assert static.read_static(source(tiny_layouts.dense_embedder(static_dirs["root"].parent / "dense"))) is None
+
+
+def test_a_model2vec_model_is_read_as_model2vec_reads_it_with_or_without_modules_json(static_dirs, tmp_path):
+    """Its `embeddings` table (which sentence-transformers would read without the weights and the
+    mapping) makes it model2vec's, and so does `model_type` in a directory of model2vec's files alone."""
+    read = static.read_static(source(static_dirs["model2vec"]))
+    assert (read.library, read.normalize, read.max_length) == (static.MODEL2VEC, True, static.MODEL2VEC_MAX_LENGTH)
+    bare = shutil.copytree(static_dirs["model2vec"], tmp_path / "bare")
+    (bare / "modules.json").unlink()
+    assert static.read_static(source(bare)) is None  # nothing says what it is
+    config = json.loads((bare / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({**config, "model_type": "model2vec", "normalize": False}))
+    assert (static.read_static(source(bare)).library, static.read_static(source(bare)).normalize) == (
+        static.MODEL2VEC, False)
+    manifest, report = export_model(ExportOptions(str(bare), tmp_path / "out"))  # transformers knows no model2vec
+    assert report.ok and "model2vec" in report.figures and not manifest.normalize, report.figures
 
 
 def test_a_static_export_reads_texts_without_special_tokens_and_pools_in_its_graph(static_dirs, tmp_path):

@@ -632,8 +632,8 @@ def _load_graph(
     sample (sentence-transformers' `encode`, the LLM reranker card's formula), taken before tracing."""
     if plan.static is not None:
         graph, outputs = static.graph(plan.static)
-        values = static.reference(source, VERIFY_TEXTS)
-        return graph, outputs, Reference(static.FIGURE, values, "encode")
+        values = static.reference(source, plan.static, VERIFY_TEXTS)
+        return graph, outputs, Reference(plan.static.library, values, "encode")
     if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
         from prensa.export import sentence
 
@@ -1007,10 +1007,11 @@ def export_model(
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
         config = _read_config(source)
-        require_native_code(source, config)
+        static_layout = static.read_static(source)
+        if static_layout is None:  # a table and a tokenizer: no transformers code to check
+            require_native_code(source, config)
         if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
             require_memory(source, config, psutil.virtual_memory().available)
-        static_layout = static.read_static(source)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
         tokenizer = (
             static.tokenizer(static_layout)
