@@ -100,3 +100,16 @@ def test_tiny_size_takes_its_vocabulary_from_the_tokenizer_and_unknown_sizes_are
     assert synthetic.xlmr_config("tiny", 400).vocab_size == 400
     with pytest.raises(ValueError, match="unknown size"):
         synthetic.shape("huge")  # type: ignore[arg-type]
+
+
+def test_a_synthetic_static_model_is_a_table_of_the_tokenizers_vocabulary(tmp_path):
+    from prensa.export.source import SourceModel
+    from prensa.layouts import static
+    from tests import tiny_layouts
+
+    tokenizer = tiny_layouts.wordpiece_tokenizer(tmp_path / "tokenizer").backend_tokenizer
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    directory = synthetic.static_embedding(tmp_path / "static", tmp_path / "tokenizer.json", "tiny")
+    layout = static.read_static(SourceModel(directory, "static", "local"))
+    assert layout is not None and layout.library == static.SENTENCE_TRANSFORMERS
+    assert static.table(layout).shape == (tokenizer.get_vocab_size(), synthetic.STATIC_DIMS["tiny"])

@@ -1,5 +1,5 @@
-"""bge-m3, bge-reranker-v2-m3, Qwen3-Embedding and a PyLate ColBERT with random weights, at their
-real size or a tiny one.
+"""bge-m3, bge-reranker-v2-m3, Qwen3-Embedding, a PyLate ColBERT and a static embedding model with
+random weights, at their real size or a tiny one.
 
 A GPU benchmark needs the real shapes, not the real weights: a forward pass costs the same
 whatever the weights hold. `full` is XLM-RoBERTa large as both BAAI models ship it (bge-m3:
@@ -429,4 +429,27 @@ def colbert(directory: Path, size: Size = "tiny", seed: int = 3) -> Path:
     (directory / "config_sentence_transformers.json").write_text(
         json.dumps({**COLBERT_SETTINGS, "skiplist_words": list(string.punctuation)})
     )
+    return directory
+
+
+# static-retrieval-mrl-en-v1's table: bert-base-uncased's vocabulary (the tokenizer given) x 1024
+STATIC_DIMS: dict[str, int] = {"tiny": 16, "full": 1024}
+
+
+def static_embedding(
+    directory: Path, tokenizer_file: Path, size: Size = "tiny", seed: int = 5
+) -> Path:
+    """sentence-transformers' `StaticEmbedding` on `tokenizer_file` (its vocabulary sets the table's
+    rows; static-retrieval-mrl-en-v1 reads bert-base-uncased's), saved as sentence-transformers 5
+    saves it: `tokenizer.json` and `model.safetensors` at the root, no `config.json`."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules.static_embedding import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    torch.manual_seed(seed)
+    table = StaticEmbedding(
+        Tokenizer.from_file(str(tokenizer_file)), embedding_dim=STATIC_DIMS[size]
+    )
+    SentenceTransformer(modules=[table]).save(str(directory))
     return directory
