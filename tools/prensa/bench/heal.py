@@ -104,7 +104,10 @@ def report(
     if not failed:
         lines.append("  none failed")
     else:
-        after = [sent for sent, _, _, status, _ in own if status == 200 and sent > max(failed)]
+        # sent after the kill too: a request in flight at the kill may fail after one sent later
+        # (but before the kill) succeeded, which says nothing of the heal
+        since = max(max(failed), kill_at)
+        after = [sent for sent, _, _, status, _ in own if status == 200 and sent > since]
         healed = f"{min(after) - kill_at:.2f} s" if after else "not healed"
         hints = Counter(retry for _, _, _, status, retry in own if status == 503)
         statuses = dict(Counter(status for _, _, _, status, _ in own if status != 200))
