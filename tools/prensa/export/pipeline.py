@@ -191,6 +191,37 @@ class VerifyReport:
     ok: bool
 
 
+@dataclass
+class ExportRun:
+    """One export on its way: what every step after the graph reads (the source, its tokenizer, the
+    plan, the options, the progress display) and what the steps before it left (the graph written
+    into `options.out`, the report so far, a TensorRT engine, a packed graph)."""
+
+    source: SourceModel
+    config: dict[str, Any]
+    tokenizer: PreTrainedTokenizerBase
+    plan: ModelPlan
+    options: ExportOptions
+    step: Step
+    prompts: tuple[dict[str, str], str | None]
+    late_interaction: LateInteraction | None
+    graph: GraphInfo
+    report: VerifyReport
+    engine: TensorRTEngine | None = None
+    packed_file: str | None = None
+    packed_checked: bool = False
+
+    def add_figures(
+        self, figures: dict[str, str], ok: bool = True, heading: str | None = None
+    ) -> None:
+        """The report with `figures` added (and failed unless `ok`)."""
+        self.report = VerifyReport(
+            heading or self.report.heading,
+            {**self.report.figures, **figures},
+            self.report.ok and ok,
+        )
+
+
 def _no_progress(_: str) -> AbstractContextManager[Any]:
     return nullcontext()
 
@@ -747,17 +778,12 @@ def _adopt_onnx(
     return graph, report
 
 
-def _quantize(
-    graph: GraphInfo,
-    report: VerifyReport,
-    tokenizer: PreTrainedTokenizerBase,
-    plan: ModelPlan,
-    options: ExportOptions,
-    step: Step,
-) -> tuple[GraphInfo, VerifyReport]:
+def _quantize(run: ExportRun) -> None:
     """Swap the fp32 graph in `out` for its int8 version; add the agreement figures to the report."""
     from prensa.export.quantize import quantize_with_report
 
+    graph, tokenizer, plan = run.graph, run.tokenizer, run.plan
+    options, step = run.options, run.step
     if graph.dtype != "fp32":
         raise SourceError(f"--quantize int8 needs an fp32 graph; this one is {graph.dtype}")
     with staging(options.out, "fp32") as folder:
@@ -782,26 +808,20 @@ def _quantize(
             # a failed quantisation leaves the fp32 export as it was
             move_graph(fp32, options.out / ONNX_FILE)
             raise
-    figures = dict(report.figures)
+    figures = {}
     for label, values in result.figures.items():
         kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
         figures[f"int8 {label}{kept}"] = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-    return GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops), VerifyReport(
-        report.heading, figures, report.ok
-    )
+    run.graph = GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops)
+    run.add_figures(figures)
 
 
-def _build_tensorrt(
-    graph: GraphInfo,
-    report: VerifyReport,
-    tokenizer: PreTrainedTokenizerBase,
-    plan: ModelPlan,
-    options: ExportOptions,
-    step: Step,
-) -> tuple[TensorRTEngine, VerifyReport]:
+def _build_tensorrt(run: ExportRun) -> None:
     """model.plan beside the fp32 model.onnx, checked against it through the TensorRT runtime."""
     from prensa.export import tensorrt
 
+    graph, tokenizer, plan = run.graph, run.tokenizer, run.plan
+    options, step = run.options, run.step
     if graph.dtype != "fp32":
         raise SourceError(f"--format tensorrt builds from an fp32 graph; this one is {graph.dtype}")
     profile = tensorrt.engine_profile(
@@ -831,37 +851,30 @@ def _build_tensorrt(
         graph.outputs,
         prefix="tensorrt ",
     )
-    engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.served_dtype, version, profile)
-    figures = {
-        **report.figures,
-        **checked.figures,
-        "tensorrt engine": f"TensorRT {version}, {options.served_dtype}, {tensorrt.describe_profile(profile)}",
-    }
-    return engine, VerifyReport(
-        f"{report.heading}; {checked.heading}", figures, report.ok and checked.ok
+    run.engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.served_dtype, version, profile)
+    described = f"TensorRT {version}, {options.served_dtype}, {tensorrt.describe_profile(profile)}"
+    run.add_figures(
+        {**checked.figures, "tensorrt engine": described},
+        checked.ok,
+        f"{run.report.heading}; {checked.heading}",
     )
 
 
-def _pack(
-    graph: GraphInfo,
-    report: VerifyReport,
-    options: ExportOptions,
-    pad_id: int,
-    step: Step,
-    late: bool = False,
-) -> tuple[str | None, bool, VerifyReport]:
+def _pack(run: ExportRun) -> None:
     """The packed graph beside an ONNX export that asks for one (`ExportOptions.pack`), and whether
     it was checked against the unpacked graph, or the report's line saying why there is none. Its
     ops run on CUDA only: checked here where onnxruntime's CUDA provider runs, and in any case by the
     encode stage when it loads (`packing`). A packed graph that disagrees is not kept."""
+    graph, options, step = run.graph, run.options, run.step
     target = options.out / packing.PACKED_FILE
     target.unlink(missing_ok=True)  # a previous export's, into the same directory
     wanted = options.pack if options.pack is not None else graph.dtype == "fp16"
-    if not wanted or options.format is not ExportFormat.ONNX or not report.ok:
-        return None, False, report
+    if not wanted or options.format is not ExportFormat.ONNX or not run.report.ok:
+        return
+    pad_id = int(run.tokenizer.pad_token_id or 0)
     if graph.dtype == "int8":
         reason: str | None = "int8 graphs are for CPUs; packing is for onnxruntime's CUDA provider"
-    elif late:
+    elif run.late_interaction is not None:
         reason = "a late-interaction query holds tokens no token attends to, which packing drops"
     elif not graph.fused_ops:
         reason = "the graph has no fused ops to pack (exported with --no-fuse-ops, or none matched)"
@@ -876,60 +889,41 @@ def _pack(
         if reason:
             target.unlink()
     where = "agrees on CUDA" if checked else "checked on CUDA when the encode stage loads it"
-    figure = f"none: {reason}" if reason else f"{packing.PACKED_FILE} ({where})"
-    figures = {**report.figures, PACKED_FIGURE: figure}
-    packed = None if reason else packing.PACKED_FILE
-    return packed, checked, VerifyReport(report.heading, figures, report.ok)
+    run.add_figures(
+        {PACKED_FIGURE: f"none: {reason}" if reason else f"{packing.PACKED_FILE} ({where})"}
+    )
+    run.packed_file, run.packed_checked = (None if reason else packing.PACKED_FILE), checked
 
 
-def _calibrate(
-    manifest: Manifest,
-    report: VerifyReport,
-    tokenizer: PreTrainedTokenizerBase,
-    options: ExportOptions,
-    step: Step,
-) -> tuple[str | None, VerifyReport]:
+def _calibrate(run: ExportRun, manifest: Manifest) -> None:
     """calibration.json for a dense export whose graph passed its check, when asked or cheap; the
     report's line says how it was made, or why there is none."""
-
-    def reported(figure: str) -> VerifyReport:
-        return VerifyReport(
-            report.heading, {**report.figures, calibration.FIGURE: figure}, report.ok
-        )
-
-    if not report.ok:
-        return None, reported("skipped: the graph failed its check")
+    options = run.options
+    if not run.report.ok:
+        run.add_figures({calibration.FIGURE: "skipped: the graph failed its check"})
+        return
     skipped = calibration.skip_reason(
         options.calibrate, calibration.graph_parameters(options.out / manifest.onnx_file)
     )
     if skipped:
-        return None, reported(skipped)
-    with step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
+        run.add_figures({calibration.FIGURE: skipped})
+        return
+    with run.step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
         try:
-            result = calibration.calibrate(options.out, manifest, tokenizer)
+            result = calibration.calibrate(options.out, manifest, run.tokenizer)
         except calibration.CalibrationUnavailable as exc:
-            return None, reported(f"skipped: {exc}")
-        return calibration.write_calibration(options.out, result, manifest), reported(
-            calibration.describe(result)
-        )
+            run.add_figures({calibration.FIGURE: f"skipped: {exc}"})
+            return
+        manifest.calibration_file = calibration.write_calibration(options.out, result, manifest)
+        run.add_figures({calibration.FIGURE: calibration.describe(result)})
 
 
-def assemble_manifest(
-    source: SourceModel,
-    config: dict[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
-    plan: ModelPlan,
-    graph: GraphInfo,
-    pair_truncation: PairTruncation,
-    engine: TensorRTEngine | None,
-    packed_file: str | None,
-    packed_checked: bool,
-    prompts: tuple[dict[str, str], str | None],
-    late_interaction: LateInteraction | None = None,
-) -> Manifest:
+def assemble_manifest(run: ExportRun) -> Manifest:
     """What the export tells Triton's stages and the gateway about the graph it wrote: read from the
     source's configs, the plan, the graph and the engine; `prompts` are the source's, with the
     default one's name (`read_prompts`)."""
+    source, config, tokenizer = run.source, run.config, run.tokenizer
+    plan, graph, prompts = run.plan, run.graph, run.prompts
     dense_source = contract.SENTENCE_EMBEDDING if plan.graph_pooling else contract.LAST_HIDDEN_STATE
     hidden = next((o.dims[-1] for o in graph.outputs if o.name == dense_source), None)
     labels = {int(k): v for k, v in (config.get("id2label") or {}).items()}
@@ -951,10 +945,10 @@ def assemble_manifest(
         id2label=labels if plan.task is Task.CLASSIFY else {},
         attention_heads=_attention_heads(config),
         pair_template=plan.template,
-        pair_truncation=pair_truncation,
-        packed_file=packed_file,
-        packed_checked=packed_checked,
-        tensorrt=engine,
+        pair_truncation=run.options.pair_truncation,
+        packed_file=run.packed_file,
+        packed_checked=run.packed_checked,
+        tensorrt=run.engine,
         fused_ops=graph.fused_ops,
         prompts=prompts[0],
         default_prompt_name=prompts[1],
@@ -962,7 +956,7 @@ def assemble_manifest(
         matryoshka_dimensions=read_matryoshka(source, config)
         if plan.task in calibration.DENSE_TASKS
         else None,
-        late_interaction=late_interaction,
+        late_interaction=run.late_interaction,
         strip_texts=plan.strip_texts,
     )
 
@@ -1050,41 +1044,34 @@ def export_model(
         onnx_dtype = options.served_dtype if options.format is ExportFormat.ONNX else "fp32"
         fuse = options.fuse_ops and options.format is ExportFormat.ONNX
         graph, report = _export_torch(source, tokenizer, plan, options, onnx_dtype, fuse, step)
-    if options.quantize_int8:
-        graph, report = _quantize(graph, report, tokenizer, plan, options, step)
-    engine = None
-    if options.format is ExportFormat.TENSORRT:
-        engine, report = _build_tensorrt(graph, report, tokenizer, plan, options, step)
-    pad_id = int(tokenizer.pad_token_id or 0)
-    packed_file, packed_checked, report = _pack(
-        graph, report, options, pad_id, step, plan.task is Task.LATE
+    run = ExportRun(
+        source, config, tokenizer, plan, options, step, prompts, late_interaction, graph, report
     )
+    for applies, then in GRAPH_STEPS:
+        if applies(run):
+            then(run)
     with step("Writing tokenizer and sentence-transformers configs"):
         tokenizer.save_pretrained(options.out)
         for extra in ST_FILES:
             if source.has(extra):
                 (options.out / extra).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source.path / extra, options.out / extra)
-    manifest = assemble_manifest(
-        source,
-        config,
-        tokenizer,
-        plan,
-        graph,
-        options.pair_truncation,
-        engine,
-        packed_file,
-        packed_checked,
-        prompts,
-        late_interaction,
-    )
+    manifest = assemble_manifest(run)
     if late_interaction is not None:
         with step("Framing queries and documents with the model's marker tokens"):
             write_tokenizers(options.out, manifest.tokenizer_file, late_interaction, source.name)
     # a previous export's, into the same directory
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)
     if manifest.task in calibration.DENSE_TASKS:
-        manifest.calibration_file, report = _calibrate(manifest, report, tokenizer, options, step)
+        _calibrate(run, manifest)
     with step("Writing manifest"):
         manifest.write(options.out)
-    return manifest, report
+    return manifest, run.report
+
+
+# What runs on the written graph, in order, each when it applies.
+GRAPH_STEPS: tuple[tuple[Callable[[ExportRun], bool], Callable[[ExportRun], None]], ...] = (
+    (lambda run: run.options.quantize_int8, _quantize),
+    (lambda run: run.options.format is ExportFormat.TENSORRT, _build_tensorrt),
+    (lambda run: True, _pack),  # it says itself why an export has no packed graph
+)
