@@ -235,7 +235,7 @@ def _static_plan(
     `max_length`, else the default length: the library itself never cuts a text without one)."""
     if requested_task not in (None, static.LAYOUT.task) or pooling is not None:
         raise SourceError(
-            f"{source.name} is a static embedding model (StaticEmbedding): it serves the mean of its "
+            f"{source.name} is a static embedding model: it serves the mean of its "
             "token rows as dense embeddings; drop --task and --pooling"
         )
     length = max_length or layout.max_length or DEFAULT_LENGTH

@@ -34,9 +34,8 @@ class PairInput(str, Enum):
     """How the ensemble takes a second text (`text_pair`)."""
 
     REQUIRED = "required"  # a cross-encoder scores (query, passage) pairs only
-    OPTIONAL = (
-        "optional"  # a classifier reads one text or a pair; an LLM reranker a prompt or a pair
-    )
+    # a classifier reads one text or a pair; an LLM reranker a pair or one already in its prompt
+    OPTIONAL = "optional"
 
 
 class ModelType(str, Enum):
@@ -49,10 +48,11 @@ class ModelType(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """One kind of model prensa serves, as the gateway reads it.
+    """One kind of model prensa serves, as the repository renders it and the gateway serves it.
 
-    A layout's answers come from its outputs (`ServedModel.can`); what the outputs do not say is here:
-    how it scores a query against texts, what its per-token vectors mean, and which operation a body
+    What a served model can do follows from its layout and the outputs its export has
+    (`ServedModel.can`): the layout says what its ensemble answers, how it takes a second text, how
+    it scores a query against texts, what its per-token vectors mean, and which operation a body
     that names none runs."""
 
     name: str

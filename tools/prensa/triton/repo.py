@@ -329,7 +329,7 @@ def pool_parameters(manifest: Manifest, options: ServingOptions) -> dict[str, st
 
 
 def client_outputs(manifest: Manifest) -> list[Tensor]:
-    """What the ensemble returns, by task; docs/api.md (calling Triton directly) says how to decode each."""
+    """What the ensemble returns, by layout; docs/api.md (calling Triton directly) says how to decode each."""
     graph = {o.name: o for o in manifest.outputs}
     answers = of_manifest(manifest).answers
     outputs = []
