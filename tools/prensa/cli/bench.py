@@ -134,9 +134,9 @@ def compare(
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
     source = Path(manifest.source)
-    torch_dir = torch_model or (
-        source if (source / "config.json").exists() and any(source.glob("*.safetensors")) else None
-    )
+    # a transformers or sentence-transformers directory (a static model has no config.json)
+    loadable = (source / "config.json").exists() or (source / "modules.json").exists()
+    torch_dir = torch_model or (source if loadable and any(source.rglob("*.safetensors")) else None)
     torch_dir = torch_dir if peers else None
     options = BenchOptions(
         export_dir=export_dir,
