@@ -145,8 +145,10 @@ class ServedModel:
         bge-m3 and late-interaction models encode each text apart."""
         return self.layout.scoring is Scoring.PAIRS
 
-    def can(self, capability: Capability) -> bool:
-        return {
+    @cached_property
+    def capabilities(self) -> frozenset[Capability]:
+        """What routes may ask of it, from its layout and outputs: read once, not per request."""
+        offered = {
             Capability.DENSE: contract.DENSE in self.outputs,
             Capability.SPARSE: contract.SPARSE_IDS in self.outputs,
             Capability.COLBERT: contract.COLBERT in self.outputs,
@@ -155,7 +157,11 @@ class ServedModel:
             Capability.RERANK: self.ranks,
             Capability.M3: self.is_m3,
             Capability.PREDICT: contract.LOGITS in self.outputs,
-        }[capability]
+        }
+        return frozenset(capability for capability, can in offered.items() if can)
+
+    def can(self, capability: Capability) -> bool:
+        return capability in self.capabilities
 
     def prompt_length(self, prompt: str) -> int:
         """Tokens of `prompt` that pooling leaves out, as sentence-transformers counts them; 0 when the
