@@ -143,7 +143,7 @@ def unknown_id(layout: StaticLayout) -> int | None:
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_file(str(layout.folder / TOKENIZER_FILE))
-    unk = json.loads(backend.to_str())["model"].get("unk_token")
+    unk = getattr(backend.model, "unk_token", None)  # as model2vec asks (a Unigram model has none)
     return backend.token_to_id(unk) if unk else None
 
 
