@@ -11,7 +11,8 @@ the repository root, with the grpcio-tools whose protobuf requirement the instal
     cd tools && ../.venv/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \\
         --grpc_python_out=. prensa/gateway/grpc/tei.proto
 
-`server` starts and stops the grpc.aio server in the gateway's event loop, `servicers` turns TEI's
-messages into calls of the same `Service` the HTTP routes call, and `calls` holds what every RPC
-shares (API key, model choice, metrics, access log, errors as gRPC statuses, streams in order).
+`server` starts and stops the grpc.aio server in the gateway's event loop and `calls` holds what
+every RPC shares (API key, model choice, metrics, access log, errors as gRPC statuses, streams in
+order). TEI's messages become the same asks the HTTP routes run in its dialect's folder,
+`prensa.gateway.apis.tei.grpc`, as every other dialect's bodies do.
 """

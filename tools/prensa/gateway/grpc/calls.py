@@ -212,7 +212,7 @@ async def drained(
 
 
 class Calls:
-    """The RPC plumbing of one gateway process (`servicers` hands it each RPC's work)."""
+    """The RPC plumbing of one gateway process (TEI's dialect, `apis.tei.grpc`, hands it each RPC's work)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway

@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 from grpc_reflection.v1alpha import reflection
 
+from prensa.gateway.apis.tei.grpc import SERVICE_NAMES, add_servicers
 from prensa.gateway.core.limits import grpc_connection_cap
 from prensa.gateway.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from prensa.gateway.grpc.health import add_health
-from prensa.gateway.grpc.servicers import SERVICE_NAMES, add_servicers
 from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.state import Gateway
 
