@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from prensa.export.source import SourceError
 from prensa.gateway.apis.tei.routes import DEFAULT_OPERATIONS, default_operation, model_info
-from prensa.layouts import LAYOUTS, Capability, ModelType, Scoring, resolve
+from prensa.layouts import LAYOUTS, Capability, ModelFiles, ModelType, Scoring, detect, resolve
 from prensa.layouts.cross_encoder import CROSS_ENCODER
 from prensa.layouts.llm_reranker import LLM_RERANKER
 from prensa.manifest import Task
@@ -57,3 +58,47 @@ def test_bge_m3_without_its_heads_ranks_nothing(http):
     dense_only = replace(m3, outputs=m3.outputs - {contract.SPARSE_IDS})
     assert m3.is_m3 and not dense_only.is_m3
     assert not dense_only.can(Capability.RERANK) and dense_only.can(Capability.DENSE)
+
+
+def files(architectures: tuple[str, ...], labels: int = 1, present: tuple[str, ...] = (), name: str = "model",
+          sentence: str | None = None) -> ModelFiles:
+    """What detection reads of a model directory: `sentence` is None (no modules.json), "dense" or "splade"."""
+    return ModelFiles(name=name, architectures=architectures, labels=labels, has=lambda path: path in present,
+                      sentence_modules=sentence is not None, sentence_splade=sentence == "splade")
+
+
+# What each kind of model's files look like, and the layout they are (bge-m3 named or with a head file;
+# a sequence classifier by its labels; a causal LM a reranker only by its architecture and only bare).
+DETECTED = [
+    (files(("XLMRobertaModel",), present=("colbert_linear.pt",)), "m3"),
+    (files(("XLMRobertaModel",), name="bge-m3-int8"), "m3"),
+    (files(("XLMRobertaForSequenceClassification",)), "cross-encoder"),
+    (files(("BertForSequenceClassification",), labels=3), "classifier"),
+    (files(("Qwen3ForCausalLM",)), "llm-reranker"),
+    (files(("Qwen3ForCausalLM",), sentence="dense"), "embedder"),
+    (files(("BertForMaskedLM",)), "splade"),
+    (files(("BertForMaskedLM",), sentence="dense"), "embedder"),
+    (files(("BertModel",), sentence="splade"), "splade"),
+    (files(("BertModel",)), "embedder"),
+    (files(("ModernBertModel",), sentence="dense"), "embedder"),
+]
+
+
+@pytest.mark.parametrize(("model", "layout"), DETECTED, ids=[f"{m.architectures[0]}-{n}" for m, n in DETECTED])
+def test_a_model_is_the_layout_that_claims_its_files(model, layout):
+    assert detect(model).name == layout
+
+
+def test_a_bare_causal_lm_that_is_no_known_reranker_is_refused_by_name():
+    with pytest.raises(SourceError, match=r"LlamaForCausalLM.*without a sentence-transformers config"):
+        detect(files(("LlamaForCausalLM",)))
+
+
+ENCODER_OUTPUTS = {contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.COLBERT_VECS, contract.LOGITS,
+                   contract.SPLADE_WEIGHTS}
+
+
+def test_every_layout_names_the_graph_outputs_its_pool_stage_reads():
+    for layout in LAYOUTS:
+        assert layout.graph_outputs, layout.name
+        assert layout.graph_outputs <= ENCODER_OUTPUTS, layout.name

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prensa import layouts
 from prensa.export import llm_reranker
 from prensa.export.late import STANFORD_ARCHITECTURE as STANFORD
 from prensa.export.late import LateLayout, read_late_layout
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
-from prensa.layouts import static
+from prensa.layouts import ModelFiles, m3, static
+from prensa.layouts.llm_reranker import ARCHITECTURES as LLM_ARCHITECTURES
 from prensa.manifest import Pooling, Task
 
-M3_HEADS = ("sparse_linear.pt", "colbert_linear.pt")
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
 DEFAULT_LENGTH = 512  # a model that states no length of its own
 # sentence-transformers' pooling modes the pool stage computes itself.
@@ -66,25 +67,17 @@ def _read_json(source: SourceModel, relative: str) -> Any:
 def detect_task(
     source: SourceModel, architectures: list[str], layout: SentenceLayout | None
 ) -> Task:
-    if any(source.has(head) for head in M3_HEADS) or "bge-m3" in source.name.lower():
-        return Task.M3
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        config: dict[str, Any] = _read_json(source, "config.json") or {}
-        return Task.RERANK if len(config.get("id2label", {0: 0})) == 1 else Task.CLASSIFY
-    if layout is None and causal_lm(architectures):
-        if is_llm_reranker(architectures):
-            return Task.RERANK
-        raise SourceError(
-            f"{source.name} is a causal LM ({', '.join(architectures)}) without a sentence-transformers "
-            f"config: prensa serves {', '.join(llm_reranker.ARCHITECTURES)} as an LLM reranker "
-            "(Qwen3-Reranker), and decoder embedders from their sentence-transformers directory "
-            "(modules.json with a Pooling module); pass --task embed to pool its last token"
-        )
-    if layout is not None and layout.is_splade:
-        return Task.SPLADE
-    if any(a.endswith("ForMaskedLM") for a in architectures) and layout is None:
-        return Task.SPLADE
-    return Task.EMBED
+    """The task of the layout that claims the model's files (`layouts.detect`)."""
+    config: dict[str, Any] = _read_json(source, "config.json") or {}
+    files = ModelFiles(
+        name=source.name,
+        architectures=tuple(architectures),
+        labels=len(config.get("id2label", {0: 0})),
+        has=source.has,
+        sentence_modules=layout is not None,
+        sentence_splade=layout is not None and layout.is_splade,
+    )
+    return layouts.detect(files).task
 
 
 def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
@@ -156,7 +149,7 @@ def causal_lm(architectures: list[str]) -> bool:
 
 
 def is_llm_reranker(architectures: list[str]) -> bool:
-    return any(a in llm_reranker.ARCHITECTURES for a in architectures)
+    return any(a in LLM_ARCHITECTURES for a in architectures)
 
 
 def detect_max_length(
@@ -265,7 +258,7 @@ def plan_model(
     if task is Task.M3 and dense_only:
         return ModelPlan(Task.EMBED, Pooling.CLS, True, length)
     if task is Task.M3:
-        missing = [head for head in M3_HEADS if not source.has(head)]
+        missing = [head for head in m3.HEADS if not source.has(head)]
         if missing:
             raise SourceError(
                 f"{source.name} is a bge-m3 model but {', '.join(missing)} is missing from {source.path}; "

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prensa.export.source import SourceError
+from prensa.layouts.llm_reranker import ARCHITECTURES
 from prensa.manifest import GraphOutput
 from prensa.stages import contract, load_stage
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-ARCHITECTURES = ("Qwen3ForCausalLM",)
 # Qwen3-Reranker's model card: the system prompt, the user turn's format and the assistant's opening.
 QWEN3_RERANKER = dict(  # the tokenize stage's PairTemplate
     prefix="<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "

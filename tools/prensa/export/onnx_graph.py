@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prensa.export.source import SourceError
+from prensa.layouts import CLASSIFIER, CROSS_ENCODER, EMBEDDER, M3, SPLADE, resolve
 from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
 
@@ -19,15 +20,6 @@ QUANTIZED_OPS = {
     "QLinearMatMul",
     "QuantizeLinear",
     "ConvInteger",
-}
-# The graph outputs each task's pool stage reads.
-REQUIRED_OUTPUTS = {
-    Task.EMBED: {contract.LAST_HIDDEN_STATE},
-    Task.M3: {contract.LAST_HIDDEN_STATE, contract.TOKEN_WEIGHTS, contract.COLBERT_VECS},
-    Task.RERANK: {contract.LOGITS},
-    Task.CLASSIFY: {contract.LOGITS},
-    Task.SPLADE: {contract.SPLADE_WEIGHTS},
-    Task.LATE: {contract.COLBERT_VECS},
 }
 TOKEN_INPUTS = {contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS}
 
@@ -42,7 +34,7 @@ class GraphInfo:
 
     def require(self, task: Task) -> None:
         names = {o.name for o in self.outputs}
-        missing = REQUIRED_OUTPUTS[task] - names
+        missing = resolve(task).graph_outputs - names
         if missing:
             raise SourceError(
                 f"model.onnx has outputs {sorted(names)}; a {task.value} model needs {sorted(missing)}"
@@ -80,16 +72,15 @@ def describe_graph(path: Path) -> GraphInfo:
 
 
 def task_from_outputs(graph: GraphInfo, config: dict[str, Any]) -> Task:
+    """An adopted graph's task, from the outputs each layout's pool stage reads; one logit (and at
+    most one label in config.json) is a cross-encoder's, more a classifier's."""
     names = {o.name: o for o in graph.outputs}
-    if REQUIRED_OUTPUTS[Task.M3] <= names.keys():
-        return Task.M3
+    if M3.graph_outputs <= names.keys():
+        return M3.task
     if contract.LOGITS in names:
         labels = names[contract.LOGITS].dims[-1] if names[contract.LOGITS].dims else 1
-        return (
-            Task.RERANK
-            if labels == 1 and len(config.get("id2label", {0: 0})) == 1
-            else Task.CLASSIFY
-        )
-    if contract.SPLADE_WEIGHTS in names:
-        return Task.SPLADE
-    return Task.EMBED
+        one = labels == 1 and len(config.get("id2label", {0: 0})) == 1
+        return CROSS_ENCODER.task if one else CLASSIFIER.task
+    if SPLADE.graph_outputs <= names.keys():
+        return SPLADE.task
+    return EMBEDDER.task

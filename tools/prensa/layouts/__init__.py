@@ -1,11 +1,12 @@
 """The kinds of model prensa serves, one module each, and the one place a model's kind is resolved.
 
 A new layout is a module here and a row in `LAYOUTS`; the gateway reads what it serves from the
-`Layout`, not from switches on `Task`."""
+`Layout`, not from switches on `Task`, and the export asks each layout in turn whether a model's
+files are its own (`detect`)."""
 
 from __future__ import annotations
 
-from prensa.layouts.base import Capability, Layout, ModelType, PairInput, Scoring
+from prensa.layouts.base import Capability, Layout, ModelFiles, ModelType, PairInput, Scoring
 from prensa.layouts.classifier import CLASSIFIER
 from prensa.layouts.cross_encoder import CROSS_ENCODER
 from prensa.layouts.embedder import EMBEDDER
@@ -15,7 +16,14 @@ from prensa.layouts.m3 import M3
 from prensa.layouts.splade import SPLADE
 from prensa.manifest import Manifest, Task
 
-LAYOUTS: tuple[Layout, ...] = (EMBEDDER, M3, SPLADE, LATE, CROSS_ENCODER, LLM_RERANKER, CLASSIFIER)
+# in the order detection asks them: the most particular files first, a pooled embedder last
+LAYOUTS: tuple[Layout, ...] = (M3, CROSS_ENCODER, CLASSIFIER, LLM_RERANKER, SPLADE, LATE, EMBEDDER)
+
+
+def detect(files: ModelFiles) -> Layout:
+    """The layout whose files these are: the first that claims them, else a pooled embedder (what
+    any transformer's last hidden states can serve)."""
+    return next((one for one in LAYOUTS if one.detect is not None and one.detect(files)), EMBEDDER)
 
 
 def resolve(task: Task, *, prompted_pairs: bool = False) -> Layout:
@@ -33,12 +41,21 @@ def of_manifest(manifest: Manifest) -> Layout:
 
 
 __all__ = [
+    "CLASSIFIER",
+    "CROSS_ENCODER",
+    "EMBEDDER",
+    "LATE",
     "LAYOUTS",
+    "LLM_RERANKER",
+    "M3",
+    "SPLADE",
     "Capability",
     "Layout",
+    "ModelFiles",
     "ModelType",
     "PairInput",
     "Scoring",
+    "detect",
     "of_manifest",
     "resolve",
 ]

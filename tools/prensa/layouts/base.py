@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 
 from prensa.manifest import Task
@@ -47,6 +48,22 @@ class ModelType(str, Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelFiles:
+    """What detection reads of a model directory, read once by the export: a layout claims a model
+    from these alone."""
+
+    name: str
+    architectures: tuple[str, ...]  # config.json's
+    labels: int  # config.json's `id2label` entries (1 when it names none)
+    has: Callable[[str], bool]  # whether a file (relative to the model's directory) is there
+    sentence_modules: bool = False  # sentence-transformers' modules.json describes it
+    sentence_splade: bool = False  # ...as SPLADE (its pooling is SpladePooling)
+
+    def architecture_ends(self, suffix: str) -> bool:
+        return any(a.endswith(suffix) for a in self.architectures)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """One kind of model prensa serves, as the repository renders it and the gateway serves it.
 
@@ -76,6 +93,12 @@ class Layout:
     token_pooling: str | None = None
     # its pairs are written into a prompt by the tokenize stage (an LLM reranker), not given as two texts
     prompted_pairs: bool = False
+    # the encoder graph's outputs its pool stage reads: an ONNX file without them cannot serve it
+    graph_outputs: frozenset[str] = frozenset()
+    # whether a model's files are this layout's (`layouts.detect` asks in `LAYOUTS`' order); None: it
+    # is never guessed (a late-interaction model is read from its own files, a pooled embedder is
+    # what no other layout claims)
+    detect: Callable[[ModelFiles], bool] | None = field(default=None, compare=False)
 
     @property
     def dense(self) -> bool:

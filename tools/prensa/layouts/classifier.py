@@ -1,8 +1,14 @@
 """Sequence classifiers: one logit per label."""
 
-from prensa.layouts.base import Layout, ModelType, PairInput
+from prensa.layouts.base import Layout, ModelFiles, ModelType, PairInput
 from prensa.manifest import Task
 from prensa.stages import contract
+
+
+def is_classifier(files: ModelFiles) -> bool:
+    """A sequence classifier with more than one label."""
+    return files.architecture_ends("ForSequenceClassification") and files.labels > 1
+
 
 CLASSIFIER = Layout(
     name="classifier",
@@ -11,4 +17,6 @@ CLASSIFIER = Layout(
     default_operation="predict",
     answers=frozenset({contract.LOGITS}),
     pair_input=PairInput.OPTIONAL,
+    graph_outputs=frozenset({contract.LOGITS}),
+    detect=is_classifier,
 )

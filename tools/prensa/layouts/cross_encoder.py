@@ -1,8 +1,14 @@
 """Cross-encoders: one logit per (query, passage) pair read as one input."""
 
-from prensa.layouts.base import Layout, ModelType, PairInput, Scoring
+from prensa.layouts.base import Layout, ModelFiles, ModelType, PairInput, Scoring
 from prensa.manifest import Task
 from prensa.stages import contract
+
+
+def is_cross_encoder(files: ModelFiles) -> bool:
+    """A sequence classifier with one label: its logit is the pair's relevance."""
+    return files.architecture_ends("ForSequenceClassification") and files.labels == 1
+
 
 CROSS_ENCODER = Layout(
     name="cross-encoder",
@@ -12,4 +18,6 @@ CROSS_ENCODER = Layout(
     answers=frozenset({contract.LOGITS}),
     pair_input=PairInput.REQUIRED,
     scoring=Scoring.PAIRS,
+    graph_outputs=frozenset({contract.LOGITS}),
+    detect=is_cross_encoder,
 )

@@ -11,4 +11,5 @@ EMBEDDER = Layout(
     default_operation="embed",
     answers=frozenset({contract.DENSE}),
     cacheable=True,
+    graph_outputs=frozenset({contract.LAST_HIDDEN_STATE}),
 )

@@ -13,4 +13,5 @@ LATE = Layout(
     scoring=Scoring.MAXSIM,
     token_vectors=True,
     token_pooling="colbert",
+    graph_outputs=frozenset({contract.COLBERT_VECS}),
 )

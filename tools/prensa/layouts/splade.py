@@ -1,8 +1,16 @@
 """SPLADE: a masked LM's vocabulary weights, max-pooled over the text's tokens."""
 
-from prensa.layouts.base import Layout, ModelType
+from prensa.layouts.base import Layout, ModelFiles, ModelType
 from prensa.manifest import Task
 from prensa.stages import contract
+
+
+def is_splade(files: ModelFiles) -> bool:
+    """sentence-transformers' SPLADE modules, or a bare masked LM (its vocabulary weights)."""
+    if files.sentence_modules:
+        return files.sentence_splade
+    return files.architecture_ends("ForMaskedLM")
+
 
 SPLADE = Layout(
     name="splade",
@@ -12,4 +20,6 @@ SPLADE = Layout(
     answers=frozenset({contract.SPARSE_IDS}),
     cacheable=True,
     token_pooling="splade",
+    graph_outputs=frozenset({contract.SPLADE_WEIGHTS}),
+    detect=is_splade,
 )
