@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from prensa.cli import app
 from prensa.export.pipeline import ExportOptions, export_model, run_onnx, sample_batch
 from prensa.files import GraphDataError, graph_data_files
+from prensa.layouts import of_manifest
 from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
 from tests.external_data import export_files, traced_as_torch_writes_large_graphs
@@ -46,7 +47,7 @@ def test_the_gathered_graph_computes_what_the_plain_export_does(gathered, export
     out, manifest, _, _ = gathered
     from transformers import AutoTokenizer
 
-    sample = sample_batch(AutoTokenizer.from_pretrained(out), manifest.task, 64)
+    sample = sample_batch(AutoTokenizer.from_pretrained(out), of_manifest(manifest), 64)
     got = run_onnx(out / "model.onnx", manifest.inputs, sample)
     want = run_onnx(exports["bge-m3"] / "model.onnx", manifest.inputs, sample)
     mask = sample["attention_mask"].astype(bool)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling, Task
+from prensa.layouts import of_manifest
+from prensa.manifest import CALIBRATION_FILE, Manifest, Pooling
 from prensa.stages import contract, load_stage
 from prensa.workload import embedding_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-DENSE_TASKS = (Task.EMBED, Task.M3)  # the tasks whose clients receive `dense` vectors
 CORPUS_TEXTS = 256
 CORPUS_SEED = 0
 # What calibration files record their corpus as: the call that makes it.
@@ -147,7 +147,7 @@ def calibrate(
     from prensa.export.graph_runner import GraphRunner
     from prensa.triton.repo import ServingOptions, encoder_rows
 
-    if manifest.task not in DENSE_TASKS:
+    if not of_manifest(manifest).dense:
         raise ValueError(f"{manifest.task.value} exports have no dense vectors to calibrate")
     rows = encoder_rows(manifest, ServingOptions(max_batch_size=BATCH_ROWS))
     max_tokens = min(manifest.max_length, MAX_TOKENS)

@@ -13,7 +13,7 @@ from prensa.export.late import STANFORD_ARCHITECTURE as STANFORD
 from prensa.export.late import LateLayout, read_late_layout
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
-from prensa.layouts import ModelFiles, m3, static
+from prensa.layouts import Layout, ModelFiles, m3, static
 from prensa.layouts.llm_reranker import ARCHITECTURES as LLM_ARCHITECTURES
 from prensa.manifest import Pooling, Task
 
@@ -42,6 +42,11 @@ class ModelPlan:
     strip_texts: bool = False
     # a static embedding model's table and files (`layouts.static`)
     static: static.StaticLayout | None = None
+
+    @property
+    def kind(self) -> Layout:
+        """The layout it is served as (`layout` is its sentence-transformers modules)."""
+        return layouts.resolve(self.task, prompted_pairs=self.template is not None)
 
     @property
     def graph_pooling(self) -> str | None:

@@ -31,7 +31,6 @@ QWEN3_RERANKER = dict(  # the tokenize stage's PairTemplate
     format="<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
     instruction="Given a web search query, retrieve relevant passages that answer the query",
 )
-MAX_LENGTH = 8192  # the card's
 ANSWERS = ("no", "yes")
 FIGURE = "model card"  # the export report's line
 

@@ -30,7 +30,7 @@ from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_output
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.export.st_layout import lowercase_first, lowercases
 from prensa.files import GraphDataError, link_graph_files
-from prensa.layouts import static
+from prensa.layouts import Layout, of_manifest, static
 from prensa.manifest import (
     CALIBRATION_FILE,
     GraphOutput,
@@ -63,7 +63,6 @@ VERIFY_TEXTS = [
 ]
 FP32_TOLERANCE = 1e-3
 # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
-RERANK_DEFAULT_MAX_LENGTH = 512
 ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompts live here
 # sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
 ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
@@ -241,7 +240,7 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 def sample_batch(
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    kind: Layout,
     max_length: int,
     template: dict[str, str] | None = None,
     prompt: str | None = None,
@@ -253,7 +252,7 @@ def sample_batch(
         return llm_reranker.sample_rows(
             tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length
         )
-    if task in (Task.RERANK, Task.CLASSIFY):
+    if kind.pair_input is not None:  # a cross-encoder's or classifier's pairs
         queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
         encoded = tokenizer(
             queries,
@@ -275,7 +274,7 @@ def sample_batch(
             padding_side="right",
         )
     sample = {k: v.astype(np.int64) for k, v in encoded.items()}
-    if task is Task.LATE:  # a query's expansion token: read, attended to by none
+    if kind.token_vectors:  # a late model's query expansion token: read, attended to by none
         mask = sample[contract.ATTENTION_MASK]
         mask[0, int(np.count_nonzero(mask[0])) - 1] = contract.UNATTENDED_TOKEN
     if prompt:
@@ -291,7 +290,7 @@ def _check_pair_truncation(source: SourceModel, plan: ModelPlan, rule: PairTrunc
     rule where it would change nothing (an LLM reranker cuts its one filled-in prompt)."""
     if rule is PairTruncation.LONGEST_FIRST:
         return
-    if plan.task not in (Task.RERANK, Task.CLASSIFY) or plan.template is not None:
+    if plan.kind.pair_input is None or plan.kind.prompted_pairs:
         kind = "an LLM reranker" if plan.template is not None else f"a {plan.task} model"
         raise SourceError(
             f"{source.name}: --pair-truncation {rule} applies to cross-encoders and classifiers, "
@@ -379,9 +378,8 @@ def _plan(
         positions - pad_offset if positions else None,
         prompts,
     )
-    # an LLM reranker's card reads 8192 tokens
-    if plan.task is Task.RERANK and options.max_length is None:
-        default = llm_reranker.MAX_LENGTH if plan.template else RERANK_DEFAULT_MAX_LENGTH
+    default = plan.kind.default_max_length
+    if default is not None and options.max_length is None:
         plan = dataclasses.replace(plan, max_length=min(plan.max_length, default))
     if plan.template is not None:
         llm_reranker.require_room(tokenizer, plan.template, plan.max_length, source.name)
@@ -665,7 +663,7 @@ def _load_graph(
         graph, outputs = static.graph(plan.static)
         values = static.reference(source, plan.static, VERIFY_TEXTS)
         return graph, outputs, Reference(plan.static.library, values, "encode")
-    if plan.layout is not None and plan.task in (Task.EMBED, Task.SPLADE):
+    if plan.layout is not None:  # sentence-transformers' modules: an embedder's or SPLADE's
         from prensa.export import sentence
 
         model = sentence.load_sentence_model(source.path, plan.layout, plan.max_length)
@@ -705,7 +703,7 @@ def _export_torch(
 
     with step(f"Loading {plan.task.value} model"):
         sample = sample_batch(
-            tokenizer, plan.task, plan.max_length, plan.template, plan.verify_prompt
+            tokenizer, plan.kind, plan.max_length, plan.template, plan.verify_prompt
         )
         graph, outputs, reference = _load_graph(source, tokenizer, plan, sample)
         inputs = [
@@ -769,7 +767,7 @@ def _adopt_onnx(
         except GraphDataError as exc:
             raise SourceError(str(exc)) from exc
     with step("Running the adopted graph on a sample batch"):
-        sample = sample_batch(tokenizer, plan.task, plan.max_length)
+        sample = sample_batch(tokenizer, plan.kind, plan.max_length)
         report = check_adopted(
             run_onnx(options.out / ONNX_FILE, graph.inputs, sample),
             graph.outputs,
@@ -828,7 +826,7 @@ def _build_tensorrt(run: ExportRun) -> None:
         plan.max_length, options.trt_max_batch, options.trt_opt_batch, options.trt_opt_length
     )
     onnx_path, plan_path = options.out / ONNX_FILE, options.out / tensorrt.ENGINE_FILE
-    sample = sample_batch(tokenizer, plan.task, plan.max_length)
+    sample = sample_batch(tokenizer, plan.kind, plan.max_length)
     with step("Running the fp32 graph for reference outputs"):
         expected = run_onnx(onnx_path, graph.inputs, sample)
     with tempfile.TemporaryDirectory(dir=options.out) as staging:
@@ -941,8 +939,8 @@ def assemble_manifest(run: ExportRun) -> Manifest:
         pooling=plan.pooling,
         graph_pooling=plan.graph_pooling,
         normalize=plan.normalize,
-        dim=hidden if plan.task in calibration.DENSE_TASKS else None,
-        id2label=labels if plan.task is Task.CLASSIFY else {},
+        dim=hidden if plan.kind.dense else None,
+        id2label=labels if plan.kind.named_labels else {},
         attention_heads=_attention_heads(config),
         pair_template=plan.template,
         pair_truncation=run.options.pair_truncation,
@@ -953,9 +951,7 @@ def assemble_manifest(run: ExportRun) -> Manifest:
         prompts=prompts[0],
         default_prompt_name=prompts[1],
         include_prompt=plan.layout.include_prompt if plan.layout else True,
-        matryoshka_dimensions=read_matryoshka(source, config)
-        if plan.task in calibration.DENSE_TASKS
-        else None,
+        matryoshka_dimensions=read_matryoshka(source, config) if plan.kind.dense else None,
         late_interaction=run.late_interaction,
         strip_texts=plan.strip_texts,
     )
@@ -1062,7 +1058,7 @@ def export_model(
             write_tokenizers(options.out, manifest.tokenizer_file, late_interaction, source.name)
     # a previous export's, into the same directory
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)
-    if manifest.task in calibration.DENSE_TASKS:
+    if of_manifest(manifest).dense:
         _calibrate(run, manifest)
     with step("Writing manifest"):
         manifest.write(options.out)

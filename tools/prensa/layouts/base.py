@@ -93,6 +93,11 @@ class Layout:
     token_pooling: str | None = None
     # its pairs are written into a prompt by the tokenize stage (an LLM reranker), not given as two texts
     prompted_pairs: bool = False
+    # its logits are named labels: the export keeps config.json's `id2label` for its answers
+    named_labels: bool = False
+    # the max length its export serves unless told (`--max-length`), below what the model's configs
+    # allow: a reranker's card states what it was trained on, not its positions
+    default_max_length: int | None = None
     # the encoder graph's outputs its pool stage reads: an ONNX file without them cannot serve it
     graph_outputs: frozenset[str] = frozenset()
     # whether a model's files are this layout's (`layouts.detect` asks in `LAYOUTS`' order); None: it

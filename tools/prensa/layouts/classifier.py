@@ -18,5 +18,6 @@ CLASSIFIER = Layout(
     answers=frozenset({contract.LOGITS}),
     pair_input=PairInput.OPTIONAL,
     graph_outputs=frozenset({contract.LOGITS}),
+    named_labels=True,
     detect=is_classifier,
 )

@@ -19,5 +19,6 @@ CROSS_ENCODER = Layout(
     pair_input=PairInput.REQUIRED,
     scoring=Scoring.PAIRS,
     graph_outputs=frozenset({contract.LOGITS}),
+    default_max_length=512,  # bge-reranker-v2-m3's and most cross-encoders' training length
     detect=is_cross_encoder,
 )

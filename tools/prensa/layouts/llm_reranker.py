@@ -6,6 +6,7 @@ from prensa.manifest import Task
 from prensa.stages import contract
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)  # the causal LMs served as Qwen3-Reranker
+MAX_LENGTH = 8192  # the card's
 
 
 def is_llm_reranker(files: ModelFiles) -> bool:
@@ -33,5 +34,6 @@ LLM_RERANKER = Layout(
     scoring=Scoring.PAIRS,
     prompted_pairs=True,
     graph_outputs=frozenset({contract.LOGITS}),
+    default_max_length=MAX_LENGTH,
     detect=is_llm_reranker,
 )
