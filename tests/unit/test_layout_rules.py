@@ -176,6 +176,20 @@ def test_a_causal_lm_that_is_not_qwen3_reranker_is_refused_by_name(tmp_path):
     assert report.ok and manifest.pooling is Pooling.LAST  # a decoder pools its last token
 
 
+@pytest.mark.parametrize(("task", "head"), [(Task.RERANK, "classification head"), (Task.CLASSIFY, "classification head"),
+                                          (Task.SPLADE, "masked-LM head")])
+def test_a_task_whose_head_the_weights_lack_is_refused_by_name(tmp_path, task, head):
+    """A bare encoder asked for as a reranker, classifier or SPLADE model: transformers would make up
+    the head's weights at random, and the export would serve noise that matched its own check."""
+    bare = tiny_layouts.bert_base(tmp_path / "bare", seed=3)
+    with pytest.raises(SourceError, match=rf"no {head} in its weights \(missing .*\): transformers would initialise"):
+        export_model(ExportOptions(str(bare), tmp_path / "out", task=task))
+    masked = tiny_layouts.bert_base(tmp_path / "masked", seed=3, masked_lm=True)
+    if task is Task.SPLADE:  # a masked LM has its head: served
+        manifest, report = export_model(ExportOptions(str(masked), tmp_path / "splade", task=task))
+        assert report.ok and manifest.task is Task.SPLADE
+
+
 def test_remote_code_is_refused_by_name(dense_copy, tmp_path):
     config_path = dense_copy / "config.json"
     config = json.loads(config_path.read_text())

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from prensa.export.safe_load import pretrained_options, refusing_pickled_code
+from prensa.export.source import SourceError
 from prensa.manifest import GraphOutput, Task
 from prensa.stages import contract
 
@@ -309,6 +310,21 @@ def load_head(path: Path, hidden: int, out_features: int) -> nn.Linear:
     return head.eval()
 
 
+def with_its_own_head(auto: Any, model_dir: Path, head: str, options: dict[str, Any]) -> Any:
+    """`auto.from_pretrained`, refused by name when the checkpoint lacks weights the head needs:
+    transformers would initialise them at random and the export would serve noise (an embedder
+    asked for as `--task rerank`, a bare encoder as `--task splade`)."""
+    model, loading = auto.from_pretrained(model_dir, output_loading_info=True, **options)
+    if loading["missing_keys"]:
+        missing = sorted(loading["missing_keys"])
+        raise SourceError(
+            f"{model_dir.name} has no {head} in its weights (missing {', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}): transformers would initialise it at random; "
+            "export it for what it was trained as (drop --task, or pick the task its card names)"
+        )
+    return model.eval()  # a transformers PreTrainedModel
+
+
 def build_graph(
     task: Task, model_dir: Path, attn: str = "eager"
 ) -> tuple[nn.Module, list[GraphOutput]]:
@@ -318,12 +334,14 @@ def build_graph(
     options = {"attn_implementation": attn, **pretrained_options(model_dir)}
     with refusing_pickled_code(f"the model weights in {model_dir.name}"):
         if task in (Task.RERANK, Task.CLASSIFY):
-            model = AutoModelForSequenceClassification.from_pretrained(model_dir, **options).eval()
+            model = with_its_own_head(
+                AutoModelForSequenceClassification, model_dir, "classification head", options
+            )
             return LogitsGraph(model), [
                 GraphOutput(contract.LOGITS, [model.config.num_labels], False)
             ]
         if task is Task.SPLADE:
-            model = AutoModelForMaskedLM.from_pretrained(model_dir, **options).eval()
+            model = with_its_own_head(AutoModelForMaskedLM, model_dir, "masked-LM head", options)
             return SpladeGraph(model), [
                 GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)
             ]
