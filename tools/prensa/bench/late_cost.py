@@ -24,6 +24,7 @@ from prensa.bench.load import Workload, closed_loop
 from prensa.bench.systems import gateway_server
 from prensa.export.pipeline import ExportOptions, Step, export_model
 from prensa.export.st_layout import MODULES_FILE
+from prensa.layouts import of_manifest
 from prensa.manifest import Manifest, Task
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
@@ -80,7 +81,7 @@ def pooled_twin(source: Path, target: Path) -> Path:
 def exports(source: Path, work: Path) -> dict[str, Manifest]:
     """The late-interaction export and its pooled twin, cut at the same length."""
     late, _ = export_model(ExportOptions(str(source), work / LATE))
-    if late.task is not Task.LATE:
+    if not of_manifest(late).token_vectors:
         raise NotLateInteraction(
             f"{source} exports as a {late.task} model, not a late-interaction one"
         )

@@ -29,7 +29,8 @@ from prensa.bench.systems import (
     plain_fastapi_server,
     text_encoder,
 )
-from prensa.manifest import Manifest, Task
+from prensa.layouts import Layout, of_manifest
+from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import TOKEN_COUNTERS_LAG_S, difference, scrape
 from prensa.triton.repo import (
@@ -88,7 +89,7 @@ def server_pids(triton: TritonProcess) -> list[int]:
 
 def build_workload(manifest: Manifest, export_dir: Path, options: BenchOptions) -> Workload[Any]:
     encoder = text_encoder(export_dir, manifest)
-    if manifest.task is Task.RERANK:
+    if of_manifest(manifest).scores_pairs:
         cases = rerank_cases(options.rerank_queries, options.passages_per_query)
         tokens = [count_tokens(encoder, [(c.query, p) for p in c.passages]) for c in cases]
         return Workload(cases, [len(c.passages) for c in cases], tokens)
@@ -141,12 +142,12 @@ def _reference_entry(
 def _drive(
     client: TritonClient | HttpClient,
     workload: Workload[Any],
-    task: Task,
+    kind: Layout,
     options: BenchOptions,
     short: list[str] | RerankCase,
     servers: Sequence[int] = (),
 ) -> dict[str, Any]:
-    send = client.rerank if task is Task.RERANK else client.embed
+    send = client.rerank if kind.scores_pairs else client.embed
     single = client.single_latency_ms(short, options.single_repeats)
 
     async def go() -> dict[str, Any]:
@@ -236,7 +237,7 @@ def run_prensa(
                 _drive(
                     TritonClient(f"{label} (Triton gRPC)", triton.grpc_url, name),
                     workload,
-                    manifest.task,
+                    of_manifest(manifest),
                     options,
                     short_item,
                     server_pids(triton),
@@ -268,7 +269,7 @@ def run_prensa(
                                 f"{label} (gateway HTTP{merging})", gateway.base_url, name, "tei"
                             ),
                             workload,
-                            manifest.task,
+                            of_manifest(manifest),
                             options,
                             short_item,
                             [*server_pids(triton), gateway.pid],
@@ -284,17 +285,17 @@ def run_prensa(
 def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     export_dir = options.export_dir
     manifest = Manifest.read(export_dir)
-    task = manifest.task
-    if task not in (Task.EMBED, Task.M3, Task.RERANK):
+    kind = of_manifest(manifest)
+    if not (kind.dense or kind.scores_pairs):
         raise ValueError(
-            f"prensa bench measures embedders and rerankers; this export is {task.value}"
+            f"prensa bench measures embedders and rerankers; this export is {manifest.task.value}"
         )
     workload = build_workload(manifest, export_dir, options)
     short_item: list[str] | RerankCase = (
         RerankCase(
             SHORT_QUERY, ["Module attributes are looked up in the module's namespace dictionary."]
         )
-        if task is Task.RERANK
+        if kind.scores_pairs
         else [SHORT_QUERY]
     )
     short_input = (
@@ -305,7 +306,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     systems: list[dict[str, Any]] = []
     report: dict[str, Any] = {
         "model": manifest.source,
-        "task": task.value,
+        "task": manifest.task.value,
         "dtype": manifest.dtype,
         "cpus": os.cpu_count(),
         "workload": {
@@ -331,7 +332,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
     torch_dir = options.torch_model_dir
     if torch_dir:
         with step("sentence-transformers in-process"):
-            st = SentenceTransformersInProcess(torch_dir, task)
+            st = SentenceTransformersInProcess(torch_dir, kind)
             inputs = _flat(workload)
             systems.append(
                 _in_process_entry(
@@ -376,7 +377,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
         if torch_dir:
             port = free_port()
             plain = plain_fastapi_server(
-                torch_dir, task, port, options.out_dir / "plain_fastapi.log"
+                torch_dir, manifest.task, port, options.out_dir / "plain_fastapi.log"
             )
             with step("plain FastAPI + sentence-transformers, one encode per request"):
                 plain.start()
@@ -387,7 +388,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                                 "FastAPI + sentence-transformers", http_url(port), "", "tei"
                             ),
                             workload,
-                            task,
+                            kind,
                             options,
                             short_item,
                             [plain.pid],
@@ -406,7 +407,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
                         _drive(
                             HttpClient("Infinity", http_url(port), str(torch_dir), "openai"),
                             workload,
-                            task,
+                            kind,
                             options,
                             short_item,
                             [infinity.pid],

@@ -32,6 +32,7 @@ import orjson
 
 from prensa.addresses import LOOPBACK, http_url
 from prensa.bench.report import LIMIT_NAME
+from prensa.layouts import Layout
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
@@ -235,24 +236,24 @@ class SentenceTransformersInProcess:
 
     name = "sentence-transformers (in-process)"
 
-    def __init__(self, model_dir: Path, task: Task) -> None:
+    def __init__(self, model_dir: Path, kind: Layout) -> None:
         from sentence_transformers import CrossEncoder, SentenceTransformer
 
-        self.task = task
+        self.pairs = kind.scores_pairs
         self.model = (
             CrossEncoder(str(model_dir), device="cpu")
-            if task is Task.RERANK
+            if self.pairs
             else SentenceTransformer(str(model_dir), device="cpu")
         )
 
     def _call(self, inputs: list[Any]) -> None:
-        if self.task is Task.RERANK:
+        if self.pairs:
             self.model.predict(inputs, batch_size=LIMIT_BATCH)
         else:
             self.model.encode(inputs, batch_size=LIMIT_BATCH)
 
     def run(self, items: list[Any], encoder: Any) -> InProcessResult:
-        inputs = _pairs(items) if self.task is Task.RERANK else items
+        inputs = _pairs(items) if self.pairs else items
         started = time.perf_counter()
         self._call(inputs)
         return InProcessResult(

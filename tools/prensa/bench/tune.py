@@ -25,7 +25,8 @@ from prensa.addresses import free_port
 from prensa.bench.load import LoadResult, Workload, closed_loop
 from prensa.bench.suite import BenchOptions, build_workload
 from prensa.bench.systems import HttpClient, TritonClient, gateway_server
-from prensa.manifest import Manifest, Task
+from prensa.layouts import of_manifest
+from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.metrics import difference, scrape
 from prensa.triton.repo import (
@@ -116,7 +117,7 @@ def measure(
                 client = HttpClient("tune", server.base_url, model.name, "tei")
             else:
                 client = TritonClient("tune", triton.grpc_url, model.name)
-            send = client.rerank if model.manifest.task is Task.RERANK else client.embed
+            send = client.rerank if of_manifest(model.manifest).scores_pairs else client.embed
 
             async def go() -> LoadResult:
                 await client.open()

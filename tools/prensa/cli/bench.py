@@ -25,7 +25,8 @@ from prensa.cli.groups import default_command_group
 from prensa.cli.interrupt import sigterm_exits
 from prensa.cli.options import with_options
 from prensa.cli.progress import step_progress
-from prensa.manifest import Manifest, Task
+from prensa.layouts import EMBEDDER, of_manifest
+from prensa.manifest import Manifest
 from prensa.triton.repo import ModelSource, Pipeline, ServingOptions, build_repository
 from prensa.workload import Workloads
 
@@ -172,7 +173,9 @@ def embedder_repository(export_dir: Path) -> Iterator[Path]:
         manifest = Manifest.read(export_dir)
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="EXPORT_DIR") from exc
-    if manifest.task is not Task.EMBED:
+    if (
+        of_manifest(manifest) is not EMBEDDER
+    ):  # a pooled embedder alone answers /embed and nothing else
         raise typer.BadParameter(
             f"measures /embed: needs an embedding export, {export_dir} is {manifest.task.value}",
             param_hint="EXPORT_DIR",

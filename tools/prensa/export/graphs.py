@@ -14,7 +14,8 @@ from torch import nn
 
 from prensa.export.safe_load import pretrained_options, refusing_pickled_code
 from prensa.export.source import SourceError
-from prensa.manifest import GraphOutput, Task
+from prensa.layouts import Layout
+from prensa.manifest import GraphOutput
 from prensa.stages import contract
 
 # Decoders whose attention masks the graphs build themselves (`decoder_masks`). transformers (the
@@ -326,21 +327,22 @@ def with_its_own_head(auto: Any, model_dir: Path, head: str, options: dict[str, 
 
 
 def build_graph(
-    task: Task, model_dir: Path, attn: str = "eager"
+    kind: Layout, model_dir: Path, attn: str = "eager"
 ) -> tuple[nn.Module, list[GraphOutput]]:
-    """Load the Hugging Face model for `task` and wrap it; also say what the graph outputs."""
+    """Load the Hugging Face model with the head whose outputs `kind`'s pool stage reads, and wrap
+    it; also say what the graph outputs."""
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     options = {"attn_implementation": attn, **pretrained_options(model_dir)}
     with refusing_pickled_code(f"the model weights in {model_dir.name}"):
-        if task in (Task.RERANK, Task.CLASSIFY):
+        if contract.LOGITS in kind.graph_outputs:
             model = with_its_own_head(
                 AutoModelForSequenceClassification, model_dir, "classification head", options
             )
             return LogitsGraph(model), [
                 GraphOutput(contract.LOGITS, [model.config.num_labels], False)
             ]
-        if task is Task.SPLADE:
+        if contract.SPLADE_WEIGHTS in kind.graph_outputs:
             model = with_its_own_head(AutoModelForMaskedLM, model_dir, "masked-LM head", options)
             return SpladeGraph(model), [
                 GraphOutput(contract.SPLADE_WEIGHTS, [model.config.vocab_size], False)
@@ -351,7 +353,7 @@ def build_graph(
             model = AutoModel.from_pretrained(model_dir, **options).eval()
     hidden = model.config.hidden_size
     state = GraphOutput(contract.LAST_HIDDEN_STATE, [-1, hidden], True)
-    if task is Task.M3:
+    if contract.TOKEN_WEIGHTS in kind.graph_outputs:  # bge-m3's heads
         sparse = load_head(model_dir / "sparse_linear.pt", hidden, 1)
         colbert = load_head(model_dir / "colbert_linear.pt", hidden, hidden)
         return M3Graph(model, sparse, colbert), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,19 @@ from prensa.export.late import STANFORD_ARCHITECTURE as STANFORD
 from prensa.export.late import LateLayout, read_late_layout
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, SentenceLayout, read_layout
-from prensa.layouts import Layout, ModelFiles, m3, static
+from prensa.layouts import (
+    CLASSIFIER,
+    CROSS_ENCODER,
+    EMBEDDER,
+    LATE,
+    LLM_RERANKER,
+    M3,
+    SPLADE,
+    Layout,
+    ModelFiles,
+    m3,
+    static,
+)
 from prensa.layouts.llm_reranker import ARCHITECTURES as LLM_ARCHITECTURES
 from prensa.manifest import Pooling, Task
 
@@ -54,7 +67,7 @@ class ModelPlan:
         a static model's mean of its rows)."""
         if self.static is not None:
             return "mean"
-        if self.task is not Task.EMBED or self.layout is None or self.layout.simple_pooling:
+        if self.kind is not EMBEDDER or self.layout is None or self.layout.simple_pooling:
             return None
         return "+".join(self.layout.pooling_modes)
 
@@ -69,10 +82,10 @@ def _read_json(source: SourceModel, relative: str) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def detect_task(
+def detect_layout(
     source: SourceModel, architectures: list[str], layout: SentenceLayout | None
-) -> Task:
-    """The task of the layout that claims the model's files (`layouts.detect`)."""
+) -> Layout:
+    """The layout that claims the model's files (`layouts.detect`)."""
     config: dict[str, Any] = _read_json(source, "config.json") or {}
     files = ModelFiles(
         name=source.name,
@@ -82,7 +95,7 @@ def detect_task(
         sentence_modules=layout is not None,
         sentence_splade=layout is not None and layout.is_splade,
     )
-    return layouts.detect(files).task
+    return layouts.detect(files)
 
 
 def require_native_code(source: SourceModel, config: dict[str, Any]) -> None:
@@ -203,7 +216,7 @@ def _late_plan(
             f"{source.name}: --task late serves PyLate directories and {STANFORD} checkpoints, and "
             "this is neither"
         )
-    if requested_task not in (None, Task.LATE):
+    if requested_task not in (None, LATE.task):
         raise SourceError(
             f"{source.name} is a late-interaction model (PyLate or ColBERT); export it as --task late"
         )
@@ -219,7 +232,7 @@ def _late_plan(
             f"{length} served as its max length"
         )
     # PyLate reads texts through sentence-transformers 5.3's Transformer.tokenize, which strips them
-    return ModelPlan(Task.LATE, None, True, length, late=late, strip_texts=True)
+    return ModelPlan(LATE.task, None, True, length, late=late, strip_texts=True)
 
 
 def _static_plan(
@@ -240,6 +253,101 @@ def _static_plan(
     return ModelPlan(static.LAYOUT.task, None, layout.normalize, length, static=layout)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a layout's plan reads: the model's files as read once, and what the user asked for."""
+
+    source: SourceModel
+    architectures: list[str]
+    sentence: SentenceLayout | None  # its sentence-transformers modules
+    pooling: Pooling | None
+    length: int  # asked for, else the model's own
+    dense_only: bool
+    prompts: dict[str, str] | None
+
+
+def _m3_plan(asked: Asked) -> ModelPlan:
+    """bge-m3 with both head files; with --dense-only, a CLS-pooled embedder."""
+    if asked.dense_only:
+        return ModelPlan(EMBEDDER.task, Pooling.CLS, True, asked.length)
+    missing = [head for head in m3.HEADS if not asked.source.has(head)]
+    if missing:
+        raise SourceError(
+            f"{asked.source.name} is a bge-m3 model but {', '.join(missing)} is missing from "
+            f"{asked.source.path}; prensa never serves randomly initialised heads. Add the file, or "
+            "pass --dense-only."
+        )
+    return ModelPlan(M3.task, asked.pooling or Pooling.CLS, True, asked.length)
+
+
+def _splade_plan(asked: Asked) -> ModelPlan:
+    if asked.sentence is not None and not asked.sentence.is_splade:
+        raise SourceError(
+            f"{asked.source.name}: its {MODULES_FILE} describes a dense embedder, not SPLADE; drop "
+            "--task splade"
+        )
+    normalize = asked.sentence.normalize if asked.sentence else True
+    return ModelPlan(SPLADE.task, None, normalize, asked.length, asked.sentence)
+
+
+def _logits_plan(kind: Layout) -> Callable[[Asked], ModelPlan]:
+    """A cross-encoder's or classifier's plan: its logits, nothing pooled."""
+
+    def plan(asked: Asked) -> ModelPlan:
+        normalize = asked.sentence.normalize if asked.sentence else True
+        return ModelPlan(kind.task, None, normalize, asked.length)
+
+    return plan
+
+
+def _llm_reranker_plan(asked: Asked) -> ModelPlan:
+    return ModelPlan(
+        LLM_RERANKER.task, None, True, asked.length, template=llm_reranker.QWEN3_RERANKER
+    )
+
+
+def _embedder_plan(asked: Asked) -> ModelPlan:
+    sentence = asked.sentence
+    if sentence is not None and sentence.is_splade:
+        raise SourceError(
+            f"{asked.source.name}: its modules.json describes SPLADE (SpladePooling); export it as "
+            "--task splade"
+        )
+    verify_prompt = None
+    # the model's first prompt, or one a server could add
+    if sentence is not None and not sentence.include_prompt:
+        verify_prompt = next(
+            (text for text in (asked.prompts or {}).values() if text), STAND_IN_PROMPT
+        )
+    decoder = causal_lm(asked.architectures)
+    return ModelPlan(
+        EMBEDDER.task,
+        _embedding_pooling(asked.source, sentence, asked.pooling, decoder),
+        sentence.normalize if sentence is not None else True,  # TEI normalises plain models
+        asked.length,
+        sentence,
+        verify_prompt=verify_prompt,
+    )
+
+
+# Each layout's plan (a static or late-interaction model is read from its own files first, in
+# `plan_model`).
+PLANS: dict[Layout, Callable[[Asked], ModelPlan]] = {
+    M3: _m3_plan,
+    SPLADE: _splade_plan,
+    CROSS_ENCODER: _logits_plan(CROSS_ENCODER),
+    CLASSIFIER: _logits_plan(CLASSIFIER),
+    LLM_RERANKER: _llm_reranker_plan,
+    EMBEDDER: _embedder_plan,
+}
+
+
+def _asked_layout(task: Task, sentence: SentenceLayout | None, architectures: list[str]) -> Layout:
+    """The layout `--task` names: a reranker asked of a bare Qwen3 causal LM is its LLM reranker."""
+    prompted = sentence is None and is_llm_reranker(architectures)
+    return layouts.resolve(task, prompted_pairs=prompted and task is LLM_RERANKER.task)
+
+
 def plan_model(
     source: SourceModel,
     architectures: list[str],
@@ -255,50 +363,14 @@ def plan_model(
     if static_layout is not None:
         return _static_plan(source, static_layout, requested_task, pooling, max_length)
     late = read_late_layout(source, architectures)
-    if late is not None or requested_task is Task.LATE:
+    if late is not None or requested_task is LATE.task:
         return _late_plan(source, late, requested_task, max_length, position_limit)
-    layout = read_layout(source)
-    task = requested_task or detect_task(source, architectures, layout)
-    length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
-    if task is Task.M3 and dense_only:
-        return ModelPlan(Task.EMBED, Pooling.CLS, True, length)
-    if task is Task.M3:
-        missing = [head for head in m3.HEADS if not source.has(head)]
-        if missing:
-            raise SourceError(
-                f"{source.name} is a bge-m3 model but {', '.join(missing)} is missing from {source.path}; "
-                "prensa never serves randomly initialised heads. Add the file, or pass --dense-only."
-            )
-        return ModelPlan(task, pooling or Pooling.CLS, True, length)
-    if task is Task.SPLADE and layout is not None and not layout.is_splade:
-        raise SourceError(
-            f"{source.name}: its {MODULES_FILE} describes a dense embedder, not SPLADE; drop --task splade"
-        )
-    if task is Task.EMBED and layout is not None and layout.is_splade:
-        raise SourceError(
-            f"{source.name}: its modules.json describes SPLADE (SpladePooling); export it as --task splade"
-        )
-    if task is Task.RERANK and layout is None and is_llm_reranker(architectures):
-        return ModelPlan(task, None, True, length, None, llm_reranker.QWEN3_RERANKER)
-    if task is not Task.EMBED:
-        return ModelPlan(
-            task,
-            None,
-            layout.normalize if layout else True,
-            length,
-            layout if task is Task.SPLADE else None,
-        )
-    # TEI normalises plain models by default
-    normalize = layout.normalize if layout is not None else True
-    verify_prompt = None
-    # the model's first prompt, or one a server could add
-    if layout is not None and not layout.include_prompt:
-        verify_prompt = next((text for text in (prompts or {}).values() if text), STAND_IN_PROMPT)
-    return ModelPlan(
-        task,
-        _embedding_pooling(source, layout, pooling, causal_lm(architectures)),
-        normalize,
-        length,
-        layout,
-        verify_prompt=verify_prompt,
+    sentence = read_layout(source)
+    kind = (
+        _asked_layout(requested_task, sentence, architectures)
+        if requested_task
+        else detect_layout(source, architectures, sentence)
     )
+    length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
+    asked = Asked(source, architectures, sentence, pooling, length, dense_only, prompts)
+    return PLANS[kind](asked)

@@ -686,7 +686,7 @@ def _load_graph(
         )
     from prensa.export.graphs import build_graph
 
-    graph, outputs = build_graph(plan.task, source.path)
+    graph, outputs = build_graph(plan.kind, source.path)
     return graph, outputs, None
 
 
@@ -796,7 +796,7 @@ def _quantize(run: ExportRun) -> None:
                     options.out / ONNX_FILE,
                     graph.inputs,
                     tokenizer,
-                    plan.task,
+                    plan.kind,
                     plan.pooling,
                     plan.max_length,
                     options.external_data,

@@ -15,7 +15,8 @@ import numpy.typing as npt
 
 from prensa.export.calibration import served_dense
 from prensa.export.graph_runner import GraphRunner
-from prensa.manifest import Pooling, Task
+from prensa.layouts import Layout
+from prensa.manifest import Pooling
 from prensa.stages import contract, load_stage
 from prensa.workload import embedding_texts, rerank_cases
 
@@ -82,7 +83,7 @@ def _kendall_tau(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
 def _vectors(
     run: GraphRunner,
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    kind: Layout,
     pooling: Pooling | None,
     max_length: int,
 ) -> npt.NDArray[Any]:
@@ -91,9 +92,9 @@ def _vectors(
     for text in embedding_texts(EMBED_SAMPLES, seed=7):
         encoded = tokenizer(text, truncation=True, max_length=max_length, return_tensors="np")
         out = run(encoded)
-        if task is Task.SPLADE:
+        if contract.SPLADE_WEIGHTS in kind.graph_outputs:
             rows.append(out[contract.SPLADE_WEIGHTS][0])
-        elif task is Task.CLASSIFY:
+        elif kind.named_labels:
             rows.append(pool.activate(out[contract.LOGITS], "softmax")[0])
         else:  # the vectors clients receive, unnormalised: cosines compare them alike
             rows.append(served_dense(out, encoded, pooling, normalize=False)[0])
@@ -132,21 +133,21 @@ def _rerank_scores(
 Outputs = npt.NDArray[Any] | list[npt.NDArray[Any]]  # vectors [texts, dim], or each query's scores
 
 
-def task_outputs(
+def served_outputs(
     run: GraphRunner,
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    kind: Layout,
     pooling: Pooling | None,
     max_length: int,
     template: dict[str, str] | None = None,
 ) -> Outputs:
     """What clients receive from `run` on the workload: rerank scores per query, else vectors."""
-    if task is Task.RERANK:
+    if kind.scores_pairs:
         return _rerank_scores(run, tokenizer, max_length, template)
-    return _vectors(run, tokenizer, task, pooling, max_length)
+    return _vectors(run, tokenizer, kind, pooling, max_length)
 
 
-def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
+def agreement(want: Outputs, got: Outputs, kind: Layout) -> dict[str, float]:
     """int8 outputs `got` against fp32's `want`: ranking agreement for rerankers, cosine otherwise."""
     if isinstance(want, list) and isinstance(got, list):
         taus = [_kendall_tau(w, g) for w, g in zip(want, got)]
@@ -159,7 +160,7 @@ def agreement(want: Outputs, got: Outputs, task: Task) -> dict[str, float]:
     assert not isinstance(want, list) and not isinstance(got, list)
     cosines = _cosine(want, got)
     figures = {"cosine_mean": float(cosines.mean()), "cosine_min": float(cosines.min())}
-    if task is Task.CLASSIFY:
+    if kind.named_labels:
         figures["label_agreement"] = float((want.argmax(-1) == got.argmax(-1)).mean())
     return figures
 
@@ -169,7 +170,7 @@ def quantize_with_report(
     int8: Path,
     inputs: list[str],
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    kind: Layout,
     pooling: Pooling | None,
     max_length: int,
     external: bool = False,
@@ -179,8 +180,8 @@ def quantize_with_report(
     from prensa.export.graph_store import move_graph, staging
 
     # once for both
-    reference = task_outputs(
-        GraphRunner(fp32, inputs), tokenizer, task, pooling, max_length, template
+    reference = served_outputs(
+        GraphRunner(fp32, inputs), tokenizer, kind, pooling, max_length, template
     )
     figures, candidates = {}, {}
     with staging(int8.parent, "int8") as folder:
@@ -190,15 +191,15 @@ def quantize_with_report(
             candidates[per_channel] = Path(folder) / label / int8.name
             candidates[per_channel].parent.mkdir()
             quantize_dynamic_int8(fp32, candidates[per_channel], per_channel, external)
-            int8_outputs = task_outputs(
+            int8_outputs = served_outputs(
                 GraphRunner(candidates[per_channel], inputs),
                 tokenizer,
-                task,
+                kind,
                 pooling,
                 max_length,
                 template,
             )
-            figures[label] = agreement(reference, int8_outputs, task)
+            figures[label] = agreement(reference, int8_outputs, kind)
         headline = {
             per_channel: next(iter(figures[label].values()))
             for per_channel, label in ((False, "per-tensor"), (True, "per-channel"))

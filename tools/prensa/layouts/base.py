@@ -106,6 +106,12 @@ class Layout:
     detect: Callable[[ModelFiles], bool] | None = field(default=None, compare=False)
 
     @property
+    def scores_pairs(self) -> bool:
+        """Its relevance scores read (query, text) pairs as one input, as a cross-encoder's: its
+        clients and benchmarks send pairs (bge-m3 and late-interaction models encode each text apart)."""
+        return self.scoring is Scoring.PAIRS
+
+    @property
     def dense(self) -> bool:
         """A pooled dense vector is among its answers (the dense routes' models, late chunking's)."""
         return contract.DENSE in self.answers

@@ -305,7 +305,7 @@ SPLADE_LOGITS_BYTES = 256 << 20
 def encoder_token_budget(manifest: Manifest, options: ServingOptions) -> int:
     """Tokens per encoder pass: the option's, lowered for SPLADE to bound its logits (never below
     one text of the model's max length)."""
-    if manifest.task is not Task.SPLADE:
+    if contract.SPLADE_WEIGHTS not in of_manifest(manifest).graph_outputs:  # no vocabulary logits
         return options.max_batch_tokens
     vocab = next(o.dims[0] for o in manifest.outputs if o.name == contract.SPLADE_WEIGHTS)
     return max(

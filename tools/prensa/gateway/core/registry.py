@@ -29,7 +29,7 @@ from tritonclient.grpc import model_config_pb2
 from prensa.gateway.backends.base import READY, Backend
 from prensa.gateway.core.tokenization import QueryFraming, longest_token, token_id_limit
 from prensa.gateway.errors import ErrorKind, GatewayError, validation
-from prensa.layouts import Capability, Layout, Scoring, resolve
+from prensa.layouts import Capability, Layout, resolve
 from prensa.layouts.m3 import M3
 from prensa.manifest import Task, read_dense_ranges
 from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
@@ -127,7 +127,7 @@ class ServedModel:
     def needs_pairs(self) -> bool:
         """The ensemble takes (query, passage) pairs only: a lone text goes the token path. An LLM
         reranker takes a pair already written into its prompt too."""
-        return self.layout.scoring is Scoring.PAIRS and not self.layout.prompted_pairs
+        return self.layout.scores_pairs and not self.layout.prompted_pairs
 
     @property
     def is_m3(self) -> bool:
@@ -141,9 +141,7 @@ class ServedModel:
 
     @property
     def scores_pairs(self) -> bool:
-        """Whether its relevance scores read (query, text) pairs in one input, as a cross-encoder's;
-        bge-m3 and late-interaction models encode each text apart."""
-        return self.layout.scoring is Scoring.PAIRS
+        return self.layout.scores_pairs
 
     @cached_property
     def capabilities(self) -> frozenset[Capability]:
