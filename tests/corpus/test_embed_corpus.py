@@ -45,7 +45,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def embed(*args: object, code: int = 0) -> str:
-    result = CliRunner().invoke(app, ["embed-corpus", *map(str, args)])
+    result = CliRunner().invoke(app, ["embed-corpus", *map(str, args)], env={"COLUMNS": "1000"})  # paths unwrapped
     assert result.exit_code == code, result.output
     return " ".join(result.output.split())
 
@@ -188,3 +188,56 @@ def test_refuses_duplicate_ids_missing_columns_and_a_changed_run(exports, tmp_pa
     assert "different outputs" in embed(good, tmp_path / "c", *model, "--outputs", "sparse", code=2)
     assert "offers outputs dense, sparse, colbert" in embed(good, tmp_path / "d", *model, "--outputs", "logits", code=2)
     assert "needs --model" in embed(good, tmp_path / "e", code=2)
+
+
+def test_ids_and_texts_come_back_exactly_as_written(exports, tmp_path):
+    """JSON strings that look like dates stay the strings they are: pyarrow would read them as
+    timestamps, and "2024-01-01" would then equal "2024-01-01T00:00:00"."""
+    rows = [{"id": "2024-01-01", "text": "2024-01-02"}, {"id": "2024-01-01T00:00:00", "text": "2024-01-03"},
+            {"id": "2024-01-02", "text": "2024-01-01 10:00"}, {"id": "2024-01-01 00:00:01", "text": "2024-01-04"}]
+    out = tmp_path / "out"
+    assert "4 rows embedded" in embed(write_jsonl(tmp_path / "dates.jsonl", rows), out, "--export",
+                                      exports["bge-m3"], "--outputs", "dense")
+    table = read(out)
+    assert table["id"].type == pa.string()
+    assert sorted(table["id"].to_pylist()) == sorted(row["id"] for row in rows)
+
+
+def test_broken_input_is_named_by_file_and_line(exports, tmp_path):
+    """Past pyarrow's first block (about 1 MB here) its errors count rows from the block and name no
+    file; the refusal names both, before any row is embedded."""
+    model = ("--export", exports["bge-m3"], "--outputs", "dense")
+    first = [{"id": f"doc-{i}", "text": "x" * 60} for i in range(20_000)]
+    broken = {"json": '{"id": "doc-last", "text": \n', "type": '{"id": "doc-last", "text": 5}\n'}
+    for kind, line in broken.items():
+        path = tmp_path / f"{kind}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in first) + line)
+        output = embed(path, tmp_path / f"out-{kind}", *model, code=2)
+        assert f"{path}:20001:" in output, output
+        assert not list((tmp_path / f"out-{kind}").glob("part-*"))
+    assert "'text' is 5, where the input's first rows hold strings" in output
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps({"id": i, "text": "t"}) + "\n" for i in range(20_000)) + '{"id": "x", "text": "t"}\n')
+    assert f"{numbers}:20001: 'id' is \"x\", where the input's first rows hold integers" in embed(
+        numbers, tmp_path / "out-numbers", *model, code=2)
+    pq.write_table(pa.table({"id": [1, 2], "text": [3, 4]}), tmp_path / "ints.parquet")
+    assert "'text' column holds int64, not text" in embed(tmp_path / "ints.parquet", tmp_path / "o", *model, code=2)
+
+
+def test_an_empty_text_is_refused_as_the_server_refuses_it(exports, tmp_path):
+    rows = [{"id": "a", "text": "some text"}, {"id": "b", "text": ""}]
+    output = embed(write_jsonl(tmp_path / "empty.jsonl", rows), tmp_path / "out", "--export", exports["bge-m3"], code=2)
+    assert "row 'b' has an empty 'text'" in output
+
+
+def test_an_unreadable_run_record_is_named_and_records_are_written_whole(exports, tmp_path):
+    """A record cut by a crash (the old in-place write) is refused by name; a record is now written to
+    a temporary file and renamed, so a crash leaves the old one or the new one."""
+    good = write_jsonl(tmp_path / "good.jsonl", [{"id": i, "text": f"text {i}"} for i in range(10)])
+    out = tmp_path / "out"
+    embed(good, out, "--export", exports["bge-m3"], "--outputs", "dense")
+    assert json.loads((out / RECORD_FILE).read_text())["outputs"] == ["dense"]
+    assert not list(out.glob(".*.tmp"))
+    (out / RECORD_FILE).write_text("")
+    output = embed(good, out, "--export", exports["bge-m3"], "--outputs", "dense", code=2)
+    assert f"{out / RECORD_FILE} is not readable JSON" in output

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from prensa.addresses import TRITON_GRPC_URL
 from prensa.cli.extras import require
+from prensa.corpus import HEAL_WAIT_S
 
 
 def embed_corpus(
@@ -75,6 +76,13 @@ def embed_corpus(
         ),
     ] = 2,
     cpus_per_worker: Annotated[float, typer.Option(help="Ray: CPUs reserved per actor.")] = 1.0,
+    heal_wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a request is sent again while Triton is unreachable or the model is not "
+            "ready (`prensa serve` restarts and reloads it), before the run stops; resumable."
+        ),
+    ] = HEAL_WAIT_S,
 ) -> None:
     """Embed INPUT's texts into Parquet under OUTPUT: dense, sparse and/or ColBERT columns, resumable."""
     require("corpus", "embed-corpus")
@@ -92,6 +100,7 @@ def embed_corpus(
             batch_size=batch_size,
             concurrency=concurrency,
             threads=threads,
+            heal_wait_s=heal_wait,
         )
         if ray_address is None:
             summary = run_local(job, spec, console)

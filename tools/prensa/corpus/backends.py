@@ -8,6 +8,7 @@ of at most `max_rows` texts; `prensa.corpus.io` turns them into Parquet columns.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from prensa.corpus import HEAL_WAIT_S
 from prensa.layouts import LAYOUTS
 from prensa.manifest import Manifest
 from prensa.stages import PIPELINE_STAGES, contract, load_stage
@@ -31,6 +33,10 @@ from prensa.triton.repo import (
     served_pipeline,
 )
 
+# A request sent again while the server heals: first after this long, then twice as long each time.
+HEAL_POLL_S = 0.5
+HEAL_POLL_MAX_S = 5.0
+UNREACHABLE = "StatusCode.UNAVAILABLE"  # tritonclient's status for a server it cannot reach
 # output kinds a corpus run can ask for, and the ensemble outputs each needs
 KINDS = contract.OUTPUT_KINDS
 # the layouts whose answers are a text's embedding, dense or sparse (a late model's are per token)
@@ -105,8 +111,11 @@ class EmbeddingBackend(Protocol):
 class TritonBackend:
     """A prensa ensemble or fused model over gRPC, several requests in flight so Triton's batcher has work to merge."""
 
-    def __init__(self, url: str, model: str, batch_size: int, concurrency: int) -> None:
+    def __init__(
+        self, url: str, model: str, batch_size: int, concurrency: int, heal_wait_s: float
+    ) -> None:
         self.client = grpcclient.InferenceServerClient(url)
+        self.heal_wait_s = heal_wait_s
         try:
             config = self.client.get_model_config(model).config
         except InferenceServerException as exc:
@@ -129,17 +138,36 @@ class TritonBackend:
         self.pool = ThreadPoolExecutor(max(concurrency, 1))
 
     def _infer(self, texts: list[str], names: list[str]) -> dict[str, npt.NDArray[Any]]:
+        """One request, sent again while the server heals (restarting, or reloading the model)
+        for at most `heal_wait_s`; a request the ready model fails is the job's failure."""
         tensor = grpcclient.InferInput(contract.TEXT, [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(texts_tensor(texts))
+        outputs = [grpcclient.InferRequestedOutput(name) for name in names]
+        deadline = time.monotonic() + self.heal_wait_s
+        pause = HEAL_POLL_S
+        while True:
+            try:
+                result = self.client.infer(self.info.name, [tensor], outputs=outputs)
+                return {name: result.as_numpy(name) for name in names}
+            except InferenceServerException as exc:
+                healing = self._healing(exc)
+                if not healing or time.monotonic() + pause > deadline:
+                    waited = f" (waited {self.heal_wait_s:.0f} s for it to heal)" if healing else ""
+                    raise BackendError(
+                        f"Triton failed a request of {len(texts)} texts{waited}: {exc}"
+                    ) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, HEAL_POLL_MAX_S)
+
+    def _healing(self, failure: InferenceServerException) -> bool:
+        """The server is out of reach, or the model is not ready: `prensa serve` restarts a dead
+        Triton and reloads a crashed stage, so the request is worth sending again."""
+        if failure.status() == UNREACHABLE:
+            return True
         try:
-            result = self.client.infer(
-                self.info.name,
-                [tensor],
-                outputs=[grpcclient.InferRequestedOutput(name) for name in names],
-            )
-        except InferenceServerException as exc:
-            raise BackendError(f"Triton failed a request of {len(texts)} texts: {exc}") from exc
-        return {name: result.as_numpy(name) for name in names}
+            return not self.client.is_model_ready(self.info.name)
+        except InferenceServerException:
+            return True
 
     def embed(self, texts: list[str], kinds: tuple[str, ...]) -> list[dict[str, npt.NDArray[Any]]]:
         names = requested_outputs(kinds)
@@ -232,6 +260,7 @@ class BackendSpec:
     batch_size: int = 0  # texts per request; 0 = the model's max_batch_size
     concurrency: int = 4  # Triton requests in flight per backend
     threads: int = 0  # onnxruntime intra-op threads in-process; 0 = every core
+    heal_wait_s: float = HEAL_WAIT_S  # how long a request is sent again while the server heals
 
     def __post_init__(self) -> None:
         if (self.export_dir is None) == (self.triton_url is None):
@@ -254,4 +283,6 @@ class BackendSpec:
         if self.export_dir is not None:
             return OnnxBackend(self.export_dir, self.batch_size, self.threads)
         assert self.triton_url is not None and self.model is not None
-        return TritonBackend(self.triton_url, self.model, self.batch_size, self.concurrency)
+        return TritonBackend(
+            self.triton_url, self.model, self.batch_size, self.concurrency, self.heal_wait_s
+        )

@@ -19,16 +19,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from prensa.stages import contract
@@ -74,20 +76,114 @@ class CorpusInput:
         ((name, files),) = found.items()
         return cls(tuple(files), name)
 
-    def dataset(self) -> pds.Dataset:
-        return pds.dataset([str(f) for f in self.files], format=self.format)
+    def parse_options(self, columns: Columns) -> pj.ParseOptions:
+        """How to read the JSON input. pyarrow reads JSON strings that look like dates as
+        timestamps: a text, and an id inferred so, is read as the string it is, so that
+        "2024-01-01" comes back as written (and never equals "2024-01-01T00:00:00")."""
+        inferred = pds.dataset([str(f) for f in self.files], format="json").schema
+        fields = [
+            pa.field(name, pa.string())
+            if name == columns.text or (name == columns.id and _temporal(inferred.field(name).type))
+            else inferred.field(name)
+            for name in inferred.names
+        ]
+        return pj.ParseOptions(explicit_schema=pa.schema(fields))
+
+    def dataset(self, columns: Columns) -> pds.Dataset:
+        """The input as one dataset, its ids and texts read as they are written."""
+        paths = [str(f) for f in self.files]
+        if self.format != "json":
+            return pds.dataset(paths, format=self.format)
+        options = self.parse_options(columns)
+        json_format = pds.JsonFileFormat(parse_options=options)
+        return pds.dataset(paths, format=json_format, schema=options.explicit_schema)
+
+    def fault(self, columns: Columns, schema: pa.Schema | None) -> str | None:
+        """Where a JSON input first breaks, as `file:line: what`: a line that is not a JSON object, or
+        an id or text of another type than the input's first ones (pyarrow counts rows from its
+        block, and names no file). `schema` is what pyarrow read, None when it read nothing."""
+        kinds: dict[str, tuple[type, ...] | None] = {columns.text: (str,), columns.id: None}
+        if schema is not None and columns.id in schema.names:
+            kinds[columns.id] = _json_kind(schema.field(columns.id).type)
+        for path in self.files if self.format == "json" else ():
+            with path.open("rb") as lines:
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        return f"{path}:{number}: not JSON ({exc.msg} at character {exc.pos + 1})"
+                    if not isinstance(row, dict):
+                        return f"{path}:{number}: a JSON {type(row).__name__}, not an object"
+                    for name, allowed in kinds.items():
+                        value = row.get(name)
+                        if value is None:
+                            continue
+                        if allowed is None:  # the first id read: what the others must be
+                            kinds[name] = _json_kind(pa.scalar(value).type)
+                        elif allowed and not _is(value, allowed):
+                            return (
+                                f"{path}:{number}: {name!r} is {json.dumps(value)[:60]}, where the "
+                                f"input's first rows hold {_described(allowed)}"
+                            )
+        return None
+
+
+def _temporal(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_temporal(kind))
+
+
+def _json_kind(kind: pa.DataType) -> tuple[type, ...]:
+    """The Python types a JSON value of an inferred arrow type comes as (none: not checked)."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or _temporal(kind):
+        return (str,)
+    if pa.types.is_integer(kind):
+        return (int,)
+    if pa.types.is_floating(kind):
+        return (int, float)
+    if pa.types.is_boolean(kind):
+        return (bool,)
+    return ()
+
+
+def _is(value: object, allowed: tuple[type, ...]) -> bool:
+    """`value` is of an allowed JSON type (a bool is no number)."""
+    return isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))
+
+
+def _described(allowed: tuple[type, ...]) -> str:
+    return {str: "strings", int: "integers", float: "numbers", bool: "booleans"}[allowed[-1]]
+
+
+@contextmanager
+def located(corpus: CorpusInput, columns: Columns, schema: pa.Schema | None) -> Iterator[None]:
+    """pyarrow's error on a broken input, named by file and line where that can be found."""
+    try:
+        yield
+    except pa.ArrowInvalid as exc:
+        where = corpus.fault(columns, schema)
+        raise CorpusError(where or f"{', '.join(map(str, corpus.files))}: {exc}") from exc
 
 
 def read_ids(corpus: CorpusInput, columns: Columns) -> pa.Array:
-    """Every id of the input, refusing missing columns, null ids and duplicates before any work."""
-    dataset = corpus.dataset()
-    missing = [c for c in (columns.id, columns.text) if c not in dataset.schema.names]
+    """Every id of the input, refusing missing columns, texts that are not strings, null ids and
+    duplicates before any work."""
+    with located(corpus, columns, None):  # its first lines do not parse
+        dataset = corpus.dataset(columns)
+    names = dataset.schema.names
+    missing = [c for c in (columns.id, columns.text) if c not in names]
     if missing:
         raise CorpusError(
             f"the input has no column {', '.join(map(repr, missing))} "
-            f"(columns: {', '.join(dataset.schema.names)}); see --id-column / --text-column"
+            f"(columns: {', '.join(names)}); see --id-column / --text-column"
         )
-    ids = dataset.to_table(columns=[columns.id]).column(columns.id).combine_chunks()
+    text_type = dataset.schema.field(columns.text).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise CorpusError(f"the input's {columns.text!r} column holds {text_type}, not text")
+    with located(corpus, columns, dataset.schema):
+        table = dataset.to_table(columns=[columns.id])
+    ids = table.column(columns.id).combine_chunks()
     if ids.null_count:
         raise CorpusError(f"{ids.null_count} rows have no {columns.id!r}")
     counts = pc.value_counts(ids)
@@ -102,10 +198,19 @@ def read_ids(corpus: CorpusInput, columns: Columns) -> pa.Array:
 
 
 def require_texts(rows: pa.Table | pa.RecordBatch, columns: Columns) -> None:
+    """Every row has a text, and none is empty: the server refuses an empty input, as TEI does
+    (whitespace alone is a text, embedded by both)."""
     texts = rows.column(columns.text)
     if texts.null_count:
         first = rows.column(columns.id)[pc.index(pc.is_null(texts), True).as_py()]
         raise CorpusError(f"row {first.as_py()!r} has no {columns.text!r}")
+    empty = pc.equal(pc.utf8_length(texts), 0)
+    if pc.any(empty).as_py():
+        first = rows.column(columns.id)[pc.index(empty, True).as_py()]
+        raise CorpusError(
+            f"row {first.as_py()!r} has an empty {columns.text!r}: an empty input is refused, as "
+            "the server refuses it; drop the row or give it text"
+        )
 
 
 def drop_done(
@@ -121,7 +226,8 @@ def iter_chunks(
     """Tables of `rows` rows (the last may be shorter) of id and text, in input order, without `done` ids."""
     pending: list[pa.RecordBatch] = []
     held = 0
-    for batch in corpus.dataset().to_batches(columns=[columns.id, columns.text]):
+    dataset = corpus.dataset(columns)
+    for batch in _batches(corpus, columns, dataset):
         if len(done):
             batch = drop_done(batch, done, columns.id)
         require_texts(batch, columns)
@@ -134,6 +240,13 @@ def iter_chunks(
             pending, held = rest.to_batches(), rest.num_rows
     if held:
         yield pa.Table.from_batches(pending).combine_chunks()
+
+
+def _batches(
+    corpus: CorpusInput, columns: Columns, dataset: pds.Dataset
+) -> Iterator[pa.RecordBatch]:
+    with located(corpus, columns, dataset.schema):
+        yield from dataset.to_batches(columns=[columns.id, columns.text])
 
 
 def _floats(values: npt.NDArray[Any]) -> pa.Array:
@@ -211,7 +324,14 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / RECORD_FILE
     if record_path.exists():
-        previous = json.loads(record_path.read_text())
+        try:
+            previous = json.loads(record_path.read_text())
+        except ValueError as exc:
+            raise CorpusError(
+                f"{record_path} is not readable JSON ({exc}), so the parts beside it cannot be told "
+                "apart from another model's: delete the directory, or the file if you know they "
+                "are this run's"
+            ) from exc
         # the name may differ, the vectors may not
         keys = (record.keys() | previous.keys()) - {"model"}
         changed = sorted(k for k in keys if previous.get(k) != record.get(k))
@@ -222,7 +342,7 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
             )
     elif any(out.glob("*.parquet")):
         raise CorpusError(f"{out} already holds Parquet files not written by `prensa embed-corpus`")
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    write_atomically(record_path, (json.dumps(record, indent=2) + "\n").encode())
     removed = [p.name for p in out.glob(".*.tmp")]
     for name in removed:
         (out / name).unlink()
@@ -246,13 +366,23 @@ def open_output(out: Path, record: dict[str, Any], id_type: pa.DataType) -> Resu
     return Resume(done, highest + 1, removed)
 
 
-def write_part(out: Path, index: int, table: pa.Table) -> Path:
-    """Write to a hidden temporary file, flush it to disk, then rename: the part appears whole or not at all."""
-    final = out / f"part-{index:05d}.parquet"
-    temporary = out / f".{final.name}.tmp"
+def write_atomically(final: Path, data: bytes | Callable[[BinaryIO], None]) -> Path:
+    """Write to a hidden temporary file beside `final`, flush it to disk, then rename: the file
+    appears whole or not at all, whenever the writer dies."""
+    temporary = final.parent / f".{final.name}.tmp"
     with open(temporary, "wb") as handle:
-        pq.write_table(table, handle)
+        if isinstance(data, bytes):
+            handle.write(data)
+        else:
+            data(handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, final)
     return final
+
+
+def write_part(out: Path, index: int, table: pa.Table) -> Path:
+    """Part `index`, whole or absent."""
+    return write_atomically(
+        out / f"part-{index:05d}.parquet", lambda handle: pq.write_table(table, handle)
+    )

@@ -62,7 +62,8 @@ def run_on_ray(
             files, columns=[job.columns.id, job.columns.text], num_cpus=0
         )
     else:  # JSON has no column projection; the actors read the two columns they need
-        dataset = ray.data.read_json(files, num_cpus=0)
+        options = work.corpus.parse_options(job.columns)
+        dataset = ray.data.read_json(files, num_cpus=0, parse_options=options)
     if len(work.resume.done):
         # Ray's UDF type takes the batch alone; `fn_kwargs` supplies the rest (a wrapper would change the call).
         dataset = dataset.map_batches(
