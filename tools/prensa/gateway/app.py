@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3 import routes as m3_routes
 from prensa.gateway.apis.nim import routes as nim_routes
 from prensa.gateway.apis.ollama import routes as ollama_routes
+from prensa.gateway.apis.openai import batches
 from prensa.gateway.apis.openai import routes as openai_routes
 from prensa.gateway.apis.tei import routes as tei_routes
 from prensa.gateway.apis.vllm import routes as vllm_routes
@@ -34,6 +36,8 @@ from prensa.gateway.core.service import Service
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, error_status
 from prensa.gateway.http.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
 from prensa.gateway.http.routing import DirectRoutes, ErrorShapes, GatewayRoute, body_fields
+from prensa.gateway.jobs.runner import JobRunner
+from prensa.gateway.jobs.store import JobStore
 from prensa.gateway.logs import ERROR_KEY, ID_KEY, RequestLog
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.settings import GatewaySettings
@@ -59,6 +63,7 @@ ROUTERS = [
     openai_routes.models_router,
     ollama_routes.models_router,
     tei_routes.open_router,
+    batches.router,
 ]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
@@ -201,7 +206,8 @@ class GatewayApp(FastAPI):
             self.error_shapes,
         )
         app = CancelOnHangUp(app)
-        app = JsonBody(app, settings.payload_limit, on_reject, self.error_shapes)
+        uploads = {batches.FILES_PATH: settings.upload_limit}
+        app = JsonBody(app, settings.payload_limit, on_reject, self.error_shapes, uploads)
         if settings.api_key:
             app = ApiKey(app, settings.api_key, self.open_paths)
         if self.tracer is not None:
@@ -300,7 +306,17 @@ def create_app(
                 raise
             # `server.GatewayServer` starts its drain with the HTTP server's
             app.state.tei_grpc = tei_grpc
+        bulk = None
+        if settings.data_dir is not None:
+            app.state.jobs = JobStore(settings.data_dir)
+            bulk = asyncio.create_task(
+                JobRunner(app.state.jobs, app, settings.api_key).run_forever()
+            )
         yield
+        if bulk is not None:  # a line in flight is answered again by the next gateway
+            bulk.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await bulk
         if tei_grpc is not None:
             await tei_grpc.stop(settings.graceful_timeout_s)
         await client.close()

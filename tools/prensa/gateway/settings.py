@@ -45,6 +45,15 @@ class GatewaySettings:
     )
     # checked before JSON parsing
     payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")
+    data_dir: Path | None = setting(
+        None,
+        "Directory of the Files and Batch APIs' jobs and files (SQLite and the files beside it); "
+        "jobs there survive restarts. Unset: those routes answer 404, saying so.",
+    )
+    upload_limit: int = setting(
+        200_000_000,
+        "Max file upload (POST /v1/files, multipart) in bytes, as OpenAI's (413 above).",
+    )
     max_tokenize_tokens: int | None = setting(
         None,
         "Tokens a /tokenize request may hold, and ids a /decode request, before 413; default: "

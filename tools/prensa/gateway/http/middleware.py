@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -48,6 +48,10 @@ def is_json(content_type: str) -> bool:
     return media_type == "application/json" or (
         media_type.startswith("application/") and media_type.endswith("+json")
     )
+
+
+def is_multipart(content_type: str) -> bool:
+    return content_type.split(";")[0].strip().lower() == "multipart/form-data"
 
 
 def header(scope: Scope, name: bytes) -> str:
@@ -121,7 +125,8 @@ class ApiKey:
 
 class JsonBody:
     """POST bodies must be JSON (415) of at most `limit` bytes (413, by the declared length or as
-    they arrive); the app then gets the whole body in one message."""
+    they arrive); the app then gets the whole body in one message. `uploads` are the paths that take
+    a multipart file instead, of at most their own limit, streamed to the app as it arrives."""
 
     def __init__(
         self,
@@ -129,15 +134,21 @@ class JsonBody:
         limit: int,
         on_reject: Callable[[ErrorKind], None],
         shape_of: Callable[[str], ErrorShape] = lambda path: ErrorShape.TEI,
+        uploads: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
         self.shape_of = shape_of  # the error shape of the route at a path
+        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
+            return
+        upload_limit = self.uploads.get(scope["path"])
+        if upload_limit is not None and is_multipart(header(scope, b"content-type")):
+            await self._upload(scope, receive, send, upload_limit)
             return
         if not is_json(header(scope, b"content-type")):
             await reject(
@@ -179,16 +190,38 @@ class JsonBody:
 
         await self.app(scope, whole_body, send)
 
-    async def _too_large(self, scope: Scope, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send, limit: int | None = None) -> None:
         await reject(
             scope,
             send,
             GatewayError(
-                ErrorKind.PAYLOAD_TOO_LARGE, f"Payload too large: the limit is {self.limit} bytes"
+                ErrorKind.PAYLOAD_TOO_LARGE,
+                f"Payload too large: the limit is {limit or self.limit} bytes",
             ),
             self.on_reject,
             self.shape_of(scope["path"]),
         )
+
+    async def _upload(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """A file upload: refused by its declared length, else passed on as it arrives; past the
+        limit the app's read fails, and the request with it."""
+        declared = header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > limit:
+            await self._too_large(scope, send, limit)
+            return
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise GatewayError(
+                    ErrorKind.PAYLOAD_TOO_LARGE, f"Payload too large: the limit is {limit} bytes"
+                )
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class CancelOnHangUp:

@@ -1,0 +1,298 @@
+"""The gateway's bulk worker: it takes open jobs from the store (one gateway per job, by lease) and
+runs each line through the gateway's own app, so a line is answered exactly as the same request
+sent online would be (same routes, checks, limits and errors), then writes the output and error
+files OpenAI's batch objects point to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.types import ASGIApp
+
+from prensa.gateway.jobs import store as states
+from prensa.gateway.jobs.store import Job, JobStore, new_id
+
+log = logging.getLogger("prensa.gateway")
+
+POLL_S = 0.5  # how often an idle worker looks for a job
+RETRY_S = 5.0  # how long a job whose run failed waits before it is taken up again
+LINES_IN_FLIGHT = 8  # a job's lines sent to the app at once
+MAX_LINES = 50_000  # OpenAI's limit per batch
+BATCH_PATHS = (  # the routes a line may post to: every embedding and relevance route
+    "/v1/embeddings",
+    "/embeddings",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
+    "/v1/score",
+    "/score",
+    "/embed",
+    "/embed_sparse",
+    "/embed_all",
+    "/embed_colbert",
+    "/embed_m3",
+    "/predict",
+    "/classify",
+    "/pooling",
+    "/v1/embed",
+    "/v2/embed",
+    "/api/embed",
+    "/v1/ranking",
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # from 1, as editors count
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+class InvalidInput(ValueError):
+    """An input file OpenAI would refuse at validation; `errors` are its error objects."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors[0]["message"])
+        self.errors = errors
+
+
+def read_lines(text: bytes, endpoint: str) -> list[Line]:
+    """The input file's requests, checked as OpenAI checks them before a job starts: JSON objects
+    with a unique `custom_id`, `method` POST, `url` the job's endpoint and an object `body`."""
+    lines: list[Line] = []
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        problem = _line_problem(raw, endpoint, seen)
+        if isinstance(problem, Line):
+            lines.append(Line(number, problem.custom_id, problem.url, problem.body))
+            seen.add(problem.custom_id)
+        else:
+            errors.append(
+                {"code": "invalid_request", "message": problem, "param": None, "line": number}
+            )
+    if not lines and not errors:
+        errors.append(
+            {
+                "code": "empty_file",
+                "message": "The input file has no requests",
+                "param": None,
+                "line": None,
+            }
+        )
+    if len(lines) > MAX_LINES:
+        errors.append(
+            {
+                "code": "too_many_requests",
+                "message": f"{len(lines)} requests; a batch takes at most {MAX_LINES}",
+                "param": None,
+                "line": None,
+            }
+        )
+    if errors:
+        raise InvalidInput(errors[:100])
+    return lines
+
+
+def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> Line | str:
+    try:
+        request = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "The line is not JSON"
+    if not isinstance(request, dict):
+        return "The line is not a JSON object"
+    custom_id, url, body = request.get("custom_id"), request.get("url"), request.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        return "`custom_id` must be a non-empty string"
+    if custom_id in seen:
+        return f"`custom_id` {custom_id!r} is used by an earlier line; each must be unique"
+    if request.get("method") != "POST":
+        return "`method` must be POST"
+    if url != endpoint:
+        return f"`url` is {url!r}; every line of this batch posts to {endpoint!r}"
+    if not isinstance(body, dict):
+        return "`body` must be a JSON object"
+    return Line(0, custom_id, url, body)
+
+
+def output_line(job: Job, line: Line, status: int, request_id: str, body: Any) -> str:
+    """One line of the output (or error) file, in OpenAI's shape."""
+    response = {"status_code": status, "request_id": request_id, "body": body}
+    return json.dumps(
+        {
+            "id": f"batch_req_{job.id.removeprefix('batch_')}_{line.number}",
+            "custom_id": line.custom_id,
+            "response": response,
+            "error": None,
+        }
+    )
+
+
+class JobRunner:
+    """Runs open jobs of `store` through `app`, one at a time, while the gateway serves."""
+
+    def __init__(self, store: JobStore, app: ASGIApp, api_key: str | None) -> None:
+        self.store, self.holder = store, new_id("gateway")
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://prensa-batch",
+            headers=headers,
+            timeout=None,
+        )
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                job = await asyncio.to_thread(self.store.claim, self.holder)
+                if job is None:
+                    await asyncio.sleep(POLL_S)
+                    continue
+                try:
+                    await self._with_lease(job)
+                except Exception:  # a job's fault stops the job, not the worker
+                    log.exception("batch %s stopped; it is taken up again", job.id)
+                    await asyncio.sleep(RETRY_S)
+        finally:
+            await self.client.aclose()
+
+    async def _with_lease(self, job: Job) -> None:
+        """`job` run while its lease is renewed; released when done, or when the gateway stops."""
+        work = asyncio.ensure_future(self.run(job))
+        try:
+            while not work.done():
+                await asyncio.wait({work}, timeout=states.LEASE_S / 3)
+                renewed = work.done() or await asyncio.to_thread(
+                    self.store.renew, job.id, self.holder
+                )
+                if not renewed:  # another gateway took it over: it answers the rest
+                    log.warning("batch %s was taken over by another gateway", job.id)
+                    return
+            work.result()
+        finally:
+            work.cancel()
+            with suppress(asyncio.CancelledError):
+                await work
+            await asyncio.to_thread(self.store.release, job.id, self.holder)
+
+    async def run(self, job: Job) -> None:
+        try:
+            text = await asyncio.to_thread(self.store.path(job.input_file_id).read_bytes)
+            lines = read_lines(text, job.endpoint)
+        except FileNotFoundError:
+            gone = {"code": "file_deleted", "message": "The input file was deleted", "line": None}
+            errors = json.dumps({"object": "list", "data": [gone]})
+            await asyncio.to_thread(self.store.move, job.id, states.FAILED, errors=errors)
+            return
+        except InvalidInput as invalid:
+            errors = json.dumps({"object": "list", "data": invalid.errors})
+            await asyncio.to_thread(self.store.move, job.id, states.FAILED, errors=errors)
+            return
+        if job.status == states.VALIDATING:
+            await asyncio.to_thread(self.store.move, job.id, states.IN_PROGRESS, total=len(lines))
+        if job.status != states.CANCELLING:
+            await self._answer(job, lines)
+        await self._finish(job, lines)
+
+    async def _answer(self, job: Job, lines: list[Line]) -> None:
+        """Every line not answered yet, a few at a time; it stops early when the job is cancelled
+        or expires."""
+        done = await asyncio.to_thread(self.store.answered, job.id)
+        pending = iter([line for line in lines if line.number not in done])
+
+        async def worker() -> None:
+            for line in pending:
+                if await asyncio.to_thread(self._stopping, job.id):
+                    return
+                await self._answer_one(job, line)
+
+        await asyncio.gather(*(worker() for _ in range(LINES_IN_FLIGHT)))
+
+    def _stopping(self, job_id: str) -> bool:
+        current = self.store.job(job_id)
+        return (
+            current is None
+            or current.status == states.CANCELLING
+            or time.time() > current.expires_at
+        )
+
+    async def _answer_one(self, job: Job, line: Line) -> None:
+        response = await self.client.post(line.url, json=line.body)
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        request_id = response.headers.get("x-request-id", "")
+        row = output_line(job, line, response.status_code, request_id, body)
+        await asyncio.to_thread(
+            self.store.answer, job.id, line.number, line.custom_id, response.status_code, row
+        )
+
+    async def _finish(self, job: Job, lines: list[Line]) -> None:
+        """The output and error files, then the job's last status: completed, cancelled (a job
+        cancelled keeps what was answered) or expired (what was not answered is an error line)."""
+        current = await asyncio.to_thread(self.store.job, job.id)
+        assert current is not None
+        final = (
+            states.CANCELLED
+            if current.status == states.CANCELLING
+            else states.EXPIRED
+            if time.time() > current.expires_at and current.completed + current.failed < len(lines)
+            else states.COMPLETED
+        )
+        if final == states.COMPLETED:
+            await asyncio.to_thread(self.store.move, job.id, states.FINALIZING)
+        answered = {
+            row["line"]: row for row in await asyncio.to_thread(list, self.store.answers(job.id))
+        }
+        ok = (row["body"] for row in answered.values() if row["status_code"] < 400)
+        failed = [row["body"] for row in answered.values() if row["status_code"] >= 400]
+        if final == states.EXPIRED:
+            failed += [_expired_line(job, line) for line in lines if line.number not in answered]
+        output = await asyncio.to_thread(self._write, f"{job.id}_output.jsonl", ok)
+        errors = (
+            await asyncio.to_thread(self._write, f"{job.id}_error.jsonl", iter(failed))
+            if failed
+            else None
+        )
+        await asyncio.to_thread(
+            self.store.move, job.id, final, output_file_id=output, error_file_id=errors
+        )
+
+    def _write(self, filename: str, rows: Iterator[str]) -> str:
+        """A new file of `rows`, one per line, whole or absent."""
+        staged = self.store.staging()
+        with staged.open("w") as out:
+            for row in rows:
+                out.write(row + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        return self.store.add_file(staged, "batch_output", filename).id
+
+
+def _expired_line(job: Job, line: Line) -> str:
+    return json.dumps(
+        {
+            "id": f"batch_req_{job.id.removeprefix('batch_')}_{line.number}",
+            "custom_id": line.custom_id,
+            "response": None,
+            "error": {
+                "code": "batch_expired",
+                "message": "The batch expired before this request ran",
+            },
+        }
+    )
