@@ -27,6 +27,9 @@ log = logging.getLogger("prensa.gateway")
 
 POLL_S = 0.5  # how often an idle worker looks for a job
 RETRY_S = 5.0  # how long a job whose run failed waits before it is taken up again
+WAITING = (429, 503)  # a line the server cannot take now: sent again, first after WAIT_S
+BACKEND_FAILED, BACKEND_TRIES = 424, 5  # a Triton call failed: sent at most this many times
+WAIT_S, WAIT_MAX_S = 0.5, 10.0
 LINES_IN_FLIGHT = 8  # a job's lines sent to the app at once
 MAX_LINES = 50_000  # OpenAI's limit per batch
 BATCH_PATHS = (  # the routes a line may post to: every embedding and relevance route
@@ -231,7 +234,20 @@ class JobRunner:
         )
 
     async def _answer_one(self, job: Job, line: Line) -> None:
-        response = await self.client.post(line.url, json=line.body)
+        """One line's answer stored. A line the server cannot take now (429, 503: busy, or Triton
+        restarting) waits and goes again, as a client would, for as long as the job runs; one whose
+        Triton call failed (424) goes again a few times, a dead Triton's way of failing."""
+        pause, tries = WAIT_S, 0
+        while True:
+            response = await self.client.post(line.url, json=line.body)
+            tries += 1
+            waits = response.status_code in WAITING or (
+                response.status_code == BACKEND_FAILED and tries < BACKEND_TRIES
+            )
+            if not waits or await asyncio.to_thread(self._stopping, job.id):
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, WAIT_MAX_S)
         try:
             body: Any = response.json()
         except ValueError:
