@@ -83,10 +83,12 @@ def post(url: str, route: str, body: object) -> httpx.Response:
 
 
 @pytest.fixture(scope="module")
-def served(triton) -> Iterator[dict[str, object]]:
-    """One gateway for the whole module, in front of the session's Triton."""
+def served(triton, tmp_path_factory) -> Iterator[dict[str, object]]:
+    """One gateway for the whole module, in front of the session's Triton, with a data directory (the
+    Files and Batch APIs)."""
     settings = GatewaySettings(triton_url=triton.grpc_url, repo=triton.options.repo, default_model="minilm",
-                               allow_any_dimensions=True)  # the VALID bodies cut MiniLM's vectors (`dimensions`)
+                               allow_any_dimensions=True,  # the VALID bodies cut MiniLM's vectors (`dimensions`)
+                               data_dir=tmp_path_factory.mktemp("jobs"))
     with running_gateway(settings) as url:
         yield {"url": url, "repo": triton.options.repo}
 
@@ -185,6 +187,8 @@ VALID = {
     "/": {"inputs": "ok"},  # any JSON object: no fields of its own
     "/vertex": {"instances": [{"inputs": "ok"}]},
 }
+# POST routes without a JSON body: a multipart upload, and a cancel that names its batch in the path
+NOT_JSON = {"/v1/files", "/v1/batches/{batch_id}/cancel"}
 WRONG = [[{}]]  # no field accepts a list of lists of objects, and pydantic's lax mode cannot coerce it
 
 
@@ -193,13 +197,17 @@ def test_wrong_type_in_every_field_of_every_route_is_refused_as_its_dialect_refu
     url = served["url"]
     spec = httpx.get(f"{url}/openapi.json").json()
     schemas = spec["components"]["schemas"]
-    posted = {path: op["post"] for path, op in spec["paths"].items() if "post" in op}
-    assert set(posted) == set(VALID), "add the new route to VALID"
+    posted = {path: op["post"] for path, op in spec["paths"].items() if "post" in op and path not in NOT_JSON}
+    lines = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "ok"}}\n'
+    upload = httpx.post(f"{url}/v1/files", files={"file": ("in.jsonl", lines)}, data={"purpose": "batch"})
+    valid_bodies = {**VALID, "/v1/batches": {"input_file_id": upload.json()["id"], "endpoint": "/v1/embeddings",
+                                             "completion_window": "24h", "metadata": {"job": "hostile"}}}
+    assert set(posted) == set(valid_bodies), "add the new route to VALID"
     for path, operation in posted.items():
         body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
         # a path several dialects share takes one of their bodies (`apis.shared`): VALID has each
         models = [schemas[ref["$ref"].split("/")[-1]] for ref in body_schema.get("oneOf", [body_schema])]
-        bodies = VALID[path] if isinstance(VALID[path], list) else [VALID[path]]
+        bodies = valid_bodies[path] if isinstance(valid_bodies[path], list) else [valid_bodies[path]]
         assert len(bodies) == len(models), f"VALID[{path!r}] needs one body per dialect"
         for schema in models:
             fields = schema.get("properties", {})  # `POST /` takes any object, validated as the route it runs
