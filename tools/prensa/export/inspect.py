@@ -27,7 +27,7 @@ from prensa.layouts import (
     m3,
     static,
 )
-from prensa.layouts.llm_reranker import ARCHITECTURES as LLM_ARCHITECTURES
+from prensa.layouts import llm_reranker as llm_reranker_layout
 from prensa.manifest import Pooling, Task
 
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
@@ -164,10 +164,6 @@ def require_memory(source: SourceModel, config: dict[str, Any], available: int) 
 
 def causal_lm(architectures: list[str]) -> bool:
     return any(a.endswith("ForCausalLM") for a in architectures)
-
-
-def is_llm_reranker(architectures: list[str]) -> bool:
-    return any(a in LLM_ARCHITECTURES for a in architectures)
 
 
 def detect_max_length(
@@ -344,7 +340,7 @@ PLANS: dict[Layout, Callable[[Asked], ModelPlan]] = {
 
 def _asked_layout(task: Task, sentence: SentenceLayout | None, architectures: list[str]) -> Layout:
     """The layout `--task` names: a reranker asked of a bare Qwen3 causal LM is its LLM reranker."""
-    prompted = sentence is None and is_llm_reranker(architectures)
+    prompted = sentence is None and llm_reranker_layout.known(architectures)
     return layouts.resolve(task, prompted_pairs=prompted and task is LLM_RERANKER.task)
 
 

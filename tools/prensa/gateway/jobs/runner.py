@@ -30,6 +30,7 @@ RETRY_S = 5.0  # how long a job whose run failed waits before it is taken up aga
 WAITING = (429, 503)  # a line the server cannot take now: sent again, first after WAIT_S
 BACKEND_FAILED, BACKEND_TRIES = 424, 5  # a Triton call failed: sent at most this many times
 WAIT_S, WAIT_MAX_S = 0.5, 10.0
+STOP_CHECK_S = 1.0  # how stale a running job's cancelled-or-expired state may be
 LINES_IN_FLIGHT = 8  # a job's lines sent to the app at once
 MAX_LINES = 50_000  # OpenAI's limit per batch
 BATCH_PATHS = (  # the routes a line may post to: every embedding and relevance route
@@ -85,30 +86,25 @@ def read_lines(text: bytes, endpoint: str) -> list[Line]:
             lines.append(Line(number, problem.custom_id, problem.url, problem.body))
             seen.add(problem.custom_id)
         else:
-            errors.append(
-                {"code": "invalid_request", "message": problem, "param": None, "line": number}
-            )
+            errors.append(input_error("invalid_request", problem, number))
     if not lines and not errors:
-        errors.append(
-            {
-                "code": "empty_file",
-                "message": "The input file has no requests",
-                "param": None,
-                "line": None,
-            }
-        )
+        errors.append(input_error("empty_file", "The input file has no requests"))
     if len(lines) > MAX_LINES:
-        errors.append(
-            {
-                "code": "too_many_requests",
-                "message": f"{len(lines)} requests; a batch takes at most {MAX_LINES}",
-                "param": None,
-                "line": None,
-            }
-        )
+        message = f"{len(lines)} requests; a batch takes at most {MAX_LINES}"
+        errors.append(input_error("too_many_requests", message))
     if errors:
         raise InvalidInput(errors[:100])
     return lines
+
+
+def input_error(code: str, message: str, line: int | None = None) -> dict[str, Any]:
+    """One of a failed batch's `errors`, as OpenAI's batch objects carry them."""
+    return {"code": code, "message": message, "param": None, "line": line}
+
+
+def line_id(job: Job, line: Line) -> str:
+    """A line's id in the output and error files, the same however often the line runs."""
+    return f"batch_req_{job.id.removeprefix('batch_')}_{line.number}"
 
 
 def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> Line | str:
@@ -137,7 +133,7 @@ def output_line(job: Job, line: Line, status: int, request_id: str, body: Any) -
     response = {"status_code": status, "request_id": request_id, "body": body}
     return json.dumps(
         {
-            "id": f"batch_req_{job.id.removeprefix('batch_')}_{line.number}",
+            "id": line_id(job, line),
             "custom_id": line.custom_id,
             "response": response,
             "error": None,
@@ -150,6 +146,7 @@ class JobRunner:
 
     def __init__(self, store: JobStore, app: ASGIApp, api_key: str | None) -> None:
         self.store, self.holder = store, new_id("gateway")
+        self._stop_checked: dict[str, tuple[float, bool]] = {}  # job -> (when read, stopping)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
@@ -197,7 +194,7 @@ class JobRunner:
             text = await asyncio.to_thread(self.store.path(job.input_file_id).read_bytes)
             lines = read_lines(text, job.endpoint)
         except FileNotFoundError:
-            gone = {"code": "file_deleted", "message": "The input file was deleted", "line": None}
+            gone = input_error("file_deleted", "The input file was deleted")
             errors = json.dumps({"object": "list", "data": [gone]})
             await asyncio.to_thread(self.store.move, job.id, states.FAILED, errors=errors)
             return
@@ -226,12 +223,18 @@ class JobRunner:
         await asyncio.gather(*(worker() for _ in range(LINES_IN_FLIGHT)))
 
     def _stopping(self, job_id: str) -> bool:
-        current = self.store.job(job_id)
-        return (
-            current is None
-            or current.status == states.CANCELLING
-            or time.time() > current.expires_at
-        )
+        """Whether the job was cancelled, expired or deleted: read from the store at most once a
+        `STOP_CHECK_S`, not once per line."""
+        checked_at, stopping = self._stop_checked.get(job_id, (0.0, False))
+        if time.monotonic() - checked_at >= STOP_CHECK_S:
+            current = self.store.job(job_id)
+            stopping = (
+                current is None
+                or current.status == states.CANCELLING
+                or time.time() > current.expires_at
+            )
+            self._stop_checked[job_id] = (time.monotonic(), stopping)
+        return stopping
 
     async def _answer_one(self, job: Job, line: Line) -> None:
         """One line's answer stored. A line the server cannot take now (429, 503: busy, or Triton
@@ -303,7 +306,7 @@ class JobRunner:
 def _expired_line(job: Job, line: Line) -> str:
     return json.dumps(
         {
-            "id": f"batch_req_{job.id.removeprefix('batch_')}_{line.number}",
+            "id": line_id(job, line),
             "custom_id": line.custom_id,
             "response": None,
             "error": {

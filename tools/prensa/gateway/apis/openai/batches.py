@@ -172,9 +172,8 @@ async def file_content(request: Request, file_id: str) -> FileResponse:
 
 @router.delete(FILES_PATH + "/{file_id}", summary="Delete a file")
 async def delete_file(request: Request, file_id: str) -> JSONResponse:
-    jobs = jobs_of(request)
-    await asyncio.to_thread(_stored_file, jobs, file_id)
-    await asyncio.to_thread(jobs.delete_file, file_id)
+    if not await asyncio.to_thread(jobs_of(request).delete_file, file_id):
+        raise GatewayError(ErrorKind.NOT_FOUND, f"No such File object: {file_id}")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
 
