@@ -13,6 +13,7 @@ import numpy as np
 
 from prensa.gateway.core.coalesce import Coalescer, split_rows
 from prensa.gateway.core.dispatch import ModelDispatch
+from prensa.gateway.core.request_context import Priority
 from prensa.gateway.errors import ErrorKind, GatewayError
 from tests.fast.conftest import gateway_client
 
@@ -24,7 +25,7 @@ class FakeModel:
         self.calls: list[list[str]] = []
         self.gate = asyncio.Event()
 
-    async def send(self, texts, pairs, request_id):
+    async def send(self, texts, pairs, request_id, priority=Priority.ONLINE):
         self.calls.append(list(texts))
         await self.gate.wait()
         if "poison" in texts:
@@ -59,7 +60,7 @@ def test_a_call_not_sent_within_the_queue_time_leaves_overloaded():
         except GatewayError as error:
             refused = error
         assert refused.kind is ErrorKind.OVERLOADED and "--max-queue-time" in refused.message
-        assert not coalescer.waiting and model.calls == [["a"]]
+        assert not any(coalescer.waiting.values()) and model.calls == [["a"]]
         model.gate.set()
         assert (await first)["lengths"].tolist() == [[1]]
 
@@ -151,7 +152,7 @@ def test_a_caller_that_leaves_while_waiting_is_never_sent():
         model.gate.set()
         await first
         assert (await stays)["lengths"].ravel().tolist() == [5]
-        assert model.calls == [["a"], ["stays"]] and coalescer.in_triton == 0 and not coalescer.waiting
+        assert model.calls == [["a"], ["stays"]] and coalescer.in_triton == 0 and not any(coalescer.waiting.values())
 
     run(scenario())
 
@@ -200,10 +201,10 @@ def test_mixed_concurrent_requests_get_what_they_get_alone(settings, monkeypatch
     sent: list[int] = []
     original = ModelDispatch.send
 
-    async def counted(self, texts, pairs, outputs, request_id):
+    async def counted(self, texts, pairs, outputs, request_id, priority):
         sent.append(len(texts))
         await asyncio.sleep(0.02)  # a busy model: calls pile up behind the ones in flight
-        return await original(self, texts, pairs, outputs, request_id)
+        return await original(self, texts, pairs, outputs, request_id, priority)
 
     monkeypatch.setattr(ModelDispatch, "send", counted)
     with gateway_client(replace(settings, coalesce_requests=False)) as client:
@@ -224,7 +225,7 @@ def test_a_merged_call_whose_callers_all_left_is_cancelled():
     async def scenario():
         released, calls = asyncio.Event(), []
 
-        async def send(texts, pairs, request_id):
+        async def send(texts, pairs, request_id, priority):
             calls.append(list(texts))
             if len(calls) == 1:
                 await released.wait()
@@ -291,3 +292,39 @@ def test_a_model_read_again_gets_a_whole_new_dispatch(http):
     assert again is not first and again.calls == first.calls + 2 * replicas
     assert again.window is not None and again.window.capacity == again.calls * model.max_batch_size
     assert gateway.service.engine.dispatch(replace(model, fused=True)).window is None  # a fused model drops what it must
+
+
+def test_online_calls_go_before_bulk_ones_and_keep_a_place_of_their_own():
+    """Priority: bulk calls hold at most `bulk_calls` places, a freed place goes to the online calls
+    waiting before any bulk one, and the two kinds are never merged."""
+    async def scenario():
+        model = FakeModel()
+        coalescer = Coalescer(model.send, max_calls=2, max_rows=8, bulk_calls=1)
+        bulk = [asyncio.ensure_future(coalescer.call([f"b{i}"], None, f"b{i}", Priority.BULK)) for i in range(3)]
+        await asyncio.sleep(0)
+        assert model.calls == [["b0"]], "bulk work holds one place of two"
+        online = asyncio.ensure_future(coalescer.call(["q"], None, "q", Priority.ONLINE))
+        await asyncio.sleep(0)
+        assert model.calls == [["b0"], ["q"]], "an online query finds the place kept for it"
+        late = [asyncio.ensure_future(coalescer.call([t], None, t, Priority.ONLINE)) for t in ("q2", "q3")]
+        await asyncio.sleep(0)
+        model.gate.set()
+        await asyncio.gather(*bulk, online, *late)
+        # the online calls waiting left together, before the bulk ones waiting longer
+        assert model.calls[2] == ["q2", "q3"] and model.calls[3] == ["b1", "b2"]
+        assert coalescer.in_triton == 0
+
+    run(scenario())
+
+
+def test_without_priority_bulk_calls_take_every_place_in_order():
+    async def scenario():
+        model = FakeModel()
+        coalescer = Coalescer(model.send, max_calls=2, max_rows=8)
+        calls = [asyncio.ensure_future(coalescer.call([t], None, t, Priority.BULK)) for t in ("b0", "b1")]
+        await asyncio.sleep(0)
+        assert model.calls == [["b0"], ["b1"]]
+        model.gate.set()
+        await asyncio.gather(*calls)
+
+    run(scenario())

@@ -228,7 +228,7 @@ def test_a_call_that_waits_past_the_queue_time_leaves_overloaded():
             await window.run(1, lambda: call("late"))
         waited = asyncio.get_running_loop().time() - started
         assert refused.value.kind is ErrorKind.OVERLOADED and "--max-queue-time" in refused.value.message
-        assert 0.15 < waited < 1.0 and window.in_triton == 2 and not window._waiting
+        assert 0.15 < waited < 1.0 and window.in_triton == 2 and not window.waiting
         next_call = asyncio.ensure_future(window.run(1, lambda: call("next")))
         answer.set()
         assert await running == "long" and await next_call == "next" and window.in_triton == 0

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -391,9 +391,15 @@ class HttpClient:
 
 
 def gateway_server(
-    triton_grpc_url: str, repo: Path, port: int, log: Path, coalesce: bool = True
+    triton_grpc_url: str,
+    repo: Path,
+    port: int,
+    log: Path,
+    coalesce: bool = True,
+    extra: Sequence[str] = (),
 ) -> ServerProcess:
-    """`prensa gateway` on `repo`'s Triton, with no admission limit: a benchmark measures speed, not 429s."""
+    """`prensa gateway` on `repo`'s Triton, with no admission limit: a benchmark measures speed,
+    not 429s; `extra`: more of its flags."""
     return ServerProcess(
         [
             str(Path(sys.executable).parent / "prensa"),
@@ -407,6 +413,7 @@ def gateway_server(
             "--max-concurrent-requests",
             "100000",
             "--coalesce-requests" if coalesce else "--no-coalesce-requests",
+            *extra,
         ],
         http_url(port, "/health"),
         log,

@@ -282,6 +282,44 @@ def tracing(
 
 
 @app.command()
+def priority(
+    export_dir: ExportDir,
+    passages: Annotated[
+        int, typer.Option(min=8, help="Passages the batch job embeds (8 per line).")
+    ] = 2400,
+    queries: Annotated[int, typer.Option(min=10, help="Lone queries measured while idle.")] = 300,
+) -> None:
+    """A lone client's queries while a batch job saturates the server, with priority on and off.
+
+    The job (OpenAI's Batch API, /v1/embeddings lines) runs alone and beside the queries on one
+    Triton and gateway; `prensa embed-corpus` on the same passages straight to Triton is the
+    throughput it is held against."""
+    from prensa.bench import priority as bench_priority
+
+    require("bench", "bench priority")
+    console = Console()
+    with embedder_repository(export_dir) as repo:
+        rounds = bench_priority.measure(repo, BENCH_MODEL, passages, queries, console.print)
+    idle = rounds[0].online
+    corpus = rounds[-1].texts_per_s
+    assert idle is not None and corpus is not None
+    table = Table(
+        "round", "online p50 ms", "online p99 ms", "p99 / idle p99", "texts/s", "vs embed-corpus"
+    )
+    for one in rounds:
+        online, rate = one.online, one.texts_per_s
+        table.add_row(
+            one.name,
+            f"{online.p50:.1f}" if online else "",
+            f"{online.p99:.1f}" if online else "",
+            f"{online.p99 / idle.p99:.2f}" if online else "",
+            f"{rate:.0f}" if rate else "",
+            f"{rate / corpus:.2f}" if rate else "",
+        )
+    console.print(table)
+
+
+@app.command()
 def cache(
     export_dir: Annotated[
         Path, typer.Argument(help="An embedding or SPLADE export from `prensa export`.")

@@ -30,7 +30,7 @@ from prensa.gateway.apis.vllm import routes as vllm_routes
 from prensa.gateway.backends.base import Backend, BackendFactory
 from prensa.gateway.backends.replicas import ReplicaPool
 from prensa.gateway.backends.triton import TritonClient
-from prensa.gateway.core.limits import Permits, SharedPermits, UnsentAnswers
+from prensa.gateway.core.limits import BULK_SHARE, Permits, SharedPermits, UnsentAnswers
 from prensa.gateway.core.registry import Registry
 from prensa.gateway.core.service import Service
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, error_status
@@ -155,7 +155,10 @@ class GatewayApp(FastAPI):
         self.gateway_settings = settings
         self.state.metrics = metrics
         self.permits = Permits(
-            settings.max_concurrent_requests, metrics.inputs_in_flight.set, shared_permits
+            settings.max_concurrent_requests,
+            metrics.inputs_in_flight.set,
+            shared_permits,
+            BULK_SHARE if settings.priority else 1.0,
         )
         metrics.inputs_limit.set(settings.max_concurrent_requests)
         self.unsent = UnsentAnswers(settings.max_unsent_bytes, metrics.unsent_answer_bytes.set)

@@ -43,6 +43,19 @@ class GatewaySettings:
         "Merge concurrent requests' texts into one Triton call while the "
         "model is busy (a lone request is sent at once).",
     )
+    priority: bool = setting(
+        True,
+        "Online requests go before bulk work (batch jobs; requests with the header "
+        "x-prensa-priority: bulk, or vLLM's priority above 0) wherever they wait in the gateway; "
+        "off: first come, first served.",
+    )
+    bulk_call_time_s: float = setting(
+        0.025,
+        "With --priority: seconds one Triton call of bulk work should take; its inputs are cut "
+        "into calls of as many rows as the model computes in that time (at least one), learnt "
+        "from its calls, so an online query waits about that long behind bulk work at most.",
+        flag="--bulk-call-time",
+    )
     # checked before JSON parsing
     payload_limit: int = setting(2_000_000, "Max request body in bytes (413 above).")
     data_dir: Path | None = setting(
@@ -244,6 +257,7 @@ class GatewaySettings:
             "grpc_max_connection_age_s",
             "grpc_connection_age_grace_s",
             "max_queue_time_s",
+            "bulk_call_time_s",
             "max_tokenize_tokens",
             "workers",
         )

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from prensa.gateway.core.chunking import DEFAULT_OVERLAP
 from prensa.gateway.core.encodings import EmbedDType, Endianness
+from prensa.gateway.core.request_context import Priority, RequestContext
 from prensa.gateway.errors import validation
 
 MODEL = "Served model name (as `?model=`); the default model when absent."
@@ -132,6 +133,20 @@ class VllmTruncation(BaseModel):
         description="vLLM's: which end a cut input loses (right: its first tokens are kept); "
         "default right, or the body's own direction.",
     )
+
+
+class VllmPriority(BaseModel):
+    priority: int = Field(
+        0,
+        description="vLLM's: lower goes earlier; above 0 waits as bulk work, behind online requests "
+        "(as the header `x-prensa-priority: bulk`).",
+    )
+
+
+def read_priority(request: object, context: RequestContext) -> None:
+    """vLLM's `priority` above 0 makes the request bulk work (the header says it for any body)."""
+    if isinstance(request, VllmPriority) and request.priority > 0:
+        context.priority = Priority.BULK
 
 
 class SaysCutSide(Protocol):

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
-from prensa.gateway.apis.common import VllmActivation, VllmEncoding, VllmTruncation
+from prensa.gateway.apis.common import VllmActivation, VllmEncoding, VllmPriority, VllmTruncation
 from prensa.gateway.errors import ErrorShape
 
 
@@ -48,7 +48,12 @@ VLLM_SECOND_TEXTS = ("text_2", "documents", "items", "data_2")
 VLLM_PAIR_FIELDS = frozenset((*VLLM_FIRST_TEXTS, *VLLM_SECOND_TEXTS))
 # options only vLLM's bodies carry
 VLLM_OPTIONS = frozenset(
-    {*VllmTruncation.model_fields, *VllmEncoding.model_fields, *VllmActivation.model_fields}
+    {
+        *VllmTruncation.model_fields,
+        *VllmEncoding.model_fields,
+        *VllmActivation.model_fields,
+        *VllmPriority.model_fields,
+    }
 )
 
 Fields = Collection[str]

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Response
 from pydantic import BaseModel
 
+from prensa.gateway.apis.common import read_priority
 from prensa.gateway.core.registry import ServedModel, named_model
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.http.routing import GatewayRequest, json_response
@@ -34,6 +35,7 @@ class Operation:
         gw = http.gateway
         capability = self.needs(request) if self.needs else self.capability
         served = await gw.registry.pick(capability, named_model(query_model, request.model))
+        read_priority(request, http.context)
         return await self.run(request, gw, served, http.context)
 
     async def respond(

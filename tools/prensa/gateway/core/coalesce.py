@@ -13,6 +13,11 @@ length. A merged call that fails is retried call by call, so a bad input fails i
 only. A caller that leaves while waiting takes nothing; one that leaves while its call runs only
 drops its rows of the answer, and the call is cancelled when every caller in it has left (a
 fused model's request then leaves Triton's queue, as a lone request's does).
+
+Online calls go before bulk ones (`Priority`): a freed place goes to the online calls waiting, and
+bulk calls hold at most `bulk_calls` places, so that an online query finds one free and waits in
+Triton behind at most the bulk call computing. Calls of the two kinds are never merged: an online
+query does not wait for a bulk call's rows.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from typing import Any
 
 import numpy.typing as npt
 
+from prensa.gateway.core.request_context import Priority
 from prensa.gateway.errors import ErrorKind, GatewayError, queue_time_passed
 
 Outputs = dict[str, npt.NDArray[Any]]
-# Sends texts (and their pairs) to Triton as one call: `(texts, pairs, request_id) -> outputs`.
-Send = Callable[[Sequence[str], Sequence[str] | None, str], Awaitable[Outputs]]
+# Sends texts (and their pairs) to Triton as one call: `(texts, pairs, request_id, priority) -> outputs`.
+Send = Callable[[Sequence[str], Sequence[str] | None, str, Priority], Awaitable[Outputs]]
 # Errors that say something about the merged inputs, not about Triton: retried call by call.
 INPUT_ERRORS = frozenset({ErrorKind.BACKEND, ErrorKind.VALIDATION, ErrorKind.TOKENIZER})
 
@@ -39,6 +45,7 @@ class Waiting:
     texts: Sequence[str]
     pairs: Sequence[str] | None
     request_id: str
+    priority: Priority
     answer: asyncio.Future[Outputs] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -68,64 +75,91 @@ class Coalescer:
         max_rows: int,
         on_merge: Callable[[int], None] = lambda requests: None,
         max_wait_s: float | None = None,
+        bulk_calls: int | None = None,
+        bulk_rows: Callable[[], int] | None = None,
     ) -> None:
-        """`max_wait_s` (--max-queue-time): a call not sent within it leaves overloaded."""
+        """`max_wait_s` (--max-queue-time): a call not sent within it leaves overloaded.
+        `bulk_calls`: the places bulk calls may hold (default: all of them); `bulk_rows`: the rows
+        a merged bulk call may carry now (default: `max_rows`)."""
         self.send = send
         self.max_wait_s = max_wait_s
         self.on_merge = on_merge  # told how many waiting calls leave together
         self.max_calls = max(max_calls, 1)
+        self.places = {
+            Priority.ONLINE: self.max_calls,
+            Priority.BULK: min(max(bulk_calls or self.max_calls, 1), self.max_calls),
+        }
         self.max_rows = max(max_rows, 1)
+        self.bulk_rows = bulk_rows or (lambda: self.max_rows)
         self.in_triton = 0
-        self.waiting: list[Waiting] = []
+        self.waiting: dict[Priority, list[Waiting]] = {priority: [] for priority in Priority}
         # the event loop keeps only weak references to tasks
         self._calls: set[asyncio.Task[None]] = set()
 
     async def call(
-        self, texts: Sequence[str], pairs: Sequence[str] | None, request_id: str
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None,
+        request_id: str,
+        priority: Priority = Priority.ONLINE,
     ) -> Outputs:
         """The outputs of `texts` (at most `max_rows`), alone or merged with others' texts."""
-        if self.in_triton < self.max_calls and not self.waiting:
+        if self.in_triton < self.places[priority] and not self._ahead_of(priority):
             self.in_triton += 1
             try:
-                return await self.send(texts, pairs, request_id)
+                return await self.send(texts, pairs, request_id, priority)
             finally:
                 self._finished()
-        waiting = Waiting(texts, pairs, request_id)
-        self.waiting.append(waiting)
+        waiting = Waiting(texts, pairs, request_id, priority)
+        queue = self.waiting[priority]
+        queue.append(waiting)
         try:
             try:
                 return await asyncio.wait_for(asyncio.shield(waiting.answer), self.max_wait_s)
             except TimeoutError:
-                if waiting in self.waiting:  # not sent within the queue time: it leaves now
-                    self.waiting.remove(waiting)
+                if waiting in queue:  # not sent within the queue time: it leaves now
+                    queue.remove(waiting)
                     raise queue_time_passed(self.max_wait_s) from None
                 return await asyncio.shield(waiting.answer)  # sent: its answer is on its way
         except asyncio.CancelledError:
-            if waiting in self.waiting:  # not sent yet: it leaves without reaching Triton
-                self.waiting.remove(waiting)
+            if waiting in queue:  # not sent yet: it leaves without reaching Triton
+                queue.remove(waiting)
             else:  # sent: a merged call whose callers are all gone is cancelled, so Triton drops it
                 waiting.left = True
                 if waiting.sent is not None and all(one.left for one in waiting.group):
                     waiting.sent.cancel()
             raise
 
+    def _ahead_of(self, priority: Priority) -> bool:
+        """Whether calls wait that go before a new one of `priority`."""
+        return any(self.waiting[first] for first in Priority if first <= priority)
+
     def _finished(self) -> None:
         self.in_triton -= 1
-        while self.waiting and self.in_triton < self.max_calls:
-            group: list[Waiting] = []
-            rows = 0
-            while self.waiting and (
-                not group or rows + len(self.waiting[0].texts) <= self.max_rows
-            ):
-                rows += len(self.waiting[0].texts)
-                group.append(self.waiting.pop(0))
-            self.in_triton += 1
-            self.on_merge(len(group))
-            task = asyncio.ensure_future(self._run(group))
-            for one in group:
-                one.group, one.sent = group, task
-            self._calls.add(task)
-            task.add_done_callback(self._done)
+        for priority, queue in self.waiting.items():  # online first
+            most = self.max_rows if priority is Priority.ONLINE else self.bulk_rows()
+            while queue and self.in_triton < self.places[priority]:
+                self._leave(self._group(queue, most))
+
+    @staticmethod
+    def _group(queue: list[Waiting], most: int) -> list[Waiting]:
+        """The calls at the head of `queue` that fit one call of `most` rows (the first always)."""
+        group: list[Waiting] = []
+        rows = 0
+        while queue and (not group or rows + len(queue[0].texts) <= most):
+            rows += len(queue[0].texts)
+            group.append(queue.pop(0))
+        return group
+
+    def _leave(self, group: list[Waiting]) -> None:
+        """`group` sent as one call, holding a place until it ends."""
+        self.in_triton += 1
+        self.on_merge(len(group))
+        task = asyncio.ensure_future(self._run(group))
+        for one in group:
+            one.group, one.sent = group, task
+        self._calls.add(task)
+        task.add_done_callback(self._done)
 
     async def _run(self, group: list[Waiting]) -> None:
         if len(group) == 1:
@@ -138,7 +172,7 @@ class Coalescer:
             else None
         )
         try:
-            merged = await self.send(texts, pairs, group[0].request_id)
+            merged = await self.send(texts, pairs, group[0].request_id, group[0].priority)
         except GatewayError as exc:
             if exc.kind in INPUT_ERRORS:  # whose input? each call alone says
                 await asyncio.gather(*(self._alone(one) for one in group))
@@ -163,7 +197,7 @@ class Coalescer:
 
     async def _alone(self, one: Waiting) -> None:
         try:
-            self._settle(one, await self.send(one.texts, one.pairs, one.request_id))
+            self._settle(one, await self.send(one.texts, one.pairs, one.request_id, one.priority))
         except Exception as exc:  # noqa: BLE001 - the caller gets it
             self._fail(one, exc)
 

@@ -200,7 +200,7 @@ class Engine:
         )
         token_rows = rows if rows is not None and (needs_tokens or rows.cut) else None
         dispatch = self.dispatch(model)
-        chunks = dispatch.chunks(len(inference.items))
+        chunks = dispatch.chunks(len(inference.items), context.priority)
         merged, seconds = await self._calls(inference, dispatch, token_rows, chunks, context)
         if inference.encoder_only:
             assert rows is not None  # `encoder_only` needs tokens
@@ -220,7 +220,7 @@ class Engine:
     ) -> Inferred:
         """`infer` for token rows the caller framed: the token path, no cut or tokenizing here."""
         dispatch = self.dispatch(inference.model)
-        chunks = dispatch.chunks(len(rows.ids))
+        chunks = dispatch.chunks(len(rows.ids), context.priority)
         merged, seconds = await self._calls(inference, dispatch, rows, chunks, context)
         num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
         self._observe_calls(chunks, num_tokens, seconds)
@@ -294,7 +294,13 @@ class Engine:
         else:
             texts = cast("list[str]", inference.items)  # no token ids: every input is a text
             calls = [
-                dispatch.texts(texts[c], pairs[c] if pairs else None, outputs, context.request_id)
+                dispatch.texts(
+                    texts[c],
+                    pairs[c] if pairs else None,
+                    outputs,
+                    context.request_id,
+                    context.priority,
+                )
                 for c in chunks
             ]
         parts = await gather(calls)

@@ -17,10 +17,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
+from prensa.gateway.core.request_context import Priority
 from prensa.gateway.errors import overloaded, queue_time_passed
 
 T = TypeVar("T")
 log = logging.getLogger("prensa.gateway")
+# The share of the permits bulk work may hold: the rest stays free for online requests.
+BULK_SHARE = 0.75
 # Descriptors kept for the gateway itself (Triton channels, log files, the listening socket, ...).
 RESERVED_FDS = 64
 UNLIMITED_FDS = 65_536  # the ceiling assumed where RLIMIT_NOFILE is unlimited
@@ -54,20 +57,28 @@ class Permits:
     within a process; across a gateway's workers `shared` holds the count (`SharedPermits`)."""
 
     def __init__(
-        self, capacity: int, on_change: Callable[[int], None], shared: SharedPermits | None = None
+        self,
+        capacity: int,
+        on_change: Callable[[int], None],
+        shared: SharedPermits | None = None,
+        bulk_share: float = 1.0,
     ) -> None:
+        """`bulk_share`: the share of `capacity` bulk work may hold (BULK_SHARE with priority on)."""
         self.capacity = capacity
+        self.bulk_capacity = max(int(capacity * bulk_share), 1)
         self.in_use = 0  # this process's
         self._on_change = on_change
         self._shared = shared
 
     @contextmanager
-    def hold(self, count: int) -> Iterator[None]:
-        """Take `count` permits for the duration of the block, or raise Overloaded at once."""
+    def hold(self, count: int, priority: Priority = Priority.ONLINE) -> Iterator[None]:
+        """Take `count` permits for the duration of the block, or raise Overloaded at once; bulk
+        work finds them gone past its share, so a flood of it leaves online requests room."""
+        capacity = self.capacity if priority is Priority.ONLINE else self.bulk_capacity
         if self._shared is None:
-            if self.in_use + count > self.capacity:
+            if self.in_use + count > capacity:
                 raise overloaded()
-        elif not self._shared.take(count, self.capacity):
+        elif not self._shared.take(count, capacity):
             raise overloaded()
         with self._held(count):
             yield
@@ -169,30 +180,50 @@ def _libc() -> Any:
 
 class TritonWindow:
     """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
-    first served, and a call whose client hangs up while it waits leaves without reaching Triton.
+    first served within a priority, online calls before bulk ones, and a call whose client hangs up
+    while it waits leaves without reaching Triton.
 
     Triton cancels an ensemble step only when it creates it: a client that hangs up cancels
     its ensemble request, but the encode step already queued is computed all the same (the
     Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
     counted until Triton answers, even for a client that is gone (its call runs on, its answer is
     dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
-    A call of more rows than `capacity` waits for an empty window and runs alone. A call that waits
-    longer than `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
+    Bulk calls hold at most `bulk_capacity` rows, the rest kept for online ones (Triton passes no
+    priority to an ensemble's steps, so the gateway's window is where it holds). A call of more
+    rows than its limit waits for an empty window and runs alone. A call that waits longer than
+    `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
 
-    def __init__(self, capacity: int, max_wait_s: float | None = None) -> None:
+    def __init__(
+        self, capacity: int, max_wait_s: float | None = None, bulk_capacity: int | None = None
+    ) -> None:
         self.capacity = max(capacity, 1)
+        self.limits = {
+            Priority.ONLINE: self.capacity,
+            Priority.BULK: min(max(bulk_capacity or self.capacity, 1), self.capacity),
+        }
         self.max_wait_s = max_wait_s
         self.in_triton = 0
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiting: dict[Priority, deque[tuple[int, asyncio.Future[None]]]] = {
+            priority: deque() for priority in Priority
+        }
         # the event loop keeps only weak references to tasks
         self._calls: set[asyncio.Future[Any]] = set()
 
-    async def run(self, rows: int, call: Callable[[], Awaitable[T]]) -> T:
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for room, of either priority."""
+        return sum(map(len, self._waiting.values()))
+
+    async def run(
+        self, rows: int, call: Callable[[], Awaitable[T]], priority: Priority = Priority.ONLINE
+    ) -> T:
         """`call()` once `rows` fit; it finishes even if the caller is cancelled meanwhile."""
-        rows = min(rows, self.capacity)
-        if self._waiting or self.in_triton + rows > self.capacity:
+        rows = min(rows, self.limits[priority])
+        ahead = any(self._waiting[first] for first in Priority if first <= priority)
+        if ahead or self.in_triton + rows > self.limits[priority]:
             turn = asyncio.get_running_loop().create_future()
-            self._waiting.append((rows, turn))
+            queue = self._waiting[priority]
+            queue.append((rows, turn))
             try:
                 await asyncio.wait_for(asyncio.shield(turn), self.max_wait_s)
             except (asyncio.CancelledError, TimeoutError) as stop:
@@ -203,7 +234,7 @@ class TritonWindow:
                 else:
                     turn.cancel()
                     with suppress(ValueError):
-                        self._waiting.remove((rows, turn))
+                        queue.remove((rows, turn))
                     self._admit()  # it may have held back smaller calls behind it
                 if isinstance(stop, TimeoutError):
                     raise queue_time_passed(self.max_wait_s) from None
@@ -230,14 +261,16 @@ class TritonWindow:
         self._admit()
 
     def _admit(self) -> None:
-        while self._waiting:
-            rows, turn = self._waiting[0]
-            if not turn.cancelled() and self.in_triton + rows > self.capacity:
-                return
-            self._waiting.popleft()
-            if not turn.cancelled():  # a cancelled caller is leaving: it takes nothing
-                self.in_triton += rows
-                turn.set_result(None)
+        """Let in the calls that fit, in order: online first, and no bulk call past an online one."""
+        for priority, queue in self._waiting.items():
+            while queue:
+                rows, turn = queue[0]
+                if not turn.cancelled() and self.in_triton + rows > self.limits[priority]:
+                    return
+                queue.popleft()
+                if not turn.cancelled():  # a cancelled caller is leaving: it takes nothing
+                    self.in_triton += rows
+                    turn.set_result(None)
 
 
 def connection_ceiling() -> int:

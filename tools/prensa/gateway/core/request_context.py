@@ -4,9 +4,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 from prensa.gateway.core.tokenization import Item
+from prensa.gateway.errors import validation
 from prensa.gateway.tracing import past_stage
+
+# The header that marks a request bulk work (or online), as any client library can send it.
+PRIORITY_HEADER = "x-prensa-priority"
+
+
+class Priority(IntEnum):
+    """Who goes first where requests wait in the gateway: online queries before bulk work (batch
+    jobs, requests marked bulk), which fills what online leaves. The values are Triton's priority
+    levels, 1 first."""
+
+    ONLINE = 1
+    BULK = 2
+
+    @classmethod
+    def named(cls, name: str) -> Priority:
+        """The priority a header names (`online` or `bulk`), or a validation error saying so."""
+        try:
+            return cls[name.strip().upper()]
+        except KeyError:
+            raise validation(
+                f"{PRIORITY_HEADER} must be `online` or `bulk`, got {name!r}"
+            ) from None
+
+    @classmethod
+    def of_vllm(cls, priority: int) -> Priority:
+        """vLLM's `priority` field (lower goes earlier, 0 by default): above 0 waits as bulk."""
+        return cls.BULK if priority > 0 else cls.ONLINE
 
 
 @dataclass
@@ -26,6 +55,7 @@ class RequestContext:
     tokens: int = 0
     characters: int = 0
     chunks: list[int] | None = None  # windows per input, when long inputs were chunked
+    priority: Priority = Priority.ONLINE
 
     def began(self, model: str, items: Sequence[Item], pairs: Sequence[str] | None) -> None:
         """A Triton call of this request starts; the first one ends its parsing and validation."""

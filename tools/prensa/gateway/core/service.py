@@ -230,7 +230,7 @@ class Service:
         ask.check(self)
         framed = await ask.frame(self, context)
         held = len(framed.windows.items) if framed.windows else len(ask.items)
-        with self.permits.hold(held):
+        with self.permits.hold(held, context.priority):
             results = await gather(
                 [self.engine.infer(inference, context) for inference in ask.inferences(framed)]
             )

@@ -24,7 +24,7 @@ import grpc
 from opentelemetry.trace import Span, StatusCode
 
 from prensa.gateway.auth import key_matches
-from prensa.gateway.core.request_context import RequestContext
+from prensa.gateway.core.request_context import PRIORITY_HEADER, Priority, RequestContext
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.logs import REQUEST_ID_HEADER, access, request_id
 from prensa.gateway.state import Gateway, record_success, timing_headers
@@ -110,6 +110,7 @@ class Call:
     request_id: str
     started: float
     trace_carrier: dict[str, str] = field(default_factory=dict)  # the client's traceparent, if any
+    priority: Priority = Priority.ONLINE  # from PRIORITY_HEADER, as on HTTP
     served: str = ""
     inputs: int = 0
     tokens: int = 0
@@ -239,9 +240,15 @@ class Calls:
             if key in metadata
         ]
         carrier = {key: metadata[key] for key in TRACE_KEYS if key in metadata}
-        return Call(
+        call = Call(
             rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter(), carrier
         )
+        if PRIORITY_HEADER in metadata:
+            try:
+                call.priority = Priority.named(metadata[PRIORITY_HEADER])
+            except GatewayError as error:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        return call
 
     @contextmanager
     def traced(self, call: Call) -> Iterator[None]:
@@ -252,7 +259,9 @@ class Calls:
 
     async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
         call = await self.open(context, rpc)
-        request_context = RequestContext(received=call.started, request_id=call.request_id)
+        request_context = RequestContext(
+            received=call.started, request_id=call.request_id, priority=call.priority
+        )
         self.metrics.started(method)
         with self.traced(call), self.hang_up_logged(call):
             try:
@@ -306,7 +315,7 @@ class Calls:
         async def part(message: Q) -> R:
             each.append(
                 request_context := RequestContext(
-                    received=time.perf_counter(), request_id=call.request_id
+                    received=time.perf_counter(), request_id=call.request_id, priority=call.priority
                 )
             )
             return await work(parsed(message), call.model, request_context)
@@ -328,7 +337,9 @@ class Calls:
 
     async def _message(self, call: Call, method: str, work: Work[Q, R], message: Q) -> R:
         """One message of a stream: a request of its own, counted under `method` as HTTP counts its routes."""
-        request_context = RequestContext(received=time.perf_counter(), request_id=call.request_id)
+        request_context = RequestContext(
+            received=time.perf_counter(), request_id=call.request_id, priority=call.priority
+        )
         self.metrics.started(method)
         reply = await work(parsed(message), call.model, request_context)
         record_success(self.metrics, method, request_context)

@@ -20,6 +20,7 @@ import httpx
 import orjson
 from starlette.types import ASGIApp
 
+from prensa.gateway.core.request_context import PRIORITY_HEADER, Priority
 from prensa.gateway.jobs import store as states
 from prensa.gateway.jobs.store import Job, JobStore, new_id
 
@@ -147,7 +148,10 @@ class JobRunner:
     def __init__(self, store: JobStore, app: ASGIApp, api_key: str | None) -> None:
         self.store, self.holder = store, new_id("gateway")
         self._stop_checked: dict[str, tuple[float, bool]] = {}  # job -> (when read, stopping)
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        # a job's lines are bulk work: online requests go before them (`Priority`)
+        headers = {PRIORITY_HEADER: Priority.BULK.name.lower()}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
             base_url="http://prensa-batch",

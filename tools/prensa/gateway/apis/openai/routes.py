@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Response
 
-from prensa.gateway.apis.common import asked_chunking, cut_side, truncate_end
+from prensa.gateway.apis.common import asked_chunking, cut_side, read_priority, truncate_end
 from prensa.gateway.apis.errors import MESSAGE_ERRORS
 from prensa.gateway.apis.openai.protocol import (
     EmbeddingRequest,
@@ -304,6 +304,7 @@ async def answer_embeddings(
     await http.gateway.registry.ensure()
     capability = embeddings_capability(request, http.gateway, named_model(model, request.model))
     served, role = await _embedder(http.gateway, model, request.model, capability)
+    read_priority(request, http.context)
     return json_response(
         await embeddings_payload(request, http.gateway, served, http.context, role), http.context
     )

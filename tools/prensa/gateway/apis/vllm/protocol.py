@@ -16,6 +16,7 @@ from prensa.gateway.apis.common import (
     VllmActivation,
     VllmEncoding,
     VllmList,
+    VllmPriority,
     VllmTruncation,
 )
 
@@ -26,13 +27,13 @@ CUT = (
 )
 
 
-class VllmClassifyRequest(ModelRequest, VllmTruncation, VllmActivation):
+class VllmClassifyRequest(ModelRequest, VllmTruncation, VllmActivation, VllmPriority):
     """vLLM's `/classify` body: each text classified on its own."""
 
     input: str | list[str] = Field(description=TEXTS)
 
 
-class VllmEmbeddingRequest(EmbeddingFields, VllmTruncation, VllmEncoding):
+class VllmEmbeddingRequest(EmbeddingFields, VllmTruncation, VllmEncoding, VllmPriority):
     """vLLM's `/v1/embeddings` body: OpenAI's, with vLLM's window and base64 options."""
 
     # NIM's, Jina's and PyLate's fields belong to the OpenAI body on this path: here, unset
@@ -45,7 +46,7 @@ class VllmEmbeddingRequest(EmbeddingFields, VllmTruncation, VllmEncoding):
     late_chunking: ClassVar[None] = None
 
 
-class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding):
+class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding, VllmPriority):
     """vLLM's `/pooling` body: each input's pooled vector (`embed`) or its tokens' vectors (`token_embed`)."""
 
     input: str | list[str] = Field(description=TEXTS)
@@ -60,7 +61,9 @@ class PoolingRequest(ModelRequest, VllmTruncation, VllmEncoding):
     )
 
 
-class VllmRerankRequest(ModelRequest, RelevanceOptions, VllmTruncation, VllmActivation):
+class VllmRerankRequest(
+    ModelRequest, RelevanceOptions, VllmTruncation, VllmActivation, VllmPriority
+):
     """vLLM's `/rerank` body (LiteLLM's `hosted_vllm/` sends it)."""
 
     documents: list[str] = Field(description="Documents to score against the query.")
@@ -72,7 +75,7 @@ class VllmRerankRequest(ModelRequest, RelevanceOptions, VllmTruncation, VllmActi
     truncate: bool | None = Field(None, description=CUT)
 
 
-class VllmScoreRequest(ModelRequest, VllmTruncation, VllmActivation):
+class VllmScoreRequest(ModelRequest, VllmTruncation, VllmActivation, VllmPriority):
     """vLLM's `/score` body: pairs of a first and a second text, by any of the names vLLM gives them."""
 
     text_1: str | list[str] | None = Field(
