@@ -143,6 +143,13 @@ def test_embed_unary_matches_triton_and_http(tei, direct):
     np.testing.assert_allclose(m3.embeddings, direct("bge-m3", [TEXTS[2]])["dense"][0], atol=1e-5)
 
 
+def test_a_call_marked_bulk_is_answered_alike_and_a_wrong_mark_refused(tei, direct):
+    bulk = tei.embed.Embed(pb.EmbedRequest(inputs=TEXTS[0]), metadata=(("x-prensa-priority", "bulk"),))
+    np.testing.assert_allclose(bulk.embeddings, direct("minilm", TEXTS[:1])["dense"][0], atol=1e-6)
+    wrong = refused(lambda: tei.embed.Embed(pb.EmbedRequest(inputs="ok"), metadata=(("x-prensa-priority", "now"),)))
+    assert wrong.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-prensa-priority" in wrong.details()
+
+
 def embed_count(http: httpx.Client) -> float:
     found = re.search(r'^te_request_count\{method="embed"\} ([0-9.e+]+)', http.get("/metrics").text, re.M)
     return float(found[1]) if found else 0.0
