@@ -101,6 +101,29 @@ def test_rerank_lines_answer_as_the_cohere_client_online(data_gateway):
     assert [r["relevance_score"] for r in answer["results"]] == pytest.approx([r.relevance_score for r in online.results])
 
 
+
+def test_litellms_batch_calls_run_against_a_custom_openai_base_url(data_gateway, monkeypatch):
+    """LiteLLM's own file and batch functions, as its users call them for an OpenAI-compatible server."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price table, not a download
+    import litellm
+
+    where = {"custom_llm_provider": "openai", "api_base": f"{data_gateway}/v1", "api_key": "unused"}
+    lines = [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": "minilm", "input": text}}
+             for i, text in enumerate(TEXTS[:2])]
+    uploaded = litellm.create_file(file=("lines.jsonl", jsonl(lines)), purpose="batch", **where)
+    created = litellm.create_batch(completion_window="24h", endpoint="/v1/embeddings", input_file_id=uploaded.id, **where)
+    deadline = time.monotonic() + 120
+    while (batch := litellm.retrieve_batch(created.id, **where)).status != "completed":
+        assert batch.status in ("validating", "in_progress", "finalizing") and time.monotonic() < deadline, batch
+        time.sleep(0.2)
+    content = litellm.file_content(file_id=batch.output_file_id, **where)
+    rows = {row["custom_id"]: row for row in map(json.loads, content.text.splitlines())}
+    client = openai.OpenAI(base_url=f"{data_gateway}/v1", api_key="unused")
+    for i, text in enumerate(TEXTS[:2]):
+        online = client.embeddings.create(model="minilm", input=text).data[0].embedding
+        np.testing.assert_allclose(rows[f"t{i}"]["response"]["body"]["data"][0]["embedding"], online, atol=1e-6)
+
+
 def test_input_openai_would_refuse_fails_the_batch_naming_each_line(data_gateway):
     client = openai.OpenAI(base_url=f"{data_gateway}/v1", api_key="unused")
     good = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
