@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +35,7 @@ WAIT_S, WAIT_MAX_S = 0.5, 10.0
 STOP_CHECK_S = 1.0  # how stale a running job's cancelled-or-expired state may be
 LINES_IN_FLIGHT = 8  # a job's lines sent to the app at once
 MAX_LINES = 50_000  # OpenAI's limit per batch
+MAX_ERRORS = 100  # a refused input file's errors reported, the first ones
 BATCH_PATHS = (  # the routes a line may post to: every embedding and relevance route
     "/v1/embeddings",
     "/embeddings",
@@ -73,29 +75,42 @@ class InvalidInput(ValueError):
         self.errors = errors
 
 
-def read_lines(text: bytes, endpoint: str) -> list[Line]:
-    """The input file's requests, checked as OpenAI checks them before a job starts: JSON objects
-    with a unique `custom_id`, `method` POST, `url` the job's endpoint and an object `body`."""
-    lines: list[Line] = []
+def check_lines(path: Path, endpoint: str) -> int:
+    """How many requests the input file holds, each checked as OpenAI checks them before a job
+    starts: JSON objects with a unique `custom_id`, `method` POST, `url` the job's endpoint and an
+    object `body`. Read line by line: only the ids stay in memory, not the bodies."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip():
-            continue
+    for number, raw in _raw_lines(path):
         problem = _line_problem(raw, endpoint, seen)
         if isinstance(problem, Line):
-            lines.append(Line(number, problem.custom_id, problem.url, problem.body))
             seen.add(problem.custom_id)
-        else:
+        elif len(errors) < MAX_ERRORS:
             errors.append(input_error("invalid_request", problem, number))
-    if not lines and not errors:
+    if not seen and not errors:
         errors.append(input_error("empty_file", "The input file has no requests"))
-    if len(lines) > MAX_LINES:
-        message = f"{len(lines)} requests; a batch takes at most {MAX_LINES}"
+    if len(seen) > MAX_LINES:
+        message = f"{len(seen)} requests; a batch takes at most {MAX_LINES}"
         errors.append(input_error("too_many_requests", message))
     if errors:
-        raise InvalidInput(errors[:100])
-    return lines
+        raise InvalidInput(errors)
+    return len(seen)
+
+
+def read_lines(path: Path, endpoint: str) -> Iterator[Line]:
+    """The input file's requests (checked before by `check_lines`), one at a time."""
+    for number, raw in _raw_lines(path):
+        line = _line_problem(raw, endpoint, set())
+        if isinstance(line, Line):
+            yield Line(number, line.custom_id, line.url, line.body)
+
+
+def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file's lines that are not blank, numbered from 1 as editors count."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            if raw.strip():
+                yield number, raw
 
 
 def input_error(code: str, message: str, line: int | None = None) -> dict[str, Any]:
@@ -194,9 +209,9 @@ class JobRunner:
             await asyncio.to_thread(self.store.release, job.id, self.holder)
 
     async def run(self, job: Job) -> None:
+        path = self.store.path(job.input_file_id)
         try:
-            text = await asyncio.to_thread(self.store.path(job.input_file_id).read_bytes)
-            lines = read_lines(text, job.endpoint)
+            total = await asyncio.to_thread(check_lines, path, job.endpoint)
         except FileNotFoundError:
             gone = input_error("file_deleted", "The input file was deleted")
             errors = json.dumps({"object": "list", "data": [gone]})
@@ -207,19 +222,21 @@ class JobRunner:
             await asyncio.to_thread(self.store.move, job.id, states.FAILED, errors=errors)
             return
         if job.status == states.VALIDATING:
-            await asyncio.to_thread(self.store.move, job.id, states.IN_PROGRESS, total=len(lines))
+            await asyncio.to_thread(self.store.move, job.id, states.IN_PROGRESS, total=total)
         if job.status != states.CANCELLING:
-            await self._answer(job, lines)
-        await self._finish(job, lines)
+            await self._answer(job, path)
+        await self._finish(job, path, total)
 
-    async def _answer(self, job: Job, lines: list[Line]) -> None:
-        """Every line not answered yet, a few at a time; it stops early when the job is cancelled
-        or expires."""
+    async def _answer(self, job: Job, path: Path) -> None:
+        """Every line not answered yet, a few at a time, read from the file as they go; it stops
+        early when the job is cancelled or expires."""
         done = await asyncio.to_thread(self.store.answered, job.id)
-        pending = iter([line for line in lines if line.number not in done])
+        pending = read_lines(path, job.endpoint)
 
         async def worker() -> None:
-            for line in pending:
+            for line in pending:  # the workers share it: one buffered line read at a time
+                if line.number in done:
+                    continue
                 if await asyncio.to_thread(self._stopping, job.id):
                     return
                 await self._answer_one(job, line)
@@ -265,7 +282,7 @@ class JobRunner:
             self.store.answer, job.id, line.number, line.custom_id, response.status_code, row
         )
 
-    async def _finish(self, job: Job, lines: list[Line]) -> None:
+    async def _finish(self, job: Job, path: Path, total: int) -> None:
         """The output and error files, then the job's last status: completed, cancelled (a job
         cancelled keeps what was answered) or expired (what was not answered is an error line)."""
         current = await asyncio.to_thread(self.store.job, job.id)
@@ -274,37 +291,45 @@ class JobRunner:
             states.CANCELLED
             if current.status == states.CANCELLING
             else states.EXPIRED
-            if time.time() > current.expires_at and current.completed + current.failed < len(lines)
+            if time.time() > current.expires_at and current.completed + current.failed < total
             else states.COMPLETED
         )
         if final == states.COMPLETED:
             await asyncio.to_thread(self.store.move, job.id, states.FINALIZING)
-        answered = {
-            row["line"]: row for row in await asyncio.to_thread(list, self.store.answers(job.id))
-        }
-        ok = (row["body"] for row in answered.values() if row["status_code"] < 400)
-        failed = [row["body"] for row in answered.values() if row["status_code"] >= 400]
-        if final == states.EXPIRED:
-            failed += [_expired_line(job, line) for line in lines if line.number not in answered]
-        output = await asyncio.to_thread(self._write, f"{job.id}_output.jsonl", ok)
-        errors = (
-            await asyncio.to_thread(self._write, f"{job.id}_error.jsonl", iter(failed))
-            if failed
-            else None
+        output, errors = await asyncio.to_thread(
+            self._write_results, job, path if final == states.EXPIRED else None
         )
         await asyncio.to_thread(
             self.store.move, job.id, final, output_file_id=output, error_file_id=errors
         )
 
-    def _write(self, filename: str, rows: Iterator[str]) -> str:
-        """A new file of `rows`, one per line, whole or absent."""
-        staged = self.store.staging()
-        with staged.open("w") as out:
-            for row in rows:
-                out.write(row + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        return self.store.add_file(staged, "batch_output", filename).id
+    def _write_results(self, job: Job, expired_from: Path | None) -> tuple[str, str | None]:
+        """The output file and the error file (None when no line failed), each whole or absent,
+        streamed from the store in line order; with `expired_from`, the input's lines never
+        answered are error lines too."""
+        output, errors = self.store.staging(), self.store.staging()
+        failed = 0
+        with output.open("w") as ok, errors.open("w") as bad:
+            for row in self.store.answers(job.id):
+                if row["status_code"] < 400:
+                    ok.write(row["body"] + "\n")
+                else:
+                    bad.write(row["body"] + "\n")
+                    failed += 1
+            if expired_from is not None:
+                answered = self.store.answered(job.id)
+                for line in read_lines(expired_from, job.endpoint):
+                    if line.number not in answered:
+                        bad.write(_expired_line(job, line) + "\n")
+                        failed += 1
+            for out in (ok, bad):
+                out.flush()
+                os.fsync(out.fileno())
+        output_id = self.store.add_file(output, "batch_output", f"{job.id}_output.jsonl").id
+        if not failed:
+            errors.unlink()
+            return output_id, None
+        return output_id, self.store.add_file(errors, "batch_output", f"{job.id}_error.jsonl").id
 
 
 def _expired_line(job: Job, line: Line) -> str:
