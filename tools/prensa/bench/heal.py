@@ -25,7 +25,15 @@ from pathlib import Path
 import httpx
 import psutil
 
-from prensa.bench.soak import Kind, NotServing, requests_for, serving_prensa, warm_up
+from prensa.bench.soak import (
+    Kind,
+    NotServing,
+    answers_dense,
+    first_model,
+    requests_for,
+    serving_prensa,
+    warm_up,
+)
 from prensa.stages import stage_model_name
 
 RELOADED = re.compile(
@@ -151,9 +159,9 @@ def run_heal(run: HealRun, say: Callable[[str], None]) -> list[str]:
         if not kinds:
             raise NotServing(f"the served models answer none of {', '.join(run.kinds)}")
         killed_kind, _, _ = kinds[0]
-        embedder = next(
-            m["served_model_name"] for m in info["models"] if m["task"] in ("embed", "m3")
-        )
+        embedder = first_model(info, answers_dense)
+        if embedder is None:
+            raise NotServing("no served model answers dense embeddings")
         asyncio.run(warm_up(url, kinds, run.concurrency))
         outcomes = Outcomes()
         start = time.monotonic()

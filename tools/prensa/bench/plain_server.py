@@ -1,6 +1,7 @@
 """The baseline prensa is measured against: a plain FastAPI app that runs sentence-transformers
 on each request as it arrives (no cross-request batching). Run by `prensa bench` as
-`python -m prensa.bench.plain_server MODEL_DIR embed|rerank PORT`."""
+`python -m prensa.bench.plain_server MODEL_DIR pairs|texts PORT`: a CrossEncoder scoring pairs, or
+a SentenceTransformer embedding texts."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from fastapi import FastAPI
 
 from prensa.addresses import LOOPBACK
 
+PAIRS, TEXTS = "pairs", "texts"  # what the model reads: its command-line word
 
-def create_app(model_dir: str, task: str) -> FastAPI:
+
+def create_app(model_dir: str, reads: str) -> FastAPI:
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     app = FastAPI()
-    if task == "rerank":
+    if reads == PAIRS:
         model = CrossEncoder(model_dir, device="cpu")
 
         @app.post("/rerank")
@@ -42,5 +45,5 @@ def create_app(model_dir: str, task: str) -> FastAPI:
 
 
 if __name__ == "__main__":
-    model_dir, task, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    uvicorn.run(create_app(model_dir, task), host=LOOPBACK, port=port, log_level="warning")
+    model_dir, reads, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    uvicorn.run(create_app(model_dir, reads), host=LOOPBACK, port=port, log_level="warning")

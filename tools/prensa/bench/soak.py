@@ -31,7 +31,11 @@ import httpx
 import numpy as np
 import psutil
 
+from prensa import layouts
 from prensa.addresses import free_port, http_url
+from prensa.layouts import Layout, Scoring
+from prensa.manifest import Task
+from prensa.stages import contract
 
 PRENSA = Path(sys.executable).parent / "prensa"
 WORDS = [
@@ -132,12 +136,27 @@ Body = Callable[[random.Random, bool], dict[str, Any]]
 Kind = tuple[str, str, Body]  # (kind, route, body(rng, largest))
 
 
+def first_model(info: dict[str, Any], fits: Callable[[Layout], bool]) -> str | None:
+    """The first model `/info` lists whose layout fits."""
+    return next(
+        (
+            model["served_model_name"]
+            for model in info["models"]
+            if fits(layouts.resolve(Task(model["task"])))
+        ),
+        None,
+    )
+
+
+def answers_dense(kind: Layout) -> bool:
+    return contract.DENSE in kind.answers
+
+
 def requests_for(info: dict[str, Any]) -> list[Kind]:
     """(kind, route, body(rng, largest)) for what the served models can do."""
-    tasks = {m["served_model_name"]: m["task"] for m in info["models"]}
-    embed = next((n for n, t in tasks.items() if t in ("embed", "m3")), None)
-    sparse = next((n for n, t in tasks.items() if t in ("splade", "m3")), None)
-    rerank = next((n for n, t in tasks.items() if t == "rerank"), None)
+    embed = first_model(info, answers_dense)
+    sparse = first_model(info, lambda kind: contract.SPARSE_IDS in kind.answers)
+    rerank = first_model(info, lambda kind: kind.scoring is Scoring.PAIRS)
     kinds: list[Kind] = []
     if embed:
         kinds.append(

@@ -377,7 +377,7 @@ def run_bench(options: BenchOptions, step: Step) -> dict[str, Any]:
         if torch_dir:
             port = free_port()
             plain = plain_fastapi_server(
-                torch_dir, manifest.task, port, options.out_dir / "plain_fastapi.log"
+                torch_dir, of_manifest(manifest), port, options.out_dir / "plain_fastapi.log"
             )
             with step("plain FastAPI + sentence-transformers, one encode per request"):
                 plain.start()

@@ -31,9 +31,10 @@ import numpy as np
 import orjson
 
 from prensa.addresses import LOOPBACK, http_url
+from prensa.bench.plain_server import PAIRS, TEXTS
 from prensa.bench.report import LIMIT_NAME
 from prensa.layouts import Layout
-from prensa.manifest import Manifest, Task
+from prensa.manifest import Manifest
 from prensa.stages import contract, load_stage
 from prensa.tensors import texts_tensor
 from prensa.triton.launcher import die_with_parent
@@ -420,13 +421,14 @@ def gateway_server(
     )
 
 
-def plain_fastapi_server(model_dir: Path, task: Task, port: int, log: Path) -> ServerProcess:
+def plain_fastapi_server(model_dir: Path, layout: Layout, port: int, log: Path) -> ServerProcess:
+    """The baseline of `layout`: a CrossEncoder where it scores pairs, else a SentenceTransformer."""
     command = [
         sys.executable,
         "-m",
         "prensa.bench.plain_server",
         str(model_dir),
-        task.value,
+        PAIRS if layout.scores_pairs else TEXTS,
         str(port),
     ]
     return ServerProcess(command, http_url(port, "/health"), log)
