@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prensa import layouts
 from prensa.export import llm_reranker
@@ -28,12 +28,59 @@ from prensa.layouts import (
     static,
 )
 from prensa.layouts import llm_reranker as llm_reranker_layout
-from prensa.manifest import Pooling, Task
+from prensa.manifest import GraphOutput, Pooling, Task
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from torch import nn
+    from transformers import PreTrainedTokenizerFast
 
 MAX_SANE_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
 DEFAULT_LENGTH = 512  # a model that states no length of its own
 # sentence-transformers' pooling modes the pool stage computes itself.
 STAGE_POOLING = {"cls": Pooling.CLS, "mean": Pooling.MEAN, "lasttoken": Pooling.LAST}
+
+
+class OwnFiles(Protocol):
+    """A model whose own files say what it is, with no transformers config to read (a static
+    embedding model: a table and a tokenizer). Its layout module reads it (`OWN_FILES`), and the
+    export plans, tokenizes, traces and checks it through this rather than through transformers."""
+
+    @property
+    def library(self) -> str:
+        """Whose reading is served: the export report's reference line."""
+
+    @property
+    def normalize(self) -> bool: ...
+
+    @property
+    def max_length(self) -> int | None:
+        """Where its library cuts a text; None where it never does."""
+
+    @property
+    def serves(self) -> Layout: ...
+
+    @property
+    def described(self) -> str:
+        """What it is and serves, for the line that refuses another --task."""
+
+    @property
+    def graph_pooling(self) -> str: ...
+
+    def tokenizer(self) -> PreTrainedTokenizerFast: ...
+
+    def graph(self) -> tuple[nn.Module, list[GraphOutput]]: ...
+
+    def reference(self, source: SourceModel, texts: list[str]) -> npt.NDArray[Any]: ...
+
+
+# The layouts that read a model's own files, asked before anything reads transformers' config.
+OWN_FILES: tuple[Callable[[SourceModel], OwnFiles | None], ...] = (static.read_static,)
+
+
+def read_own_files(source: SourceModel) -> OwnFiles | None:
+    """The model as the first layout in `OWN_FILES` that knows its files reads it, if one does."""
+    return next((own for read in OWN_FILES if (own := read(source)) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -53,8 +100,8 @@ class ModelPlan:
     late: LateLayout | None = None
     # the reference library strips each text before tokenizing (`contract.STRIP_TEXTS`)
     strip_texts: bool = False
-    # a static embedding model's table and files (`layouts.static`)
-    static: static.StaticLayout | None = None
+    # a model read from its own files (`OWN_FILES`: a static embedding model's table)
+    own: OwnFiles | None = None
 
     @property
     def kind(self) -> Layout:
@@ -65,8 +112,8 @@ class ModelPlan:
     def graph_pooling(self) -> str | None:
         """The pooling modes the graph runs itself (sentence-transformers' modules traced into it,
         a static model's mean of its rows)."""
-        if self.static is not None:
-            return "mean"
+        if self.own is not None:
+            return self.own.graph_pooling
         if self.kind is not EMBEDDER or self.layout is None or self.layout.simple_pooling:
             return None
         return "+".join(self.layout.pooling_modes)
@@ -231,22 +278,19 @@ def _late_plan(
     return ModelPlan(LATE.task, None, True, length, late=late, strip_texts=True)
 
 
-def _static_plan(
+def _own_plan(
     source: SourceModel,
-    layout: static.StaticLayout,
+    own: OwnFiles,
     requested_task: Task | None,
     pooling: Pooling | None,
     max_length: int | None,
 ) -> ModelPlan:
-    """A static embedding model's plan: its mean, cut where its tokenizer file cuts (or at
-    `max_length`, else the default length: the library itself never cuts a text without one)."""
-    if requested_task not in (None, static.LAYOUT.task) or pooling is not None:
-        raise SourceError(
-            f"{source.name} is a static embedding model: it serves the mean of its "
-            "token rows as dense embeddings; drop --task and --pooling"
-        )
-    length = max_length or layout.max_length or DEFAULT_LENGTH
-    return ModelPlan(static.LAYOUT.task, None, layout.normalize, length, static=layout)
+    """The plan of a model read from its own files: what it serves, cut where its library cuts (or
+    at `max_length`, else the default length: a library that never cuts a text has none)."""
+    if requested_task not in (None, own.serves.task) or pooling is not None:
+        raise SourceError(f"{source.name} is {own.described}; drop --task and --pooling")
+    length = max_length or own.max_length or DEFAULT_LENGTH
+    return ModelPlan(own.serves.task, None, own.normalize, length, own=own)
 
 
 @dataclass(frozen=True)
@@ -326,8 +370,8 @@ def _embedder_plan(asked: Asked) -> ModelPlan:
     )
 
 
-# Each layout's plan (a static or late-interaction model is read from its own files first, in
-# `plan_model`).
+# Each layout's plan (a model read from its own files, or a late-interaction model, is planned
+# first, in `plan_model`).
 PLANS: dict[Layout, Callable[[Asked], ModelPlan]] = {
     M3: _m3_plan,
     SPLADE: _splade_plan,
@@ -355,9 +399,9 @@ def plan_model(
     position_limit: int | None,
     prompts: dict[str, str] | None = None,
 ) -> ModelPlan:
-    static_layout = static.read_static(source)
-    if static_layout is not None:
-        return _static_plan(source, static_layout, requested_task, pooling, max_length)
+    own = read_own_files(source)
+    if own is not None:
+        return _own_plan(source, own, requested_task, pooling, max_length)
     late = read_late_layout(source, architectures)
     if late is not None or requested_task is LATE.task:
         return _late_plan(source, late, requested_task, max_length, position_limit)

@@ -24,13 +24,19 @@ import psutil
 
 from prensa.export import calibration, llm_reranker, packing
 from prensa.export.graph_store import move_graph, remove_staging, rewrite_graph, save_graph, staging
-from prensa.export.inspect import ModelPlan, plan_model, require_memory, require_native_code
+from prensa.export.inspect import (
+    ModelPlan,
+    plan_model,
+    read_own_files,
+    require_memory,
+    require_native_code,
+)
 from prensa.export.late import interaction, write_tokenizers
 from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.export.st_layout import lowercase_first, lowercases
 from prensa.files import GraphDataError, link_graph_files
-from prensa.layouts import Layout, of_manifest, static
+from prensa.layouts import Layout, of_manifest
 from prensa.manifest import (
     CALIBRATION_FILE,
     GraphOutput,
@@ -659,10 +665,10 @@ def _load_graph(
 ) -> tuple[nn.Module, list[GraphOutput], Reference | None]:
     """The torch module to trace, its outputs, and what the model's own library answers for the
     sample (sentence-transformers' `encode`, the LLM reranker card's formula), taken before tracing."""
-    if plan.static is not None:
-        graph, outputs = static.graph(plan.static)
-        values = static.reference(source, plan.static, VERIFY_TEXTS)
-        return graph, outputs, Reference(plan.static.library, values, "encode")
+    if plan.own is not None:
+        graph, outputs = plan.own.graph()
+        values = plan.own.reference(source, VERIFY_TEXTS)
+        return graph, outputs, Reference(plan.own.library, values, "encode")
     if plan.layout is not None:  # sentence-transformers' modules: an embedder's or SPLADE's
         from prensa.export import sentence
 
@@ -997,15 +1003,15 @@ def export_model(
     with step("Locating model files"):
         source = resolve_source(options.source, options.revision)
         config = _read_config(source)
-        static_layout = static.read_static(source)
-        if static_layout is None:  # a table and a tokenizer: no transformers code to check
+        own = read_own_files(source)
+        if own is None:  # read from its own files, it runs no transformers code to check
             require_native_code(source, config)
         if not source.has(ONNX_FILE):  # an adopted graph is not loaded into torch
             require_memory(source, config, psutil.virtual_memory().available)
         # transformers leaves from_pretrained unannotated; there is no typed way to call it.
         tokenizer = (
-            static.tokenizer(static_layout)
-            if static_layout is not None
+            own.tokenizer()
+            if own is not None
             else AutoTokenizer.from_pretrained(source.path, use_fast=True, trust_remote_code=False)  # type: ignore[no-untyped-call]
         )
         if not tokenizer.is_fast:

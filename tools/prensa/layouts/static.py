@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from prensa.export.source import SourceError, SourceModel
 from prensa.export.st_layout import MODULES_FILE, class_name
+from prensa.layouts.base import Layout
 from prensa.layouts.embedder import EMBEDDER
 from prensa.manifest import GraphOutput
 from prensa.stages import contract
@@ -50,12 +51,27 @@ MODEL2VEC = "model2vec"
 
 @dataclass(frozen=True)
 class StaticLayout:
-    """Where a static model keeps its files, and how its library reads them."""
+    """Where a static model keeps its files, and how its library reads them: the export plans,
+    tokenizes, traces and checks it through this (`export.inspect.OwnFiles`)."""
 
     folder: Path  # the model's root (sentence-transformers 5, model2vec) or 0_StaticEmbedding/
     library: str  # `SENTENCE_TRANSFORMERS` or `MODEL2VEC`
     normalize: bool  # a Normalize module follows, or model2vec's config says so
     max_length: int | None  # where the library cuts a text; None where it never does
+    serves: ClassVar[Layout] = LAYOUT
+    described: ClassVar[str] = (
+        "a static embedding model: it serves the mean of its token rows as dense embeddings"
+    )
+    graph_pooling: ClassVar[str] = "mean"  # the graph averages the rows itself
+
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        return tokenizer(self)
+
+    def graph(self) -> tuple[nn.Module, list[GraphOutput]]:
+        return graph(self)
+
+    def reference(self, source: SourceModel, texts: list[str]) -> npt.NDArray[Any]:
+        return reference(source, self, texts)
 
 
 def read_static(source: SourceModel) -> StaticLayout | None:
