@@ -128,9 +128,9 @@ VALID = {
                        "model": "bge-m3", "is_query": True},
     "/pooling": {"input": ["a text"], "model": "minilm", "task": "embed", "encoding_format": "base64",
                  "truncate_prompt_tokens": 8, "embed_dtype": "bfloat16", "endianness": "big",
-                 "truncation_side": "right"},
+                 "truncation_side": "right", "priority": 0},
     "/classify": [{"input": ["a text"], "model": "classifier", "truncate_prompt_tokens": -1,
-                   "use_activation": True, "activation": None, "truncation_side": None},
+                   "use_activation": True, "activation": None, "truncation_side": None, "priority": 0},
                   {"input": ["a text"], "model": "classifier", "raw_scores": False}],  # vLLM's, Infinity's
     "/predict": {"inputs": ["q", "p"], "truncate": True, "truncation_direction": "right", "raw_scores": False,
                  "model": "msmarco", "parameters": {"top_k": 1, "function_to_apply": "sigmoid"}},
@@ -140,7 +140,8 @@ VALID = {
                  "max_tokens_per_doc": 8, "truncation_side": "right"},  # TEI's
                 {"query": "q", "documents": ["p"], "return_documents": True, "truncate": True, "model": "msmarco",
                  "weights": None, "instruction": None, "top_n": 1, "truncate_prompt_tokens": None,
-                 "use_activation": True, "activation": None, "max_tokens_per_doc": 8, "truncation_side": "right"},
+                 "use_activation": True, "activation": None, "max_tokens_per_doc": 8, "truncation_side": "right",
+                 "priority": 1},
                 {"query": "q", "documents": ["p"], "raw_scores": False, "return_documents": True, "model": "msmarco",
                  "weights": None, "instruction": None, "top_n": 1, "max_tokens_per_doc": 8}],  # vLLM's, Infinity's
     "/similarity": {"inputs": {"source_sentence": "s", "sentences": ["t"]}, "parameters": None, "model": "minilm"},
@@ -154,7 +155,8 @@ VALID = {
                         "return_multivector": False, "is_query": None},  # OpenAI's, NIM's, Jina's, PyLate's
                        {"input": "ok", "model": "minilm", "encoding_format": "float", "dimensions": 8, "user": "u",
                         "chunking": None, "normalize": True, "truncate_prompt_tokens": None,
-                        "embed_dtype": "float16", "endianness": "little", "truncation_side": "right"}],  # vLLM's
+                        "embed_dtype": "float16", "endianness": "little", "truncation_side": "right",
+                        "priority": 0}],  # vLLM's
     "/v1/multi-vector": {"input": "ok", "model": "bge-m3", "encoding_format": "float", "dimensions": None, "user": "u",
                          "input_type": "document", "truncate": "END", "chunking": None, "embedding_type": "float",
                          "task": None, "late_chunking": False, "normalize": True,
@@ -179,7 +181,7 @@ VALID = {
                 "use_activation": None, "activation": None, "truncation_side": "right"},  # bge-m3's
                {"text_1": "q", "text_2": ["p"], "queries": None, "documents": None, "items": None, "data_1": None,
                 "data_2": None, "truncate": True, "model": "msmarco", "truncate_prompt_tokens": None,
-                "use_activation": None, "activation": None, "truncation_side": "right"}],  # vLLM's
+                "use_activation": None, "activation": None, "truncation_side": "right", "priority": 0}],  # vLLM's
     "/api/embed": {"model": "minilm", "input": "ok", "truncate": True, "dimensions": 8, "options": {"num_ctx": 4096},
                    "keep_alive": "5m"},
     "/api/embeddings": {"model": "minilm:latest", "prompt": "ok", "options": {}, "keep_alive": 0},
