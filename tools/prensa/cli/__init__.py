@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from prensa.cli import bench, deploy, loadtest, repo
+from prensa.cli import bench, deploy, loadtest, models, repo
 from prensa.cli.corpus import embed_corpus
 from prensa.cli.export import calibrate, export
 from prensa.cli.gateway import gateway
@@ -27,6 +27,7 @@ app.add_typer(repo.app, name="repo")
 app.add_typer(deploy.app, name="deploy")
 app.command()(serve)
 app.command()(up)
+app.add_typer(models.app, name="models")
 app.command()(gateway)
 app.command()(stats)
 app.add_typer(bench.app, name="bench")

@@ -17,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, HTTPExceptionHandler
 
 from prensa.addresses import LOOPBACK
-from prensa.gateway.apis import dialects, shared
+from prensa.gateway.apis import admin, dialects, shared
 from prensa.gateway.apis.cohere import routes as cohere_routes
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.m3 import routes as m3_routes
@@ -64,6 +64,7 @@ ROUTERS = [
     ollama_routes.models_router,
     tei_routes.open_router,
     batches.router,
+    admin.router,
 ]
 # Vertex AI tells a container where to serve predictions and health (TEI honours the same variables).
 VERTEX_PREDICT_ROUTE, VERTEX_HEALTH_ROUTE = "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE"
@@ -291,7 +292,7 @@ def create_app(
             settings=settings,
             client=client,
             registry=registry,
-            service=Service(settings, client, metrics, app.permits),
+            service=Service(settings, client, metrics, app.permits, registry.uses),
             metrics=metrics,
             tracer=app.tracer,
         )

@@ -32,6 +32,7 @@ class ErrorKind(str, Enum):
     EMPTY = "empty"
     MALFORMED = "malformed"
     NOT_FOUND = "not_found"
+    CONFLICT = "conflict"  # what the request would create exists already (a served model's name)
     UNSUPPORTED = "unsupported"  # a valid request the model cannot serve well (`dimensions` without Matryoshka)
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -53,6 +54,7 @@ ERROR_TABLE: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.EMPTY: (400, "Empty"),
     ErrorKind.MALFORMED: (400, "Validation"),
     ErrorKind.NOT_FOUND: (404, "NotFound"),
+    ErrorKind.CONFLICT: (409, "Conflict"),
     ErrorKind.UNSUPPORTED: (400, "Validation"),
     ErrorKind.PAYLOAD_TOO_LARGE: (413, "PayloadTooLarge"),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "UnsupportedMediaType"),

@@ -63,6 +63,11 @@ class GatewaySettings:
         "Directory of the Files and Batch APIs' jobs and files (SQLite and the files beside it); "
         "jobs there survive restarts. Unset: those routes answer 404, saying so.",
     )
+    model_admin: bool = setting(
+        False,
+        "Serve /admin/models: add an export to the running server and remove a served model "
+        "(behind --api-key when set). Off: those routes answer 404, saying so.",
+    )
     upload_limit: int = setting(
         200_000_000,
         "Max file upload (POST /v1/files, multipart) in bytes, as OpenAI's (413 above).",

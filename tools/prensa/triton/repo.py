@@ -15,7 +15,7 @@ import json
 import shutil
 import struct
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -787,6 +787,34 @@ class ModelRenderer:
         self.ensemble()
 
 
+# The options a repository was last built with, beside its models (Triton reads directories only):
+# a model added to the running server (`triton.models`) is rendered with them.
+SERVING_RECORD = "prensa-serving.json"
+# ServingOptions' fields whose JSON value is read back into a type of its own
+TYPED_FIELDS: dict[str, Any] = {
+    "pooling": lambda value: Pooling(value) if value else None,
+    "target": Target,
+    "pipeline": Pipeline,
+    "length_buckets": tuple,
+}
+
+
+def write_serving_record(repo: Path, options: ServingOptions) -> None:
+    (repo / SERVING_RECORD).write_text(json.dumps(asdict(options), indent=2) + "\n")
+
+
+def read_serving_record(repo: Path) -> ServingOptions:
+    """The options `repo` was last built with; the defaults where it says none (an older prensa's)."""
+    path = repo / SERVING_RECORD
+    if not path.is_file():
+        return ServingOptions()
+    known = {field.name for field in fields(ServingOptions)}
+    saved = {name: value for name, value in json.loads(path.read_text()).items() if name in known}
+    return ServingOptions(
+        **{name: TYPED_FIELDS.get(name, lambda v: v)(value) for name, value in saved.items()}
+    )
+
+
 def build_repository(models: list[ModelSource], repo: Path, options: ServingOptions) -> list[str]:
     """Render every model into `repo`; returns the names of the models written (ensembles first)."""
     names = [m.name for m in models]
@@ -814,6 +842,7 @@ def build_repository(models: list[ModelSource], repo: Path, options: ServingOpti
             shutil.rmtree(directory, ignore_errors=True)
         renderer.render()
         written += [directory.name for directory in renderer.model_dirs()]
+    write_serving_record(repo, options)
     return written
 
 

@@ -17,6 +17,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -326,12 +328,50 @@ def coming_back(model: ServedModel, states: dict[str, tuple[str, str]]) -> bool:
     return states[model.name] != UNLOADED or any(state != READY for state in stages)
 
 
+class ModelUses:
+    """The requests each served model is computing, so that a model being removed is drained: once
+    it is retiring, no new request may use it, and its removal waits for the ones that do."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.retiring: set[str] = set()
+        self._idle: dict[str, asyncio.Event] = {}
+
+    @contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        if name in self.retiring:
+            raise being_removed(name)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        self._idle.setdefault(name, asyncio.Event()).clear()
+        try:
+            yield
+        finally:
+            self.counts[name] -= 1
+            if not self.counts[name]:
+                self._idle[name].set()
+
+    async def drained(self, name: str, timeout_s: float) -> bool:
+        """Whether the requests using `name` all ended within `timeout_s`."""
+        if not self.counts.get(name):
+            return True
+        try:
+            await asyncio.wait_for(self._idle[name].wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+def being_removed(name: str) -> GatewayError:
+    return GatewayError(ErrorKind.NOT_FOUND, f"The model `{name}` is being removed")
+
+
 class Registry:
     def __init__(self, client: Backend, repo: Path, default_model: str | None) -> None:
         self.client = client
         self.repo = repo
         self.default_model = default_model
         self.models: dict[str, ServedModel] = {}
+        self.uses = ModelUses()
         self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
@@ -446,6 +486,8 @@ class Registry:
         No capability: any model will do (`/info`)."""
         await self.ensure()
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
+            if name in self.uses.retiring:
+                raise being_removed(name)
             # loaded into Triton after we started?
             if name not in self.models and self._may_refresh():
                 await self.refresh()
@@ -465,7 +507,11 @@ class Registry:
             raise GatewayError(
                 ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
             )
-        candidates = [m for m in self.models.values() if capability is None or m.can(capability)]
+        candidates = [
+            m
+            for m in self.models.values()
+            if (capability is None or m.can(capability)) and m.name not in self.uses.retiring
+        ]
         if capability is Capability.RERANK and any(m.scores_pairs for m in candidates):
             # a model that scores by its vectors (bge-m3, late interaction) reranks when named, or alone
             candidates = [m for m in candidates if m.scores_pairs]

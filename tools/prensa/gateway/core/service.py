@@ -26,7 +26,7 @@ from prensa.gateway.core.engine import Engine, gather
 from prensa.gateway.core.hybrid import DEFAULT_WEIGHTS, HYBRID, late_score
 from prensa.gateway.core.hybrid import scores as scores_of
 from prensa.gateway.core.limits import Permits
-from prensa.gateway.core.registry import ServedModel
+from prensa.gateway.core.registry import ModelUses, ServedModel
 from prensa.gateway.core.request_context import RequestContext
 from prensa.gateway.core.tokenization import (
     Item,
@@ -70,10 +70,17 @@ class Service:
     composed of asks."""
 
     def __init__(
-        self, settings: GatewaySettings, client: Backend, metrics: GatewayMetrics, permits: Permits
+        self,
+        settings: GatewaySettings,
+        client: Backend,
+        metrics: GatewayMetrics,
+        permits: Permits,
+        uses: ModelUses | None = None,
     ) -> None:
+        """`uses`: the registry's count of each model's requests (a model being removed drains)."""
         self.settings = settings
         self.permits = permits
+        self.uses = uses or ModelUses()
         self.engine = Engine(settings, client, metrics)
 
     def chunking(self, enabled: bool | None, overlap: int) -> Chunking | None:
@@ -230,7 +237,7 @@ class Service:
         ask.check(self)
         framed = await ask.frame(self, context)
         held = len(framed.windows.items) if framed.windows else len(ask.items)
-        with self.permits.hold(held, context.priority):
+        with self.permits.hold(held, context.priority), self.uses.hold(ask.model.name):
             results = await gather(
                 [self.engine.infer(inference, context) for inference in ask.inferences(framed)]
             )

@@ -59,6 +59,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.UNHEALTHY: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 
