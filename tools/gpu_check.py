@@ -43,9 +43,10 @@ import numpy.typing as npt
 # prensa's serving dependencies (tritonclient, protobuf) may be missing; the serving part imports
 # them itself.
 from prensa.defaults import package_dir
-from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat, ExportOptions, export_model
+from prensa.export.checks import VERIFY_TEXTS
+from prensa.export.formats.tensorrt import EngineRunner, missing_cuda, missing_tensorrt
+from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.export.synthetic import Size
-from prensa.export.tensorrt import EngineRunner, missing_cuda, missing_tensorrt
 from prensa.manifest import Manifest, Task
 from prensa.stages import contract
 

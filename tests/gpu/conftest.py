@@ -17,7 +17,7 @@ CUDA = "CUDAExecutionProvider"
 @pytest.fixture(scope="session")
 def cuda() -> None:
     """Skips unless torch sees a CUDA GPU and onnxruntime has its CUDA provider."""
-    from prensa.export.tensorrt import missing_cuda
+    from prensa.export.formats.tensorrt import missing_cuda
 
     if missing := missing_cuda():
         pytest.skip(f"the GPU tier needs {missing}")

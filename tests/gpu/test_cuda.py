@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from prensa.export.agreement import agreement
-from prensa.export.packing import PACKED_FILE
-from prensa.export.pipeline import VERIFY_TEXTS, ExportFormat
+from prensa.export.checks import VERIFY_TEXTS
+from prensa.export.formats.packing import PACKED_FILE
+from prensa.export.pipeline import ExportFormat
 from prensa.manifest import Manifest
 from prensa.stages import contract
 from tests.gpu.conftest import CUDA
@@ -84,7 +85,7 @@ def test_packed_graph_on_cuda_agrees_with_fp32_on_cpu(gpu_export, model):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_tensorrt_engine_agrees_with_fp32_graph(gpu_export, model):
-    from prensa.export.tensorrt import EngineRunner, missing_tensorrt
+    from prensa.export.formats.tensorrt import EngineRunner, missing_tensorrt
 
     if missing := missing_tensorrt():
         pytest.skip(f"needs {missing}")

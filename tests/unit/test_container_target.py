@@ -19,13 +19,13 @@ from typer.testing import CliRunner
 from prensa.cli import app
 from prensa.deploy.k8s import TRITON_COMMAND
 from prensa.export.agreement import agreement, min_cosine, output_vectors
-from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
-from prensa.export.tensorrt import (
+from prensa.export.formats.tensorrt import (
     SERVING_TENSORRT,
     SERVING_TRITON,
     engine_profile,
     missing_requirements,
 )
+from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
 from prensa.manifest import MANIFEST_FILE, Manifest, TensorRTEngine
 from prensa.stages import load_stage
 from prensa.triton.config import parse_pbtxt

@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from prensa.cli import app
-from prensa.export.pipeline import ExportOptions, export_model, run_onnx, sample_batch
+from prensa.export.checks import run_onnx, sample_batch
+from prensa.export.pipeline import ExportOptions, export_model
 from prensa.files import GraphDataError, graph_data_files
 from prensa.layouts import of_manifest
 from prensa.manifest import Manifest

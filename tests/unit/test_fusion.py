@@ -9,8 +9,9 @@ import pytest
 from onnx import numpy_helper
 from transformers import AutoTokenizer
 
-from prensa.export import fusion
-from prensa.export.pipeline import ExportOptions, export_model, run_onnx
+from prensa.export.checks import run_onnx
+from prensa.export.formats import fusion
+from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest
 
 ORT_DOMAIN = "com.microsoft"

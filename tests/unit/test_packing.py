@@ -8,8 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from prensa.export.packing import PACKED_FILE, packing_refusal
-from prensa.export.pipeline import PACKED_FIGURE, ExportOptions, export_model
+from prensa.export.formats.packing import PACKED_FILE, packing_refusal
+from prensa.export.pipeline import ExportOptions, export_model
+from prensa.export.steps.pack import PACKED_FIGURE
 from prensa.files import graph_data_files
 from prensa.manifest import Manifest
 from prensa.stages import contract, load_stage

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prensa.export.calibration import CORPUS, CORPUS_TEXTS, FIGURE, calibration_texts
+from prensa.export.formats.calibration import CORPUS, CORPUS_TEXTS, FIGURE, calibration_texts
 from prensa.export.pipeline import ST_CONFIG, ExportOptions, export_model
 from prensa.manifest import (
     CALIBRATION_FILE,
@@ -182,7 +182,7 @@ def test_fp16_graphs_calibrate_on_their_own_outputs(m3_dir, tmp_path, exports):
 
 
 def test_a_graph_the_cpu_cannot_run_is_exported_without_calibration(m3_dir, tmp_path, monkeypatch):
-    from prensa.export import calibration
+    from prensa.export.formats import calibration
 
     def unavailable(*_):
         raise calibration.CalibrationUnavailable("CPUExecutionProvider cannot run this graph: no fp16 kernel")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prensa.export.onnx_graph import describe_graph
+from prensa.export.formats.onnx_graph import describe_graph
 from prensa.export.pipeline import ExportOptions, export_model
 from prensa.manifest import Manifest
 

@@ -129,8 +129,9 @@ class Manifest:
     pair_template: dict[str, str] | None = None
     # rerank and classify: how a pair too long for max_length is cut (the tokenize stage's rule)
     pair_truncation: PairTruncation = PairTruncation.LONGEST_FIRST
-    # the graph in onnxruntime's packing mode, for its CUDA provider (`prensa.export.packing`), and
-    # whether the export could check it against the unpacked graph on a CUDA GPU
+    # the graph in onnxruntime's packing mode, for its CUDA provider
+    # (`prensa.export.formats.packing`), and whether the export could check it against the unpacked
+    # graph on a CUDA GPU
     packed_file: str | None = None
     packed_checked: bool = False
     late_interaction: LateInteraction | None = None  # late-interaction models only

@@ -12,15 +12,15 @@ from rich.table import Table
 from prensa.cli.extras import require
 from prensa.cli.options import with_options
 from prensa.cli.progress import step_progress
-from prensa.export import calibration
-from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
-from prensa.export.source import SourceError
-from prensa.export.tensorrt import (
+from prensa.export.formats import calibration
+from prensa.export.formats.tensorrt import (
     SERVING_TENSORRT,
     SERVING_TRITON,
     TensorRTError,
     TensorRTUnavailable,
 )
+from prensa.export.pipeline import ExportFormat, ExportOptions, export_model
+from prensa.export.source import SourceError
 
 console = Console(stderr=True)
 

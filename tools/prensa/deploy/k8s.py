@@ -29,7 +29,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2
 
 from prensa.addresses import GATEWAY_PORT, LOOPBACK
-from prensa.export.tensorrt import SERVING_TRITON
+from prensa.export.formats.tensorrt import SERVING_TRITON
 from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.launcher import TritonPorts
 from prensa.triton.repo import Pipeline, encoder_model, served_pipeline

@@ -92,7 +92,8 @@ NATIVE_SMALLEST_LENGTH_BUCKET = 16
 DEFAULT_GPU_PASS_OVERHEAD_TOKENS = 8192
 # The same pass replayed from a CUDA graph launches in about 1.5 ms.
 DEFAULT_GPU_GRAPH_OVERHEAD_TOKENS = 1024
-# The packed graph's passes (`prensa.export.packing`): real tokens per pass, padding not counted.
+# The packed graph's passes (`prensa.export.formats.packing`): real tokens per pass, padding not
+# counted.
 DEFAULT_PACKED_MAX_TOKENS = 65536
 # CUDA graphs are captured for the GPU shapes of at most this many tokens (rows x width): queries
 # and small batches, where the launches cost more than the compute.

@@ -2,7 +2,8 @@
 
 Two paths end in the same export layout: a torch model is traced (and checked against torch),
 a directory that already holds `model.onnx` is adopted as it is (and checked to run and to
-produce the outputs its task needs)."""
+produce the outputs its task needs). The steps in `steps` then run on the written graph (int8, the
+TensorRT engine, the packed graph), and calibration on the assembled manifest."""
 
 from __future__ import annotations
 
@@ -10,20 +11,28 @@ import dataclasses
 import gc
 import json
 import shutil
-import tempfile
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import KW_ONLY, dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import numpy.typing as npt
 import psutil
 
-from prensa.export import calibration, llm_reranker, packing
-from prensa.export.graph_store import move_graph, remove_staging, rewrite_graph, save_graph, staging
+from prensa.export import llm_reranker
+from prensa.export.checks import (
+    VERIFY_TEXTS,
+    Reference,
+    check_adopted,
+    check_fp16,
+    check_reference,
+    compare_with_torch,
+    run_onnx,
+    run_torch,
+    sample_batch,
+)
+from prensa.export.formats.fp16 import to_fp16
+from prensa.export.formats.graph_store import move_graph, remove_staging, rewrite_graph, staging
+from prensa.export.formats.onnx_graph import GraphInfo, describe_graph, task_from_outputs
 from prensa.export.inspect import (
     ModelPlan,
     plan_model,
@@ -32,199 +41,35 @@ from prensa.export.inspect import (
     require_native_code,
 )
 from prensa.export.late import interaction, write_tokenizers
-from prensa.export.onnx_graph import GraphInfo, describe_graph, task_from_outputs
+from prensa.export.run import ONNX_FILE, ExportFormat, ExportOptions, ExportRun, Step, VerifyReport
 from prensa.export.source import SourceError, SourceModel, resolve_source
 from prensa.export.st_layout import lowercase_first, lowercases
+from prensa.export.steps import GRAPH_STEPS, calibrate
 from prensa.files import GraphDataError, link_graph_files
-from prensa.layouts import Layout, of_manifest
 from prensa.manifest import (
     CALIBRATION_FILE,
     GraphOutput,
     LateInteraction,
     Manifest,
     PairTruncation,
-    Pooling,
     Task,
-    TensorRTEngine,
 )
-from prensa.options import InvalidSetting, require_positive, setting
-from prensa.stages import contract, load_stage
+from prensa.stages import contract
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-ONNX_FILE = "model.onnx"
+# The entry point and what its signature names, for `prensa export` and Python callers.
+__all__ = ["ExportFormat", "ExportOptions", "Step", "VerifyReport", "export_model"]
+
 FUSED_FIGURE = "fused ops"  # the report line that says which fusions were kept, or why none
-PACKED_FIGURE = "packed graph"  # the report line that names the packed graph, or why there is none
 OPSET = 17
 TOKEN_INPUTS = (contract.INPUT_IDS, contract.ATTENTION_MASK, contract.TOKEN_TYPE_IDS)
-# Texts of different lengths, so verification covers padding inside a batch.
-VERIFY_TEXTS = [
-    "What is the capital of Germany?",
-    "Berlin is the capital and largest city of Germany, with about 3.9 million inhabitants.",
-    "ok",
-    "Dense retrieval encodes queries and passages into vectors and ranks passages by similarity; "
-    "sparse retrieval weights individual terms; late interaction keeps one vector per token.",
-]
-FP32_TOLERANCE = 1e-3
 # FlagReranker's default; bge-reranker-v2-m3's tokenizer allows 8192
 ST_CONFIG = "config_sentence_transformers.json"  # sentence-transformers' prompts live here
 # sentence-transformers' files, copied unchanged: the pooling, length and prompts read from them stay with the graph.
 ST_FILES = ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json", ST_CONFIG)
-
-Step = Callable[[str], AbstractContextManager[Any]]
-
-
-class ExportFormat(str, Enum):
-    ONNX = "onnx"  # model.onnx in `dtype`
-    TENSORRT = "tensorrt"  # model.onnx in fp32 plus model.plan in `dtype`
-
-
-def int8_quantize(text: str) -> bool:
-    """`--quantize`'s one value."""
-    if text != "int8":
-        raise ValueError(f"--quantize takes int8, got {text!r}")
-    return True
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """What `prensa export` makes of a model: each field's default, flag and help here, its checks
-    in `__post_init__`, so the command line (`prensa.cli.export`) and Python callers agree."""
-
-    source: str = field(metadata={"flag": None})  # the command's argument
-    out: Path = field(metadata={"flag": None})  # the command's --out
-    _: KW_ONLY  # the rest by name
-    task: Task | None = setting(None, "What the model does; detected from its files when omitted.")
-    pooling: Pooling | None = setting(
-        None, "Dense pooling; default from 1_Pooling/config.json, else cls."
-    )
-    max_length: int | None = setting(None, "Max tokens per text; default from the model's configs.")
-    # of the served graph: the ONNX file, or the engine for --format tensorrt
-    dtype: str | None = setting(
-        None,
-        "fp32 or fp16. Default: fp32 for onnx (fp16 runs fast only on a GPU provider), fp16 for "
-        "tensorrt.",
-    )
-    dense_only: bool = setting(
-        False, "bge-m3 without its sparse/ColBERT head files: serve dense only."
-    )
-    revision: str | None = setting(None, "Hub revision (branch, tag or commit) to export.")
-    quantize_int8: bool = setting(
-        False,
-        "int8: onnxruntime dynamic quantisation for CPUs, with an accuracy report against fp32.",
-        flag="--quantize",
-        parse=int8_quantize,
-    )
-    format: ExportFormat = setting(
-        ExportFormat.ONNX,
-        "onnx, or tensorrt: also build model.plan (needs TensorRT and a CUDA GPU; see docs/gpu.md).",
-        flag="--format",
-    )
-    # TensorRT profile; its max length is the export's
-    trt_max_batch: int = setting(
-        contract.DEFAULT_MAX_BATCH_SIZE,
-        "TensorRT profile: largest batch the engine accepts (>= the repository's --max-batch-size).",
-    )
-    trt_opt_batch: int = setting(8, "TensorRT profile: the batch size kernels are tuned for.")
-    trt_opt_length: int | None = setting(
-        None,
-        "TensorRT profile: the length kernels are tuned for; default min(128, max length), capped "
-        "at it. The profile's max length is the export's max length.",
-    )
-    fuse_ops: bool = setting(
-        True,
-        "ONNX exports (fused in fp32, before fp16 conversion or int8 quantisation): rewrite "
-        "attention, residual LayerNorm and embeddings into onnxruntime's fused kernels, kept only if "
-        "the graph still agrees with torch. Turn off for a runtime without onnxruntime's own ops "
-        "(TensorRT through onnxruntime).",
-    )
-    external_data: bool = setting(
-        False,
-        "Keep the weights in one model.onnx.data file beside the graph even when they fit in it "
-        "(graphs over 2 GB always do).",
-    )
-    calibrate: bool | None = setting(
-        None,
-        "Measure int8/uint8 embedding ranges (calibration.json) on a fixed corpus. Default: for "
-        "models up to 150M parameters; larger ones take minutes on a CPU, so ask for it, or run "
-        "`prensa calibrate` on the export later.",
-    )
-    pair_truncation: PairTruncation = setting(
-        PairTruncation.LONGEST_FIRST,
-        "Cross-encoders and classifiers: how a pair longer than the max length is cut. "
-        "longest_first: the longer text loses tokens first (TEI, sentence-transformers' "
-        "CrossEncoder); capped_query: the query keeps at most 3/4 of the max length, the document "
-        "the rest (FlagEmbedding's FlagReranker).",
-    )
-    pack: bool | None = setting(
-        None,
-        "Also write model.packed.onnx, the fused graph in onnxruntime's packing mode: on CUDA it "
-        "computes over real tokens only, whatever the padding. Default: for fp16 ONNX exports (the "
-        "GPU's format). Checked against the unpacked graph by the encode stage on CUDA when it loads.",
-    )
-
-    @property
-    def served_dtype(self) -> str:
-        """`dtype`, or the format's default: fp16 for a TensorRT engine, fp32 for an ONNX graph."""
-        if self.dtype is not None:
-            return self.dtype
-        return "fp16" if self.format is ExportFormat.TENSORRT else "fp32"
-
-    def __post_init__(self) -> None:
-        if self.served_dtype not in ("fp32", "fp16"):
-            raise InvalidSetting("dtype", f"must be fp32 or fp16, got {self.dtype}")
-        if self.quantize_int8 and self.served_dtype != "fp32":
-            raise InvalidSetting("quantize_int8", "takes int8, from an fp32 export")
-        if self.quantize_int8 and self.format is ExportFormat.TENSORRT:
-            raise InvalidSetting(
-                "quantize_int8",
-                "int8 is a CPU format; TensorRT builds from fp32 (fp16 engines by default)",
-            )
-        require_positive(self, "max_length", "trt_max_batch", "trt_opt_batch", "trt_opt_length")
-        if self.trt_opt_batch > self.trt_max_batch:
-            raise ValueError("the TensorRT profile needs 1 <= --trt-opt-batch <= --trt-max-batch")
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """One line per graph output: the figure checked and whether it passed."""
-
-    heading: str
-    figures: dict[str, str]
-    ok: bool
-
-
-@dataclass
-class ExportRun:
-    """One export on its way: what every step after the graph reads (the source, its tokenizer, the
-    plan, the options, the progress display) and what the steps before it left (the graph written
-    into `options.out`, the report so far, a TensorRT engine, a packed graph)."""
-
-    source: SourceModel
-    config: dict[str, Any]
-    tokenizer: PreTrainedTokenizerBase
-    plan: ModelPlan
-    options: ExportOptions
-    step: Step
-    prompts: tuple[dict[str, str], str | None]
-    late_interaction: LateInteraction | None
-    graph: GraphInfo
-    report: VerifyReport
-    engine: TensorRTEngine | None = None
-    packed_file: str | None = None
-    packed_checked: bool = False
-
-    def add_figures(
-        self, figures: dict[str, str], ok: bool = True, heading: str | None = None
-    ) -> None:
-        """The report with `figures` added (and failed unless `ok`)."""
-        self.report = VerifyReport(
-            heading or self.report.heading,
-            {**self.report.figures, **figures},
-            self.report.ok and ok,
-        )
 
 
 def _no_progress(_: str) -> AbstractContextManager[Any]:
@@ -242,53 +87,6 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
         "unk_token_id",
     )
     return sorted({getattr(tokenizer, n) for n in names if getattr(tokenizer, n, None) is not None})
-
-
-def sample_batch(
-    tokenizer: PreTrainedTokenizerBase,
-    kind: Layout,
-    max_length: int,
-    template: dict[str, str] | None = None,
-    prompt: str | None = None,
-) -> dict[str, npt.NDArray[Any]]:
-    """The verification texts as the stages feed the encoder: padded on the right, whatever side the
-    tokenizer pads by itself; an LLM reranker's pairs written into its prompt; `prompt` before each
-    text, its tokens marked as the gateway marks a prompt that the pooling leaves out."""
-    if template is not None:
-        return llm_reranker.sample_rows(
-            tokenizer, template, [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:], max_length
-        )
-    if kind.pair_input is not None:  # a cross-encoder's or classifier's pairs
-        queries, passages = [VERIFY_TEXTS[0]] * 3, VERIFY_TEXTS[1:]
-        encoded = tokenizer(
-            queries,
-            passages,
-            padding=True,
-            truncation=True,  # longest_first: short pairs here, cut by no rule
-            max_length=max_length,
-            return_tensors="np",
-            padding_side="right",
-        )
-    else:
-        texts = [(prompt or "") + text for text in VERIFY_TEXTS]
-        encoded = tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=max_length,
-            return_tensors="np",
-            padding_side="right",
-        )
-    sample = {k: v.astype(np.int64) for k, v in encoded.items()}
-    if kind.token_vectors:  # a late model's query expansion token: read, attended to by none
-        mask = sample[contract.ATTENTION_MASK]
-        mask[0, int(np.count_nonzero(mask[0])) - 1] = contract.UNATTENDED_TOKEN
-    if prompt:
-        skipped = load_stage("tokenize").prompt_length(tokenizer.backend_tokenizer, prompt)
-        sample[contract.ATTENTION_MASK] = contract.mark_prompts(
-            sample[contract.ATTENTION_MASK], [skipped] * len(texts)
-        )
-    return sample
 
 
 def _check_pair_truncation(source: SourceModel, plan: ModelPlan, rule: PairTruncation) -> None:
@@ -437,139 +235,6 @@ def _trace_into(
         rewrite_graph(traced, path, external)
 
 
-def _to_fp16(source: Path, target: Path, external: bool) -> None:
-    """fp16 weights and compute, fp32 inputs/outputs; LayerNorm and softmax stay fp32 (overflow).
-    TensorRT builds from the same graph, strongly typed, so both keep those layers in fp32."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    # By path: onnxruntime then infers shapes from the file, which works past 2 GB (in memory it cannot).
-    converted = convert_float_to_float16(
-        str(source),
-        keep_io_types=True,
-        op_block_list=["LayerNormalization", "Softmax", "Pow", "ReduceMean", "Sqrt"],
-    )
-    save_graph(converted, target, external)
-
-
-def run_torch(
-    graph: nn.Module, inputs: list[str], sample: dict[str, npt.NDArray[Any]]
-) -> list[npt.NDArray[Any]]:
-    """Reference outputs, a decoder's with transformers' own masks (the trace gets masks built for
-    it); taken before tracing, which can leave the torch module altered."""
-    import torch
-
-    from prensa.export.graphs import transformers_masks
-
-    with torch.no_grad(), transformers_masks(graph):
-        expected = graph(*(torch.from_numpy(sample[n]) for n in inputs))
-    return [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
-
-
-def run_onnx(
-    path: Path,
-    inputs: list[str],
-    sample: dict[str, npt.NDArray[Any]],
-    provider: str = "CPUExecutionProvider",
-) -> dict[str, npt.NDArray[Any]]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=[provider])
-    values = session.run(None, {n: sample[n] for n in inputs})
-    return {meta.name: value for meta, value in zip(session.get_outputs(), values)}
-
-
-def agreement_report(
-    heading: str,
-    actual: dict[str, npt.NDArray[Any]],
-    expected: dict[str, npt.NDArray[Any]],
-    mask: npt.NDArray[Any],
-    outputs: list[GraphOutput],
-    prefix: str = "",
-) -> VerifyReport:
-    """Cosine against fp32 per output; passes at MIN_COSINE or above."""
-    from prensa.export.agreement import MIN_COSINE, agreement
-
-    figures = agreement(actual, expected, mask, {o.name for o in outputs if o.per_token})
-    return VerifyReport(
-        f"{heading}, min cosine >= {MIN_COSINE}",
-        {
-            f"{prefix}{name}": f"min cosine {cos:.6f}, max |diff| {diff:.2e}"
-            for name, (cos, diff) in figures.items()
-        },
-        all(cos >= MIN_COSINE for cos, _ in figures.values()),
-    )
-
-
-def check_fp16(
-    path: Path,
-    inputs: list[str],
-    sample: dict[str, npt.NDArray[Any]],
-    expected: list[npt.NDArray[Any]],
-    outputs: list[GraphOutput],
-) -> VerifyReport:
-    """The fp16 graph against fp32 torch, on onnxruntime's CUDA provider when there is one, else its
-    CPU provider; when neither runs the graph, the check is skipped and the report says why."""
-    import onnxruntime as ort
-    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
-    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
-
-    provider = (
-        "CUDAExecutionProvider"
-        if "CUDAExecutionProvider" in ort.get_available_providers()
-        else "CPUExecutionProvider"
-    )
-    try:
-        actual = run_onnx(path, inputs, sample, provider)
-    except (EPFail, Fail, NoKernel) as exc:  # e.g. a provider without fp16 kernels for some op
-        reason = str(exc).splitlines()[0]
-        return VerifyReport(
-            "fp16 accuracy check", {"skipped": f"{provider} cannot run this graph: {reason}"}, True
-        )
-    reference = {o.name: value for o, value in zip(outputs, expected)}
-    return agreement_report(
-        f"onnxruntime fp16 ({provider}) vs fp32 torch",
-        actual,
-        reference,
-        sample[contract.ATTENTION_MASK],
-        outputs,
-    )
-
-
-def compare_with_torch(
-    actual: dict[str, npt.NDArray[Any]],
-    expected: list[npt.NDArray[Any]],
-    mask: npt.NDArray[Any],
-    dtype: str,
-) -> VerifyReport:
-    figures, worst = {}, 0.0
-    for (name, got), want in zip(actual.items(), expected):
-        delta = np.abs(want - got)
-        if delta.ndim >= 2 and delta.shape[:2] == mask.shape:
-            delta = delta[mask.astype(bool)]  # padded positions are free to differ
-        diff = float(delta.max()) if delta.size else 0.0
-        figures[name], worst = f"max |onnx - torch| {diff:.2e}", max(worst, diff)
-    ok = dtype != "fp32" or worst <= FP32_TOLERANCE
-    return VerifyReport(
-        f"onnxruntime vs torch ({'tolerance ' + str(FP32_TOLERANCE) if dtype == 'fp32' else dtype})",
-        figures,
-        ok,
-    )
-
-
-def check_adopted(
-    actual: dict[str, npt.NDArray[Any]], outputs: list[GraphOutput], rows: int
-) -> VerifyReport:
-    figures, ok = {}, True
-    for output in outputs:
-        value = actual[output.name]
-        good = value.shape[0] == rows and bool(np.isfinite(value).all())
-        figures[output.name] = (
-            f"shape {list(value.shape)}, {'finite' if good else 'NOT FINITE OR WRONG ROWS'}"
-        )
-        ok &= good
-    return VerifyReport("adopted graph run on a sample batch", figures, ok)
-
-
 def _fuse_checked(
     path: Path,
     inputs: list[str],
@@ -582,7 +247,7 @@ def _fuse_checked(
     report says which graph was kept and why."""
     import onnx
 
-    from prensa.export.fusion import fuse_transformer_ops
+    from prensa.export.formats.fusion import fuse_transformer_ops
 
     def kept_plain(reason: str) -> tuple[dict[str, int], VerifyReport]:
         return {}, VerifyReport(plain.heading, {**plain.figures, FUSED_FIGURE: reason}, plain.ok)
@@ -604,57 +269,6 @@ def _fuse_checked(
         move_graph(fused_path, path)
     counts = ", ".join(f"{op} x{count}" for op, count in fused.items())
     return fused, VerifyReport(checked.heading, {**checked.figures, FUSED_FIGURE: counts}, True)
-
-
-def served_values(
-    outputs: dict[str, npt.NDArray[Any]], sample: dict[str, npt.NDArray[Any]], plan: ModelPlan
-) -> npt.NDArray[Any]:
-    """What clients receive for the sample, from the graph's outputs through the pool stage: dense
-    vectors, or SPLADE's vocabulary weights (the pool stage lists their non-zero ones)."""
-    if contract.SPLADE_WEIGHTS in outputs:
-        return outputs[contract.SPLADE_WEIGHTS]
-    if contract.LOGITS in outputs:  # one-label scores: the pool stage's sigmoid
-        return cast(
-            npt.NDArray[Any], load_stage("pool").activate(outputs[contract.LOGITS], "sigmoid")
-        )
-    return calibration.served_dense(outputs, sample, plan.pooling, plan.normalize)
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What the model's own library answers for the sample, which the served values must equal."""
-
-    name: str  # the report's line: sentence-transformers, or the model card
-    values: npt.NDArray[Any]
-    described: str  # what the served values are compared with, in the report
-
-
-def check_reference(
-    actual: dict[str, npt.NDArray[Any]],
-    sample: dict[str, npt.NDArray[Any]],
-    plan: ModelPlan,
-    reference: Reference,
-    report: VerifyReport,
-) -> VerifyReport:
-    """The served values against the reference: the check a layout read wrongly (a Dense layer
-    skipped, the wrong pooling, padding or LM-head rows) cannot pass."""
-    from prensa.export.agreement import (
-        REFERENCE_MAX_DIFF,
-        REFERENCE_MIN_COSINE,
-        reference_agreement,
-    )
-
-    diff, cosine = reference_agreement(served_values(actual, sample, plan), reference.values)
-    ok = diff <= REFERENCE_MAX_DIFF and cosine >= REFERENCE_MIN_COSINE
-    figure = f"served vs {reference.described}: max |diff| {diff:.2e}, min cosine {cosine:.6f}" + (
-        ""
-        if ok
-        else f" (needs <= {REFERENCE_MAX_DIFF:.0e} and >= {REFERENCE_MIN_COSINE}): prensa does not "
-        f"serve this model as {reference.name} does"
-    )
-    return VerifyReport(
-        report.heading, {**report.figures, reference.name: figure}, report.ok and ok
-    )
 
 
 def _load_graph(
@@ -749,7 +363,7 @@ def _export_torch(
     if dtype == "fp32" or not report.ok:
         return GraphInfo(inputs, outputs, "fp32", fused), report
     with step("Converting to fp16 (LayerNorm and softmax kept in fp32)"):
-        _to_fp16(onnx_path, onnx_path, options.external_data)
+        to_fp16(onnx_path, onnx_path, options.external_data)
     with step("Checking fp16 against fp32 on a sample"):
         checked = check_fp16(onnx_path, inputs, sample, expected, outputs)
     # the fp32 fusion step's figure
@@ -780,146 +394,6 @@ def _adopt_onnx(
             sample[contract.INPUT_IDS].shape[0],
         )
     return graph, report
-
-
-def _quantize(run: ExportRun) -> None:
-    """Swap the fp32 graph in `out` for its int8 version; add the agreement figures to the report."""
-    from prensa.export.quantize import quantize_with_report
-
-    graph, tokenizer, plan = run.graph, run.tokenizer, run.plan
-    options, step = run.options, run.step
-    if graph.dtype != "fp32":
-        raise SourceError(f"--quantize int8 needs an fp32 graph; this one is {graph.dtype}")
-    with staging(options.out, "fp32") as folder:
-        fp32 = Path(folder) / ONNX_FILE
-        move_graph(options.out / ONNX_FILE, fp32)  # with its data file: the graph names it
-        try:
-            with step(
-                "Quantising to int8 (per-tensor and per-channel) and comparing with fp32 on the workload"
-            ):
-                result = quantize_with_report(
-                    fp32,
-                    options.out / ONNX_FILE,
-                    graph.inputs,
-                    tokenizer,
-                    plan.kind,
-                    plan.pooling,
-                    plan.max_length,
-                    options.external_data,
-                    plan.template,
-                )
-        except BaseException:
-            # a failed quantisation leaves the fp32 export as it was
-            move_graph(fp32, options.out / ONNX_FILE)
-            raise
-    figures = {}
-    for label, values in result.figures.items():
-        kept = " (kept)" if (label == "per-channel") == result.per_channel else ""
-        figures[f"int8 {label}{kept}"] = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-    run.graph = GraphInfo(graph.inputs, graph.outputs, "int8", graph.fused_ops)
-    run.add_figures(figures)
-
-
-def _build_tensorrt(run: ExportRun) -> None:
-    """model.plan beside the fp32 model.onnx, checked against it through the TensorRT runtime."""
-    from prensa.export import tensorrt
-
-    graph, tokenizer, plan = run.graph, run.tokenizer, run.plan
-    options, step = run.options, run.step
-    if graph.dtype != "fp32":
-        raise SourceError(f"--format tensorrt builds from an fp32 graph; this one is {graph.dtype}")
-    profile = tensorrt.engine_profile(
-        plan.max_length, options.trt_max_batch, options.trt_opt_batch, options.trt_opt_length
-    )
-    onnx_path, plan_path = options.out / ONNX_FILE, options.out / tensorrt.ENGINE_FILE
-    sample = sample_batch(tokenizer, plan.kind, plan.max_length)
-    with step("Running the fp32 graph for reference outputs"):
-        expected = run_onnx(onnx_path, graph.inputs, sample)
-    with tempfile.TemporaryDirectory(dir=options.out) as staging:
-        source = onnx_path
-        if options.served_dtype == "fp16":
-            source = Path(staging) / ONNX_FILE
-            with step("Converting a copy to fp16 (LayerNorm and softmax kept in fp32)"):
-                _to_fp16(onnx_path, source, options.external_data)
-        with step(
-            f"Building the {options.served_dtype} TensorRT engine, {tensorrt.describe_profile(profile)}"
-        ):
-            version = tensorrt.build_engine(source, plan_path, profile)
-    with step("Running the engine on a sample batch"):
-        actual = tensorrt.EngineRunner(plan_path).run({n: sample[n] for n in graph.inputs})
-    checked = agreement_report(
-        "TensorRT",
-        actual,
-        expected,
-        sample[contract.ATTENTION_MASK],
-        graph.outputs,
-        prefix="tensorrt ",
-    )
-    run.engine = TensorRTEngine(tensorrt.ENGINE_FILE, options.served_dtype, version, profile)
-    described = f"TensorRT {version}, {options.served_dtype}, {tensorrt.describe_profile(profile)}"
-    run.add_figures(
-        {**checked.figures, "tensorrt engine": described},
-        checked.ok,
-        f"{run.report.heading}; {checked.heading}",
-    )
-
-
-def _pack(run: ExportRun) -> None:
-    """The packed graph beside an ONNX export that asks for one (`ExportOptions.pack`), and whether
-    it was checked against the unpacked graph, or the report's line saying why there is none. Its
-    ops run on CUDA only: checked here where onnxruntime's CUDA provider runs, and in any case by the
-    encode stage when it loads (`packing`). A packed graph that disagrees is not kept."""
-    graph, options, step = run.graph, run.options, run.step
-    target = options.out / packing.PACKED_FILE
-    target.unlink(missing_ok=True)  # a previous export's, into the same directory
-    wanted = options.pack if options.pack is not None else graph.dtype == "fp16"
-    if not wanted or options.format is not ExportFormat.ONNX or not run.report.ok:
-        return
-    pad_id = int(run.tokenizer.pad_token_id or 0)
-    if graph.dtype == "int8":
-        reason: str | None = "int8 graphs are for CPUs; packing is for onnxruntime's CUDA provider"
-    elif run.late_interaction is not None:
-        reason = "a late-interaction query holds tokens no token attends to, which packing drops"
-    elif not graph.fused_ops:
-        reason = "the graph has no fused ops to pack (exported with --no-fuse-ops, or none matched)"
-    else:
-        with step("Writing the packed graph (padding removed inside the encoder, for CUDA)"):
-            reason = packing.write_packed_graph(options.out / ONNX_FILE, target)
-    checked = False
-    if reason is None and packing.cuda_available():
-        with step("Checking the packed graph against the unpacked one on CUDA"):
-            reason = packing.check_on_cuda(options.out / ONNX_FILE, target, graph, pad_id)
-        checked = reason is None
-        if reason:
-            target.unlink()
-    where = "agrees on CUDA" if checked else "checked on CUDA when the encode stage loads it"
-    run.add_figures(
-        {PACKED_FIGURE: f"none: {reason}" if reason else f"{packing.PACKED_FILE} ({where})"}
-    )
-    run.packed_file, run.packed_checked = (None if reason else packing.PACKED_FILE), checked
-
-
-def _calibrate(run: ExportRun, manifest: Manifest) -> None:
-    """calibration.json for a dense export whose graph passed its check, when asked or cheap; the
-    report's line says how it was made, or why there is none."""
-    options = run.options
-    if not run.report.ok:
-        run.add_figures({calibration.FIGURE: "skipped: the graph failed its check"})
-        return
-    skipped = calibration.skip_reason(
-        options.calibrate, calibration.graph_parameters(options.out / manifest.onnx_file)
-    )
-    if skipped:
-        run.add_figures({calibration.FIGURE: skipped})
-        return
-    with run.step(f"Calibrating int8 embedding ranges on {calibration.CORPUS_TEXTS} texts"):
-        try:
-            result = calibration.calibrate(options.out, manifest, run.tokenizer)
-        except calibration.CalibrationUnavailable as exc:
-            run.add_figures({calibration.FIGURE: f"skipped: {exc}"})
-            return
-        manifest.calibration_file = calibration.write_calibration(options.out, result, manifest)
-        run.add_figures({calibration.FIGURE: calibration.describe(result)})
 
 
 def assemble_manifest(run: ExportRun) -> Manifest:
@@ -997,7 +471,7 @@ def export_model(
     from transformers import AutoTokenizer
 
     if options.format is ExportFormat.TENSORRT:
-        from prensa.export.tensorrt import require_tensorrt
+        from prensa.export.formats.tensorrt import require_tensorrt
 
         require_tensorrt()  # before minutes of export work
     with step("Locating model files"):
@@ -1049,9 +523,9 @@ def export_model(
     run = ExportRun(
         source, config, tokenizer, plan, options, step, prompts, late_interaction, graph, report
     )
-    for applies, then in GRAPH_STEPS:
-        if applies(run):
-            then(run)
+    for graph_step in GRAPH_STEPS:
+        if graph_step.applies(run):
+            graph_step.apply(run)
     with step("Writing tokenizer and sentence-transformers configs"):
         tokenizer.save_pretrained(options.out)
         for extra in ST_FILES:
@@ -1064,16 +538,8 @@ def export_model(
             write_tokenizers(options.out, manifest.tokenizer_file, late_interaction, source.name)
     # a previous export's, into the same directory
     (options.out / CALIBRATION_FILE).unlink(missing_ok=True)
-    if of_manifest(manifest).dense:
-        _calibrate(run, manifest)
+    if calibrate.applies(manifest):
+        calibrate.apply(run, manifest)
     with step("Writing manifest"):
         manifest.write(options.out)
     return manifest, run.report
-
-
-# What runs on the written graph, in order, each when it applies.
-GRAPH_STEPS: tuple[tuple[Callable[[ExportRun], bool], Callable[[ExportRun], None]], ...] = (
-    (lambda run: run.options.quantize_int8, _quantize),
-    (lambda run: run.options.format is ExportFormat.TENSORRT, _build_tensorrt),
-    (lambda run: True, _pack),  # it says itself why an export has no packed graph
-)

@@ -24,8 +24,8 @@ cost least, launches and computed tokens together, each padded to a length bucke
 (see the contract's GPU defaults), so a few shapes recur and are warmed at load. Two things lower
 those costs where they load and agree with the plain graph on this device: CUDA graphs captured for
 the small shapes (queries, small batches) replay a pass's launches at once, and the export's packed
-graph (`prensa.export.packing`) computes a larger pass over its real tokens only, so padding no
-longer costs compute.
+graph (`prensa.export.formats.packing`) computes a larger pass over its real tokens only, so padding
+no longer costs compute.
 """
 
 from __future__ import annotations

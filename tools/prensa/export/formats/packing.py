@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prensa.export.onnx_graph import GraphInfo
+from prensa.export.formats.onnx_graph import GraphInfo
 
 if TYPE_CHECKING:  # onnx is the export extra's: `import prensa.cli` must not load it
     import onnx
@@ -52,7 +52,7 @@ def write_packed_graph(graph: Path, target: Path) -> str | None:
     from onnxruntime.transformers.convert_to_packing_mode import PackingMode
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from prensa.export.graph_store import rewrite_graph
+    from prensa.export.formats.graph_store import rewrite_graph
     from prensa.files import graph_data_files
 
     model = onnx.load(str(graph), load_external_data=False)

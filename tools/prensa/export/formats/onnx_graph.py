@@ -29,7 +29,7 @@ class GraphInfo:
     inputs: list[str]
     outputs: list[GraphOutput]
     dtype: str
-    # onnxruntime-only kernels (export/fusion.py)
+    # onnxruntime-only kernels (export/formats/fusion.py)
     fused_ops: dict[str, int] = field(default_factory=dict)
 
     def require(self, task: Task) -> None:

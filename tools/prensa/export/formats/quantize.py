@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from prensa.export.calibration import served_dense
+from prensa.export.formats.calibration import served_dense
 from prensa.export.graph_runner import GraphRunner
 from prensa.layouts import Layout
 from prensa.manifest import Pooling
@@ -43,7 +43,7 @@ def quantize_dynamic_int8(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from prensa.export.graph_store import PROTOBUF_LIMIT, data_file
+    from prensa.export.formats.graph_store import PROTOBUF_LIMIT, data_file
     from prensa.files import graph_data_files
 
     data_file(int8).unlink(missing_ok=True)  # onnx appends to an existing data file
@@ -53,8 +53,8 @@ def quantize_dynamic_int8(
         (fp32.parent / name).stat().st_size for name in (fp32.name, *graph_data_files(fp32))
     )
     external = external or fp32_bytes >= 2 * PROTOBUF_LIMIT
-    # ONNX shape inference cannot see through onnxruntime's fused ops (export/fusion.py); the
-    # tensors it leaves untyped there are fp32.
+    # ONNX shape inference cannot see through onnxruntime's fused ops (export/formats/fusion.py);
+    # the tensors it leaves untyped there are fp32.
     quantize_dynamic(
         str(fp32),
         str(int8),
@@ -177,7 +177,7 @@ def quantize_with_report(
     template: dict[str, str] | None = None,
 ) -> QuantizeReport:
     """Write the better of per-tensor / per-channel int8 graphs to `int8`, with both figures."""
-    from prensa.export.graph_store import move_graph, staging
+    from prensa.export.formats.graph_store import move_graph, staging
 
     # once for both
     reference = served_outputs(

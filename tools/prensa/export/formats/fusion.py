@@ -32,7 +32,7 @@ def fuse_transformer_ops(
     from onnx.external_data_helper import load_external_data_for_model
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from prensa.export.graph_store import data_file, needs_external_data
+    from prensa.export.formats.graph_store import data_file, needs_external_data
 
     # opt_level 0: only the graph rewrites, no provider-specific session optimisations baked in.
     with contextlib.chdir(weights_dir or Path.cwd()):
