@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import cohere
@@ -18,10 +19,13 @@ from typer.testing import CliRunner
 
 from prensa.addresses import free_port
 from prensa.cli import app
+from prensa.export.pipeline import ExportOptions, export_model
 from prensa.gateway.settings import GatewaySettings
 from prensa.manifest import Manifest
 from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess
 from prensa.triton.repo import ModelSource, ServingOptions, build_repository
+from prensa.triton.versions import VERSIONS_RECORD
+from tests import tiny_layouts
 from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.triton
@@ -39,7 +43,7 @@ def server(tmp_path_factory, exports):
     with TritonProcess(TritonOptions(repo, ports=ports), log_path=repo.parent / "tritonserver.log") as triton:
         settings = GatewaySettings(triton_url=triton.grpc_url, repo=repo, default_model="minilm", model_admin=True)
         with running_gateway(settings) as url:
-            yield url, repo
+            yield url, repo, settings
 
 
 class Load:
@@ -80,7 +84,7 @@ def model_dirs(repo: Path, name: str) -> list[str]:
 
 
 def test_a_model_added_and_removed_under_load_fails_no_request(server, exports):
-    url, repo = server
+    url, repo, _ = server
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     expected = client.embeddings.create(model="minilm", input=TEXTS)
     with Load(url) as load:
@@ -117,10 +121,10 @@ def test_a_model_added_and_removed_under_load_fails_no_request(server, exports):
 
 
 def test_refused_changes_leave_what_was_served_serving(server, exports, tmp_path):
-    url, repo = server
+    url, repo, _ = server
     admin = httpx.Client(base_url=url, timeout=300)
-    taken = admin.post("/admin/models", json={"name": "minilm", "export_dir": str(exports["minilm"])})
-    assert taken.status_code == 409 and "served already" in taken.json()["error"]
+    other_kind = admin.post("/admin/models", json={"name": "minilm", "export_dir": str(exports["reranker"])})
+    assert other_kind.status_code == 400 and "a new version of it must too" in other_kind.json()["error"]
     empty = admin.post("/admin/models", json={"name": "empty", "export_dir": str(tmp_path)})
     assert empty.status_code == 400 and "not a prensa export" in empty.json()["error"]
     odd = admin.post("/admin/models", json={"name": "a/b", "export_dir": str(exports["minilm"])})
@@ -142,3 +146,74 @@ def test_refused_changes_leave_what_was_served_serving(server, exports, tmp_path
 def test_without_model_admin_the_routes_say_how_to_turn_it_on(http):
     refused = http.post("/admin/models", json={"name": "x", "export_dir": "/nowhere"})
     assert refused.status_code == 404 and "--model-admin" in refused.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def other_embedder(tmp_path_factory) -> Path:
+    """Another embedder's export (its own width), to tell two versions' answers apart."""
+    source = tiny_layouts.dense_embedder(tmp_path_factory.mktemp("other") / "dense")
+    export_model(ExportOptions(str(source), source.parent / "export"))
+    return source.parent / "export"
+
+
+class Versions:
+    """Unpinned requests for `name` in a loop, each answer's version header and vector width kept."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=60)
+        self.name, self.stop, self.seen, self.failures = name, threading.Event(), [], []
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            answer = self.http.post("/v1/embeddings", json={"model": self.name, "input": TEXTS})
+            if answer.status_code != 200:
+                self.failures.append(answer.text)
+                continue
+            body = answer.json()
+            self.seen.append((answer.headers["x-prensa-model-version"], body["model"], len(body["data"][0]["embedding"])))
+
+    def __enter__(self) -> Versions:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_a_new_version_answers_pinned_until_promoted_and_rolls_back(server, exports, other_embedder):
+    url, repo, settings = server
+    http = httpx.Client(base_url=url, timeout=60)
+    prensa("models", "add", "emb", str(exports["minilm"]), "--url", url)
+    added = prensa("models", "add", "emb", str(other_embedder), "--url", url)
+    assert "serving emb@2" in added and "answers pinned until" in added
+
+    def ask(model: str) -> tuple[str, str, int]:
+        answer = http.post("/v1/embeddings", json={"model": model, "input": TEXTS})
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-prensa-model-version"], answer.json()["model"], len(answer.json()["data"][0]["embedding"])
+
+    first, second = ask("emb"), ask("emb@2")
+    assert first == ("1", "emb", 384) and second[:2] == ("2", "emb@2") and second[2] != 384
+    assert ask("emb@1") == first, "the first version pinned is the name's first"
+    with running_gateway(replace(settings, model_admin=False)) as other:  # another gateway on the same repository
+        assert httpx.post(f"{other}/v1/embeddings", json={"model": "emb", "input": TEXTS}).json()["model"] == "emb"
+        with Versions(url, "emb") as load:
+            assert "emb -> version 2" in prensa("models", "promote", "emb@2", "--url", url)
+            assert ask("emb") == second, "the name reaches the promoted version from the answer on"
+            # the other gateway reads the promotion on its next request
+            assert httpx.post(f"{other}/v1/embeddings", json={"model": "emb", "input": TEXTS}).json()["model"] == "emb@2"
+            assert "emb -> version 1" in prensa("models", "rollback", "emb", "--url", url)
+            assert ask("emb") == first
+    assert not load.failures, load.failures[:3]
+    # every answer came whole from one version: its header, its name and its width agree
+    assert set(load.seen) <= {first, second} and first in load.seen, set(load.seen)
+    current = http.delete("/admin/models/emb")
+    assert current.status_code == 409 and "promote another version first" in current.json()["error"]
+    assert http.delete("/admin/models/emb@2").status_code == 200
+    with pytest.raises(AssertionError):
+        ask("emb@2")
+    assert http.delete("/admin/models/emb").status_code == 200
+    assert model_dirs(repo, "emb") == [] and not list(repo.glob("emb@*"))
+    assert "emb" not in (repo / VERSIONS_RECORD).read_text()

@@ -1,5 +1,6 @@
-"""`prensa models`: add an export to a running server, or remove a served model, through the
-gateway's admin routes (`--model-admin`), which render, load, drain and unload in order."""
+"""`prensa models`: add an export (or a new version of a served model) to a running server,
+promote or roll back a version, or remove one, through the gateway's admin routes
+(`--model-admin`), which render, load, drain and unload in order."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 from prensa.addresses import GATEWAY_URL
+from prensa.triton.versions import pinned
 
 app = typer.Typer(help="Add and remove models on a running server (its gateway's --model-admin).")
 console = Console()
@@ -56,12 +58,50 @@ def add(
             api_key,
             json={"name": name, "export_dir": str(export_dir.resolve())},
         )
-    console.print(f"serving {info.get('served_model_name', name)} ({info.get('task', '?')})")
+    served = info.get("served_model_name", name)
+    console.print(f"serving {served} ({info.get('task', '?')}), version {info.get('version')}")
+    if not info.get("current", True):
+        console.print(
+            f"`{name}` alone still reaches its current version; `{served}` answers pinned until "
+            f"`prensa models promote {served}`"
+        )
+
+
+@app.command()
+def promote(
+    model: Annotated[str, typer.Argument(help="A model's version, as NAME@VERSION.")],
+    url: Url = GATEWAY_URL,
+    api_key: ApiKey = None,
+) -> None:
+    """Point NAME at VERSION: requests naming NAME alone reach it from the answer on."""
+    name, version = split_pin(model)
+    moved = _call("POST", f"{url}/admin/models/{name}/promote", api_key, json={"version": version})
+    console.print(f"{name} -> version {moved['version']} (before: {moved['before']})")
+
+
+@app.command()
+def rollback(
+    name: Annotated[str, typer.Argument(help="A served model's name.")],
+    url: Url = GATEWAY_URL,
+    api_key: ApiKey = None,
+) -> None:
+    """Point NAME back at the version it reached before its last promotion."""
+    moved = _call("POST", f"{url}/admin/models/{name}/rollback", api_key, json={})
+    console.print(f"{name} -> version {moved['version']}")
+
+
+def split_pin(text: str) -> tuple[str, int]:
+    name, version = pinned(text)
+    if version is None:
+        raise typer.BadParameter(f"name a version, as {text}@2", param_hint="MODEL")
+    return name, version
 
 
 @app.command()
 def remove(
-    name: Annotated[str, typer.Argument(help="A served model.")],
+    name: Annotated[
+        str, typer.Argument(help="A served model, or one of its versions as NAME@VERSION.")
+    ],
     url: Url = GATEWAY_URL,
     api_key: ApiKey = None,
 ) -> None:

@@ -15,6 +15,7 @@ from prensa.gateway.core.service import Service
 from prensa.gateway.errors import GatewayError
 from prensa.gateway.metrics import GatewayMetrics
 from prensa.gateway.settings import GatewaySettings
+from prensa.triton.versions import version_of
 
 CHUNKS_HEADER = "x-prensa-chunks"
 
@@ -48,6 +49,9 @@ def _ms(seconds: float) -> str:
     return str(int(seconds * 1000))
 
 
+VERSION_HEADER = "x-prensa-model-version"
+
+
 def timing_headers(context: RequestContext) -> dict[str, str]:
     """TEI's timing headers (HTTP headers, and the initial metadata of a TEI gRPC answer)."""
     queue = context.queue_s or 0.0
@@ -63,6 +67,8 @@ def timing_headers(context: RequestContext) -> dict[str, str]:
     }
     if context.chunks is not None:  # windows per input, in order
         headers[CHUNKS_HEADER] = ",".join(map(str, context.chunks))
+    if context.model:  # which version computed it (`triton.versions`)
+        headers[VERSION_HEADER] = str(version_of(context.model))
     return headers
 
 

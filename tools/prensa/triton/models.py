@@ -1,5 +1,6 @@
 """A running server's models changed in place: an export rendered into its repository and loaded
-through Triton's repository API, or a model unloaded and its directories removed.
+through Triton's repository API as a model's next version, a version promoted or rolled back,
+or a version unloaded and its directories removed (`triton.versions` says how versions are named).
 
 prensa runs Triton in explicit model-control mode, so nothing it serves changes until it is told,
 and it loads every directory of the repository when it (re)starts: the repository stays the truth
@@ -22,20 +23,32 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from prensa.manifest import Manifest
+from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.repo import ModelSource, build_repository, read_serving_record
+from prensa.triton.versions import (
+    Lineage,
+    pinned,
+    read_versions,
+    stored_versions,
+    version_name,
+    write_versions,
+)
 
 LOAD_TIMEOUT_S = 600.0  # a large graph's load (and its warm-up) on a busy machine
-# a model name Triton and every client can carry: a directory name, no path, no `@`
+# a model name Triton and every client can carry: a directory name, no path, no `@` (a version pin)
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class ModelChangeError(RuntimeError):
-    """A model that cannot be added or removed; the message says why, and nothing was changed."""
+    """A change the repository cannot take; the message says why, and nothing was changed."""
 
 
-def add_model(repo: Path, triton_urls: Sequence[str], name: str, export_dir: Path) -> list[str]:
-    """Render `export_dir` as model `name` into `repo` and load it on every Triton; the Triton
-    models written, the one clients call first."""
+def add_model(
+    repo: Path, triton_urls: Sequence[str], name: str, export_dir: Path
+) -> tuple[str, int]:
+    """Render `export_dir` as `name`'s next version into `repo` and load it on every Triton: its
+    Triton model and version. A first version is what the name reaches; a later one is reachable
+    pinned only (`name@N`) until promoted."""
     if not MODEL_NAME.fullmatch(name):
         raise ModelChangeError(
             f"{name!r} is not a model name: letters, digits, `.`, `_` and `-`, a letter or digit first"
@@ -44,29 +57,87 @@ def add_model(repo: Path, triton_urls: Sequence[str], name: str, export_dir: Pat
         manifest = Manifest.read(export_dir)
     except FileNotFoundError as exc:
         raise ModelChangeError(f"{export_dir} is not a prensa export: {exc}") from None
-    if (repo / name).exists():
-        raise ModelChangeError(f"`{name}` is in the repository already; remove it first")
+    versions = stored_versions(repo, name)
+    if versions:
+        _require_same_kind(repo, version_name(name, versions[-1]), manifest)
+    version = max(versions, default=0) + 1
+    model = version_name(name, version)
     try:
-        written = _render(repo, ModelSource(name, export_dir, manifest))
+        written = _render(repo, ModelSource(model, export_dir, manifest))
     except ModelChangeError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the export holds, one line says it
-        raise ModelChangeError(f"{export_dir} cannot be rendered as `{name}`: {exc}") from None
+        raise ModelChangeError(f"{export_dir} cannot be rendered as `{model}`: {exc}") from None
     try:
         for url in triton_urls:
             _load(url, written)
     except InferenceServerException as exc:
         _unload(triton_urls, written)
         _remove(repo, written)
-        raise ModelChangeError(f"Triton could not load `{name}`: {exc.message()}") from None
-    return written
+        raise ModelChangeError(f"Triton could not load `{model}`: {exc.message()}") from None
+    return model, version
+
+
+def promote(repo: Path, name: str, version: int) -> Lineage:
+    """Point `name` at `version` (in the repository, loaded); the version it reached before is
+    kept for a rollback."""
+    if version not in stored_versions(repo, name):
+        raise ModelChangeError(f"`{version_name(name, version)}` is not in the repository")
+    lineages = read_versions(repo)
+    lineage = lineages.setdefault(name, Lineage())
+    if lineage.current != version:
+        lineage.before.append(lineage.current)
+        lineage.current = version
+        write_versions(repo, lineages)
+    return lineage
+
+
+def rollback(repo: Path, name: str) -> Lineage:
+    """Point `name` back at the version it reached before its last promotion."""
+    lineages = read_versions(repo)
+    lineage = lineages.get(name)
+    stored = stored_versions(repo, name)
+    while lineage is not None and lineage.before and lineage.before[-1] not in stored:
+        lineage.before.pop()  # removed since
+    if lineage is None or not lineage.before:
+        raise ModelChangeError(f"`{name}` was never promoted from another version it still has")
+    lineage.current = lineage.before.pop()
+    write_versions(repo, lineages)
+    return lineage
 
 
 def remove_model(repo: Path, triton_urls: Sequence[str], models: Sequence[str]) -> None:
-    """Unload `models` (a served model's Triton models, the one clients call first) from every
-    Triton, then remove their directories: a Triton that restarts does not load them again."""
+    """Unload `models` (one version's Triton models, the one clients call first) from every
+    Triton, then remove their directories and the version from the record: a Triton that
+    restarts does not load them again. The version the name reaches goes only when it is the
+    last one."""
+    name, version = pinned(models[0])
+    version = version or 1
+    stored = stored_versions(repo, name)
+    lineages = read_versions(repo)
+    lineage = lineages.get(name, Lineage())
+    if lineage.current == version and stored != [version]:
+        raise ModelChangeError(
+            f"`{models[0]}` is the version `{name}` reaches; promote another one first"
+        )
     _unload(triton_urls, models)
     _remove(repo, models)
+    if name in lineages:
+        lineage.before = [v for v in lineage.before if v != version]
+        if stored == [version]:
+            del lineages[name]
+        write_versions(repo, lineages)
+
+
+def _require_same_kind(repo: Path, served: str, manifest: Manifest) -> None:
+    """A new version serves what the versions before it serve, so clients' requests still fit."""
+    config = parse_pbtxt((repo / served / "config.pbtxt").read_text())
+    task = config_parameters(config).get("task")
+    if task != manifest.task.value:
+        raise ModelChangeError(
+            f"`{served}` serves task {task}; a new version of it must too, this export serves "
+            f"{manifest.task.value}"
+        )
 
 
 def _render(repo: Path, source: ModelSource) -> list[str]:

@@ -1,15 +1,17 @@
-"""Models added to and removed from the running server (`--model-admin`), behind the API key.
+"""Models changed on the running server (`--model-admin`), behind the API key.
 
-Adding renders an export into Triton's repository, loads it on every Triton the gateway calls and
-reads the model list again, so it is served as soon as the answer comes. Removing first stops
-taking requests for the model and waits for the ones it holds (up to --graceful-timeout), then
-unloads it and removes its directories. The repository and Triton do the work
-(`prensa.triton.models`); these routes order it around the registry.
+Adding renders an export into Triton's repository as a model's next version, loads it on every
+Triton the gateway calls and reads the model list again, so it is served as soon as the answer
+comes. Promotion and rollback move the version a name reaches. Removing first stops taking
+requests for a version and waits for the ones it holds (up to --graceful-timeout), then unloads it
+and removes its directories. The repository and Triton do the work (`prensa.triton.models`);
+these routes order it around the registry.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import APIRouter, Response
@@ -17,10 +19,12 @@ from pydantic import BaseModel, Field
 
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.tei.routes import model_info
+from prensa.gateway.core.registry import Registry
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.http.routing import GatewayRequest, GatewayRoute, json_response
 from prensa.gateway.state import Gateway
-from prensa.triton.models import ModelChangeError, add_model, remove_model
+from prensa.triton.models import ModelChangeError, add_model, promote, remove_model, rollback
+from prensa.triton.versions import Lineage, pinned
 
 router = APIRouter(route_class=GatewayRoute, responses=TEI_ERRORS, tags=["Admin"])
 
@@ -45,38 +49,79 @@ def admin_of(http: GatewayRequest) -> Gateway:
     return gateway
 
 
-@router.post(MODELS_PATH, summary="Add an export to the running server")
+@router.post(MODELS_PATH, summary="Add an export, or a new version of a served model")
 async def add(body: ModelAdd, http: GatewayRequest) -> Response:
-    """Render, load and serve `export_dir` as `name`; 409 when the name is served already, 400
-    when the export or its load fails (Triton's reason in the message)."""
+    """Render, load and serve `export_dir` as `name`'s next version: the first is what the name
+    reaches, a later one answers pinned (`name@N`) until promoted. 400 when the export or its
+    load fails (Triton's reason in the message)."""
     gateway = admin_of(http)
-    if body.name in gateway.registry.models:
-        raise GatewayError(ErrorKind.CONFLICT, f"The model `{body.name}` is served already")
     settings = gateway.settings
     try:
-        await asyncio.to_thread(
+        model, version = await asyncio.to_thread(
             add_model, settings.repo, settings.triton_urls, body.name, body.export_dir
         )
     except ModelChangeError as exc:
         raise GatewayError(ErrorKind.MALFORMED, str(exc)) from None
     await gateway.registry.refresh()
-    served = gateway.registry.models.get(body.name)
+    served = gateway.registry.models.get(model)
     if served is None:
         raise GatewayError(
-            ErrorKind.UNHEALTHY, f"`{body.name}` loaded, but Triton does not report it ready yet"
+            ErrorKind.UNHEALTHY, f"`{model}` loaded, but Triton does not report it ready yet"
         )
-    return json_response(model_info(served))
+    return json_response(
+        {**model_info(served), "version": version, "current": gateway.registry.is_current(model)}
+    )
 
 
-@router.delete(MODELS_PATH + "/{name}", summary="Remove a served model")
+class Promotion(BaseModel):
+    version: int = Field(ge=1, description="The version the name alone reaches from now on.")
+
+
+@router.post(MODELS_PATH + "/{name}/promote", summary="Point a model's name at one of its versions")
+async def promote_version(name: str, body: Promotion, http: GatewayRequest) -> Response:
+    gateway = admin_of(http)
+    return await _moved(gateway, name, lambda: promote(gateway.settings.repo, name, body.version))
+
+
+@router.post(MODELS_PATH + "/{name}/rollback", summary="Point a model's name back where it was")
+async def rollback_version(name: str, http: GatewayRequest) -> Response:
+    gateway = admin_of(http)
+    return await _moved(gateway, name, lambda: rollback(gateway.settings.repo, name))
+
+
+async def _moved(gateway: Gateway, name: str, move: Callable[[], Lineage]) -> Response:
+    """`move` the name's pointer, then read it again: requests after the answer reach the new one."""
+    try:
+        lineage = await asyncio.to_thread(move)
+    except ModelChangeError as exc:
+        raise GatewayError(ErrorKind.NOT_FOUND, str(exc)) from None
+    await gateway.registry.refresh()
+    return json_response(
+        {"id": name, "object": "model", "version": lineage.current, "before": lineage.before}
+    )
+
+
+def versions_of(registry: Registry, model: str) -> list[str]:
+    """The served versions of `model`'s name."""
+    name = pinned(model)[0]
+    return [served for served in registry.models if pinned(served)[0] == name]
+
+
+@router.delete(MODELS_PATH + "/{name}", summary="Remove a served model, or one of its versions")
 async def remove(name: str, http: GatewayRequest) -> Response:
-    """Stop taking requests for `name`, let the ones it holds finish, unload it and remove it
-    from the repository."""
+    """Stop taking requests for `name` (a version pinned, `name@N`, or a model's first), let the
+    ones it holds finish, unload it and remove it from the repository; 409 for the version its
+    name reaches while it has others."""
     gateway = admin_of(http)
     registry = gateway.registry
     served = registry.models.get(name)
     if served is None or name in registry.uses.retiring:
         raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{name}` is not served")
+    if registry.is_current(name) and len(versions_of(registry, name)) > 1:
+        raise GatewayError(
+            ErrorKind.CONFLICT,
+            f"`{name}` is the version its name reaches; promote another version first",
+        )
     registry.uses.retiring.add(name)
     try:
         drained = await registry.uses.drained(name, gateway.settings.graceful_timeout_s)
@@ -85,6 +130,8 @@ async def remove(name: str, http: GatewayRequest) -> Response:
             remove_model, settings.repo, settings.triton_urls, served.triton_models
         )
         await registry.refresh()
+    except ModelChangeError as exc:
+        raise GatewayError(ErrorKind.CONFLICT, str(exc)) from None
     finally:
         registry.uses.retiring.discard(name)
     return json_response({"id": name, "object": "model", "deleted": True, "drained": drained})

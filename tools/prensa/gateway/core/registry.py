@@ -37,6 +37,13 @@ from prensa.manifest import Task, read_dense_ranges
 from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_name
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
+from prensa.triton.versions import (
+    Lineage,
+    pinned,
+    read_versions,
+    version_name,
+    versions_stamp,
+)
 
 log = logging.getLogger("prensa.gateway")
 # an LLM reranker's prompt is built as the tokenize stage builds it
@@ -370,8 +377,10 @@ class Registry:
         self.client = client
         self.repo = repo
         self.default_model = default_model
-        self.models: dict[str, ServedModel] = {}
+        self.models: dict[str, ServedModel] = {}  # by Triton model: each version of a name its own
         self.uses = ModelUses()
+        self.lineages: dict[str, Lineage] = {}  # the version each name reaches (`triton.versions`)
+        self._lineages_stamp: tuple[int, int] | None = None
         self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
@@ -384,6 +393,8 @@ class Registry:
         async with self._lock:
             self._last_attempt = time.monotonic()
             states = await self.client.model_states()
+            stamp = versions_stamp(self.repo)
+            lineages = await asyncio.to_thread(read_versions, self.repo)
             names = [name for name, (state, _) in states.items() if state == READY]
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
             ensembles = [c for c in configs if served_pipeline(c) is not None and known_task(c)]
@@ -401,6 +412,7 @@ class Registry:
                 m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)
             }
             self.down = set(down)
+            self.lineages, self._lineages_stamp = lineages, stamp
         self._log_changes(before, before_down)
 
     def _log_changes(self, before: dict[str, ServedModel], before_down: set[str]) -> None:
@@ -437,6 +449,20 @@ class Registry:
         if back:
             log.info("%s ready again", ", ".join(back), extra={"fields": {"back": back}})
 
+    def resolve(self, name: str) -> str:
+        """The served model a request's name reaches: a pinned version (`name@N`) itself, the name
+        alone its current version."""
+        base, version = pinned(name)
+        if version is None:
+            lineage = self.lineages.get(name)
+            version = lineage.current if lineage else 1
+        return version_name(base, version)
+
+    def is_current(self, model: str) -> bool:
+        """Whether `model` is the version its name alone reaches (the others answer pinned only)."""
+        base, version = pinned(model)
+        return self.resolve(base) == version_name(base, version or 1)
+
     def triton_models(self) -> dict[str, str]:
         """Every Triton model the served ones reach, each mapped to the served model it belongs to."""
         return {
@@ -468,8 +494,12 @@ class Registry:
         return time.monotonic() - self._last_attempt >= REFRESH_INTERVAL_S
 
     async def ensure(self) -> None:
-        """Retry an empty registry (Triton was down or still loading) or one holding models that
-        were down, at most once a second."""
+        """The versions record read again when it changed (a promotion by another gateway process
+        or replica); then retry an empty registry (Triton was down or still loading) or one
+        holding models that were down, at most once a second."""
+        stamp = versions_stamp(self.repo)
+        if stamp != self._lineages_stamp:
+            self.lineages, self._lineages_stamp = read_versions(self.repo), stamp
         if (not self.models or self.down) and self._may_refresh():
             try:
                 await self.refresh()
@@ -486,12 +516,14 @@ class Registry:
         No capability: any model will do (`/info`)."""
         await self.ensure()
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
-            if name in self.uses.retiring:
+            wanted = self.resolve(name)
+            if wanted in self.uses.retiring:
                 raise being_removed(name)
             # loaded into Triton after we started?
-            if name not in self.models and self._may_refresh():
+            if wanted not in self.models and self._may_refresh():
                 await self.refresh()
-            model = self.models.get(name)
+                wanted = self.resolve(name)
+            model = self.models.get(wanted)
             if model is None:
                 raise GatewayError(
                     ErrorKind.NOT_FOUND,
@@ -503,19 +535,21 @@ class Registry:
                 )
             return model
         # never answer with another model
-        if self.default_model and self.default_model not in self.models:
+        if self.default_model and self.resolve(self.default_model) not in self.models:
             raise GatewayError(
                 ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
             )
         candidates = [
             m
             for m in self.models.values()
-            if (capability is None or m.can(capability)) and m.name not in self.uses.retiring
+            if (capability is None or m.can(capability))
+            and m.name not in self.uses.retiring
+            and self.is_current(m.name)
         ]
         if capability is Capability.RERANK and any(m.scores_pairs for m in candidates):
             # a model that scores by its vectors (bge-m3, late interaction) reranks when named, or alone
             candidates = [m for m in candidates if m.scores_pairs]
-        default = self.models.get(self.default_model or "")
+        default = self.models.get(self.resolve(self.default_model or ""))
         if default is not None and default in candidates:
             return default
         if not candidates:

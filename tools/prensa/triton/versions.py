@@ -1,0 +1,95 @@
+"""A served model's versions: each one its own set of Triton models, and which one the name alone
+reaches.
+
+The first version of `name` is the Triton model `name` (what `repo build` writes), a later one
+`name@N`, so every version loads, reloads and unloads on its own and a client pins one by asking
+for `name@N`, a form every client library can send as its model name. Which version the name
+alone reaches is kept beside the models in `VERSIONS_RECORD`, with the versions it reached before,
+so that promotion and rollback are one write each (a temporary file renamed over the record),
+read by every gateway on the same repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PIN = "@"
+VERSIONS_RECORD = "prensa-versions.json"
+
+
+def version_name(name: str, version: int) -> str:
+    """The Triton model of `name`'s `version`."""
+    return name if version == 1 else f"{name}{PIN}{version}"
+
+
+def pinned(model: str) -> tuple[str, int | None]:
+    """`name@N` as (name, N); a name alone as (name, None). A pin that is not a version number
+    is part of the name (no model has one: `triton.models.MODEL_NAME`)."""
+    name, mark, version = model.rpartition(PIN)
+    if mark and version.isdigit() and int(version) >= 1:
+        return name, int(version)
+    return model, None
+
+
+def version_of(model: str) -> int:
+    """The version a Triton model serves."""
+    return pinned(model)[1] or 1
+
+
+@dataclass
+class Lineage:
+    """Where a model's name points, and where it pointed before (the last one last)."""
+
+    current: int = 1
+    before: list[int] = field(default_factory=list)
+
+
+def read_versions(repo: Path) -> dict[str, Lineage]:
+    """Each model's lineage; a model the record does not name is at its first version."""
+    path = repo / VERSIONS_RECORD
+    if not path.is_file():
+        return {}
+    return {
+        name: Lineage(int(entry["current"]), [int(v) for v in entry.get("before", [])])
+        for name, entry in json.loads(path.read_text()).items()
+    }
+
+
+def versions_stamp(repo: Path) -> tuple[int, int] | None:
+    """Which record is there (None: none): each write renames a new file over it, so its inode
+    changes with every write, however close in time; a reader reads it again when it moves."""
+    try:
+        stat = (repo / VERSIONS_RECORD).stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def write_versions(repo: Path, lineages: dict[str, Lineage]) -> None:
+    """The record replaced whole: a reader sees the old one or the new one."""
+    staged = repo / f".{VERSIONS_RECORD}.tmp"
+    staged.write_text(
+        json.dumps(
+            {
+                name: {"current": one.current, "before": one.before}
+                for name, one in lineages.items()
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    os.replace(staged, repo / VERSIONS_RECORD)
+
+
+def stored_versions(repo: Path, name: str) -> list[int]:
+    """The versions of `name` whose model is in the repository, in order."""
+    found = [1] if (repo / name).is_dir() else []
+    prefix = f"{name}{PIN}"
+    for path in repo.glob(f"{prefix}*"):
+        version = pinned(path.name)[1]
+        if path.is_dir() and pinned(path.name)[0] == name and version:
+            found.append(version)
+    return sorted(found)
