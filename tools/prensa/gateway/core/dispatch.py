@@ -112,14 +112,14 @@ class ModelDispatch:
         work's as calls of its pace."""
         if priority is Priority.ONLINE and self.pace is not None:
             self.pace.online()
-        rows = self.bulk_rows(priority) or self.chunk_rows
+        rows = min(self.bulk_rows(priority) or self.chunk_rows, self.chunk_rows)
         return [slice(start, start + rows) for start in range(0, count, rows)]
 
     def bulk_rows(self, priority: Priority) -> int | None:
-        """The rows a call of `priority` may carry when bulk work is paced, else None."""
+        """The rows one Triton call of `priority` may carry when bulk work is paced, else None."""
         if priority is Priority.ONLINE or self.pace is None:
             return None
-        return min(self.pace.rows, self.chunk_rows)
+        return self.pace.rows
 
     async def texts(
         self,
