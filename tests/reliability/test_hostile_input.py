@@ -189,10 +189,10 @@ VALID = {
     "/": {"inputs": "ok"},  # any JSON object: no fields of its own
     "/vertex": {"instances": [{"inputs": "ok"}]},
 }
-# POST routes without a JSON body: a multipart upload, and a cancel that names its batch in the path
-NOT_JSON = {"/v1/files", "/v1/batches/{batch_id}/cancel"}
+# POST routes without a JSON body: a multipart upload, and a cancel and a rollback that name what they act on in the path
+NOT_JSON = {"/v1/files", "/v1/batches/{batch_id}/cancel", "/admin/models/{name}/rollback"}
 # POST routes this gateway leaves off (`--model-admin`): a valid body answers 404 saying how to turn them on
-OFF = {"/admin/models": {"name": "copy", "export_dir": "/nowhere"}}
+OFF = {"/admin/models": {"name": "copy", "export_dir": "/nowhere"}, "/admin/models/{name}/promote": {"version": 2}}
 WRONG = [[{}]]  # no field accepts a list of lists of objects, and pydantic's lax mode cannot coerce it
 
 
