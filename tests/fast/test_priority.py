@@ -23,6 +23,9 @@ def test_bulk_work_leaves_online_requests_a_share_of_the_permits():
         with permits.hold(2, Priority.ONLINE):  # the share kept for online requests
             assert permits.in_use == 8
     assert permits.in_use == 0
+    # larger than its share: it goes alone, when nothing is held
+    with permits.hold(8, Priority.BULK), pytest.raises(GatewayError), permits.hold(1, Priority.ONLINE):
+        pass
 
 
 async def settle():

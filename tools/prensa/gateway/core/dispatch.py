@@ -107,12 +107,16 @@ class ModelDispatch:
         # by outputs, with pairs or not
         self.coalescers: dict[tuple[tuple[str, ...], bool], Coalescer] = {}
 
-    def chunks(self, count: int, priority: Priority = Priority.ONLINE) -> list[slice]:
+    def chunks(
+        self, count: int, priority: Priority = Priority.ONLINE, paced: bool = True
+    ) -> list[slice]:
         """`count` inputs as calls of at most the model's batch (and the client batch limit); bulk
-        work's as calls of its pace."""
+        work's text calls as calls of its pace (`paced`: token-id calls go to Triton at once,
+        through no queue of the gateway's, and are not paced)."""
         if priority is Priority.ONLINE and self.pace is not None:
             self.pace.online()
-        rows = min(self.bulk_rows(priority) or self.chunk_rows, self.chunk_rows)
+        paced_rows = self.bulk_rows(priority) if paced else None
+        rows = min(paced_rows or self.chunk_rows, self.chunk_rows)
         return [slice(start, start + rows) for start in range(0, count, rows)]
 
     def bulk_rows(self, priority: Priority) -> int | None:

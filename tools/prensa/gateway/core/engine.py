@@ -200,7 +200,7 @@ class Engine:
         )
         token_rows = rows if rows is not None and (needs_tokens or rows.cut) else None
         dispatch = self.dispatch(model)
-        chunks = dispatch.chunks(len(inference.items), context.priority)
+        chunks = dispatch.chunks(len(inference.items), context.priority, token_rows is None)
         merged, seconds = await self._calls(inference, dispatch, token_rows, chunks, context)
         if inference.encoder_only:
             assert rows is not None  # `encoder_only` needs tokens
@@ -220,7 +220,7 @@ class Engine:
     ) -> Inferred:
         """`infer` for token rows the caller framed: the token path, no cut or tokenizing here."""
         dispatch = self.dispatch(inference.model)
-        chunks = dispatch.chunks(len(rows.ids), context.priority)
+        chunks = dispatch.chunks(len(rows.ids), context.priority, paced=False)
         merged, seconds = await self._calls(inference, dispatch, rows, chunks, context)
         num_tokens = merged[contract.NUM_TOKENS].reshape(-1).astype(np.int64)
         self._observe_calls(chunks, num_tokens, seconds)

@@ -38,11 +38,11 @@ class SharedPermits:
         self.counts = counts  # multiprocessing.Array("q", workers): its lock guards every slot
         self.slot = slot
 
-    def take(self, count: int, capacity: int) -> bool:
-        """Add `count` to this worker's slot if all slots together stay within `capacity`."""
+    def take(self, count: int, fits: Callable[[int, int], bool]) -> bool:
+        """Add `count` to this worker's slot if `fits(held, count)`, `held` all slots together."""
         with self.counts.get_lock():
             slots = self.counts.get_obj()
-            if sum(slots) + count > capacity:
+            if not fits(sum(slots), count):
                 return False
             slots[self.slot] += count
             return True
@@ -74,14 +74,24 @@ class Permits:
     def hold(self, count: int, priority: Priority = Priority.ONLINE) -> Iterator[None]:
         """Take `count` permits for the duration of the block, or raise Overloaded at once; bulk
         work finds them gone past its share, so a flood of it leaves online requests room."""
-        capacity = self.capacity if priority is Priority.ONLINE else self.bulk_capacity
+        fits = self._fits if priority is Priority.ONLINE else self._fits_bulk
         if self._shared is None:
-            if self.in_use + count > capacity:
+            if not fits(self.in_use, count):
                 raise overloaded()
-        elif not self._shared.take(count, capacity):
+        elif not self._shared.take(count, fits):
             raise overloaded()
         with self._held(count):
             yield
+
+    def _fits(self, held: int, count: int) -> bool:
+        return held + count <= self.capacity
+
+    def _fits_bulk(self, held: int, count: int) -> bool:
+        """Within the bulk share; a bulk request larger than the share goes when nothing else
+        holds permits (else it could never go), up to the whole capacity."""
+        return held + min(count, self.bulk_capacity) <= self.bulk_capacity and self._fits(
+            held, count
+        )
 
     @contextmanager
     def charge(self, count: int) -> Iterator[None]:

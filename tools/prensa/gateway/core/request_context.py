@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from prensa.gateway.core.tokenization import Item
-from prensa.gateway.errors import validation
 from prensa.gateway.tracing import past_stage
 
 # The header that marks a request bulk work (or online), as any client library can send it.
@@ -23,19 +22,13 @@ class Priority(IntEnum):
     BULK = 2
 
     @classmethod
-    def named(cls, name: str) -> Priority:
-        """The priority a header names (`online` or `bulk`), or a validation error saying so."""
-        try:
-            return cls[name.strip().upper()]
-        except KeyError:
-            raise validation(
-                f"{PRIORITY_HEADER} must be `online` or `bulk`, got {name!r}"
-            ) from None
+    def named(cls, name: str) -> Priority | None:
+        """The priority a header names (`online` or `bulk`), None for any other."""
+        return cls.__members__.get(name.strip().upper())
 
-    @classmethod
-    def of_vllm(cls, priority: int) -> Priority:
-        """vLLM's `priority` field (lower goes earlier, 0 by default): above 0 waits as bulk."""
-        return cls.BULK if priority > 0 else cls.ONLINE
+
+def priority_refusal(name: str) -> str:
+    return f"{PRIORITY_HEADER} must be `online` or `bulk`, got {name!r}"
 
 
 @dataclass
@@ -56,6 +49,18 @@ class RequestContext:
     characters: int = 0
     chunks: list[int] | None = None  # windows per input, when long inputs were chunked
     priority: Priority = Priority.ONLINE
+    refusal: str | None = None  # what its headers got wrong, refused where it reaches the service
+
+    def read_priority(self, header: str | None) -> None:
+        """The priority its header names; a wrong one is kept as its refusal, not raised here,
+        since a context is read after an answer too (its metrics and log line)."""
+        if header is None:
+            return
+        named = Priority.named(header)
+        if named is None:
+            self.refusal = priority_refusal(header)
+        else:
+            self.priority = named
 
     def began(self, model: str, items: Sequence[Item], pairs: Sequence[str] | None) -> None:
         """A Triton call of this request starts; the first one ends its parsing and validation."""

@@ -233,6 +233,8 @@ class Service:
     async def run(self, ask: Ask[R], context: RequestContext) -> R:
         """`ask`'s answer: the batch's checks and the ask's own, its framing, the permits its
         inputs take (each window one), then Triton and the ask's finish."""
+        if context.refusal is not None:
+            raise validation(context.refusal)
         self.check(ask.items)
         ask.check(self)
         framed = await ask.frame(self, context)

@@ -24,7 +24,12 @@ import grpc
 from opentelemetry.trace import Span, StatusCode
 
 from prensa.gateway.auth import key_matches
-from prensa.gateway.core.request_context import PRIORITY_HEADER, Priority, RequestContext
+from prensa.gateway.core.request_context import (
+    PRIORITY_HEADER,
+    Priority,
+    RequestContext,
+    priority_refusal,
+)
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.logs import REQUEST_ID_HEADER, access, request_id
 from prensa.gateway.state import Gateway, record_success, timing_headers
@@ -244,11 +249,12 @@ class Calls:
         call = Call(
             rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter(), carrier
         )
-        if PRIORITY_HEADER in metadata:
-            try:
-                call.priority = Priority.named(metadata[PRIORITY_HEADER])
-            except GatewayError as error:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        if self.settings.priority and PRIORITY_HEADER in metadata:
+            named = Priority.named(metadata[PRIORITY_HEADER])
+            if named is None:
+                refusal = priority_refusal(metadata[PRIORITY_HEADER])
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+            call.priority = named or Priority.ONLINE
         return call
 
     @contextmanager

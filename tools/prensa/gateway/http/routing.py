@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Discriminator, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from prensa.gateway.core.request_context import PRIORITY_HEADER, Priority, RequestContext
+from prensa.gateway.core.request_context import PRIORITY_HEADER, RequestContext
 from prensa.gateway.errors import ErrorShape
 from prensa.gateway.logs import CONTEXT_KEY, ID_KEY, RECEIVED_KEY
 from prensa.gateway.state import Gateway, record_success, timing_headers
@@ -74,8 +74,8 @@ class GatewayRequest(Request):
             received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY)
         )
         setattr(self.state, CONTEXT_KEY, context)
-        if (priority := self.headers.get(PRIORITY_HEADER)) is not None:
-            context.priority = Priority.named(priority)
+        if self.gateway.settings.priority:
+            context.read_priority(self.headers.get(PRIORITY_HEADER))
         return context
 
     async def json(self) -> Any:
