@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -197,13 +198,18 @@ def test_a_new_version_answers_pinned_until_promoted_and_rolls_back(server, expo
     first, second = ask("emb"), ask("emb@2")
     assert first == ("1", "emb", 384) and second[:2] == ("2", "emb@2") and second[2] != 384
     assert ask("emb@1") == first, "the first version pinned is the name's first"
+    unloaded = http.post("/admin/models/emb/promote", json={"version": 9})
+    assert unloaded.status_code == 404 and "emb@9" in unloaded.json()["error"]
     with running_gateway(replace(settings, model_admin=False)) as other:  # another gateway on the same repository
         assert httpx.post(f"{other}/v1/embeddings", json={"model": "emb", "input": TEXTS}).json()["model"] == "emb"
         with Versions(url, "emb") as load:
             assert "emb -> version 2" in prensa("models", "promote", "emb@2", "--url", url)
             assert ask("emb") == second, "the name reaches the promoted version from the answer on"
-            # the other gateway reads the promotion on its next request
-            assert httpx.post(f"{other}/v1/embeddings", json={"model": "emb", "input": TEXTS}).json()["model"] == "emb@2"
+            # the other gateway reads the promotion within LINEAGES_CHECK_S
+            deadline = time.monotonic() + 5
+            while (answer := httpx.post(f"{other}/v1/embeddings", json={"model": "emb", "input": TEXTS}).json()["model"]) != "emb@2":
+                assert answer == "emb" and time.monotonic() < deadline, answer
+                time.sleep(0.1)
             assert "emb -> version 1" in prensa("models", "rollback", "emb", "--url", url)
             assert ask("emb") == first
     assert not load.failures, load.failures[:3]
@@ -214,6 +220,6 @@ def test_a_new_version_answers_pinned_until_promoted_and_rolls_back(server, expo
     assert http.delete("/admin/models/emb@2").status_code == 200
     with pytest.raises(AssertionError):
         ask("emb@2")
-    assert http.delete("/admin/models/emb").status_code == 200
+    assert http.delete("/admin/models/emb@1").status_code == 200  # the first version, pinned
     assert model_dirs(repo, "emb") == [] and not list(repo.glob("emb@*"))
     assert "emb" not in (repo / VERSIONS_RECORD).read_text()

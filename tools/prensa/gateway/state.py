@@ -3,6 +3,7 @@ app starts, TEI's timing headers, and the count of an answered request."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,8 @@ class Gateway:
     tracer: Tracer | None = None
     # Unix time: OpenAI's `created` of every model
     started: float = field(default_factory=time.time)
+    # one change of the served models at a time (`apis.admin`); the repository's lock orders processes
+    model_changes: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def unhealthy(self) -> str | None:
         """Why the gateway cannot answer now (Triton unreachable, a model not ready), or None: what

@@ -12,11 +12,12 @@ serves, and the error says why.
 
 from __future__ import annotations
 
-import os
+import fcntl
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
@@ -39,6 +40,21 @@ LOAD_TIMEOUT_S = 600.0  # a large graph's load (and its warm-up) on a busy machi
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+# Held while the repository changes: one change at a time, across the gateway's processes and
+# replicas on one volume (Triton reads directories only).
+LOCK_FILE = ".prensa-changes.lock"
+
+
+@contextmanager
+def repository_lock(repo: Path) -> Iterator[None]:
+    with (repo / LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class ModelChangeError(RuntimeError):
     """A change the repository cannot take; the message says why, and nothing was changed."""
 
@@ -57,6 +73,13 @@ def add_model(
         manifest = Manifest.read(export_dir)
     except FileNotFoundError as exc:
         raise ModelChangeError(f"{export_dir} is not a prensa export: {exc}") from None
+    with repository_lock(repo):
+        return _add(repo, triton_urls, name, export_dir, manifest)
+
+
+def _add(
+    repo: Path, triton_urls: Sequence[str], name: str, export_dir: Path, manifest: Manifest
+) -> tuple[str, int]:
     versions = stored_versions(repo, name)
     if versions:
         _require_same_kind(repo, version_name(name, versions[-1]), manifest)
@@ -81,6 +104,11 @@ def add_model(
 def promote(repo: Path, name: str, version: int) -> Lineage:
     """Point `name` at `version` (in the repository, loaded); the version it reached before is
     kept for a rollback."""
+    with repository_lock(repo):
+        return _promote(repo, name, version)
+
+
+def _promote(repo: Path, name: str, version: int) -> Lineage:
     if version not in stored_versions(repo, name):
         raise ModelChangeError(f"`{version_name(name, version)}` is not in the repository")
     lineages = read_versions(repo)
@@ -94,6 +122,11 @@ def promote(repo: Path, name: str, version: int) -> Lineage:
 
 def rollback(repo: Path, name: str) -> Lineage:
     """Point `name` back at the version it reached before its last promotion."""
+    with repository_lock(repo):
+        return _rollback(repo, name)
+
+
+def _rollback(repo: Path, name: str) -> Lineage:
     lineages = read_versions(repo)
     lineage = lineages.get(name)
     stored = stored_versions(repo, name)
@@ -111,6 +144,11 @@ def remove_model(repo: Path, triton_urls: Sequence[str], models: Sequence[str]) 
     Triton, then remove their directories and the version from the record: a Triton that
     restarts does not load them again. The version the name reaches goes only when it is the
     last one."""
+    with repository_lock(repo):
+        _remove_version(repo, triton_urls, models)
+
+
+def _remove_version(repo: Path, triton_urls: Sequence[str], models: Sequence[str]) -> None:
     name, version = pinned(models[0])
     version = version or 1
     stored = stored_versions(repo, name)
@@ -141,7 +179,9 @@ def _require_same_kind(repo: Path, served: str, manifest: Manifest) -> None:
 
 
 def _render(repo: Path, source: ModelSource) -> list[str]:
-    """`source` rendered beside `repo` and moved in, directory by directory, once whole."""
+    """`source` rendered beside `repo` and moved in, directory by directory, once whole; a move
+    that fails takes back the ones before it. `shutil.move` copies where the repository is
+    another filesystem (a mounted volume)."""
     with tempfile.TemporaryDirectory(dir=repo.parent, prefix=f".{repo.name}-adding-") as staging:
         written = build_repository([source], Path(staging), read_serving_record(repo))
         taken = [model for model in written if (repo / model).exists()]
@@ -149,8 +189,14 @@ def _render(repo: Path, source: ModelSource) -> list[str]:
             raise ModelChangeError(
                 f"`{source.name}` needs {', '.join(taken)}, which the repository holds already"
             )
-        for model in written:
-            os.replace(Path(staging) / model, repo / model)
+        moved: list[str] = []
+        try:
+            for model in written:
+                shutil.move(Path(staging) / model, repo / model)
+                moved.append(model)
+        except OSError:
+            _remove(repo, [*moved, *written[len(moved) : len(moved) + 1]])
+            raise
     return written
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,10 @@ def versions_stamp(repo: Path) -> tuple[int, int] | None:
 
 def write_versions(repo: Path, lineages: dict[str, Lineage]) -> None:
     """The record replaced whole: a reader sees the old one or the new one."""
-    staged = repo / f".{VERSIONS_RECORD}.tmp"
+    with tempfile.NamedTemporaryFile(
+        "w", dir=repo, prefix=f".{VERSIONS_RECORD}-", suffix=".tmp", delete=False
+    ) as out:
+        staged = Path(out.name)
     staged.write_text(
         json.dumps(
             {

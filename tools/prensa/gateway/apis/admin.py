@@ -24,7 +24,7 @@ from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.http.routing import GatewayRequest, GatewayRoute, json_response
 from prensa.gateway.state import Gateway
 from prensa.triton.models import ModelChangeError, add_model, promote, remove_model, rollback
-from prensa.triton.versions import Lineage, pinned
+from prensa.triton.versions import Lineage, pinned, version_name
 
 router = APIRouter(route_class=GatewayRoute, responses=TEI_ERRORS, tags=["Admin"])
 
@@ -56,13 +56,15 @@ async def add(body: ModelAdd, http: GatewayRequest) -> Response:
     load fails (Triton's reason in the message)."""
     gateway = admin_of(http)
     settings = gateway.settings
-    try:
-        model, version = await asyncio.to_thread(
-            add_model, settings.repo, settings.triton_urls, body.name, body.export_dir
-        )
-    except ModelChangeError as exc:
-        raise GatewayError(ErrorKind.MALFORMED, str(exc)) from None
-    await gateway.registry.refresh()
+    async with gateway.model_changes:
+        try:
+            model, version = await asyncio.to_thread(
+                add_model, settings.repo, settings.triton_urls, body.name, body.export_dir
+            )
+        except ModelChangeError as exc:
+            raise GatewayError(ErrorKind.MALFORMED, str(exc)) from None
+        gateway.registry.uses.gone.discard(model)
+        await gateway.registry.refresh()
     served = gateway.registry.models.get(model)
     if served is None:
         raise GatewayError(
@@ -80,6 +82,9 @@ class Promotion(BaseModel):
 @router.post(MODELS_PATH + "/{name}/promote", summary="Point a model's name at one of its versions")
 async def promote_version(name: str, body: Promotion, http: GatewayRequest) -> Response:
     gateway = admin_of(http)
+    target = version_name(name, body.version)
+    if target not in gateway.registry.models:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"`{target}` is not served (not loaded, or gone)")
     return await _moved(gateway, name, lambda: promote(gateway.settings.repo, name, body.version))
 
 
@@ -91,11 +96,12 @@ async def rollback_version(name: str, http: GatewayRequest) -> Response:
 
 async def _moved(gateway: Gateway, name: str, move: Callable[[], Lineage]) -> Response:
     """`move` the name's pointer, then read it again: requests after the answer reach the new one."""
-    try:
-        lineage = await asyncio.to_thread(move)
-    except ModelChangeError as exc:
-        raise GatewayError(ErrorKind.NOT_FOUND, str(exc)) from None
-    await gateway.registry.refresh()
+    async with gateway.model_changes:
+        try:
+            lineage = await asyncio.to_thread(move)
+        except ModelChangeError as exc:
+            raise GatewayError(ErrorKind.NOT_FOUND, str(exc)) from None
+        await gateway.registry.refresh()
     return json_response(
         {"id": name, "object": "model", "version": lineage.current, "before": lineage.before}
     )
@@ -114,24 +120,28 @@ async def remove(name: str, http: GatewayRequest) -> Response:
     name reaches while it has others."""
     gateway = admin_of(http)
     registry = gateway.registry
-    served = registry.models.get(name)
-    if served is None or name in registry.uses.retiring:
-        raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{name}` is not served")
-    if registry.is_current(name) and len(versions_of(registry, name)) > 1:
-        raise GatewayError(
-            ErrorKind.CONFLICT,
-            f"`{name}` is the version its name reaches; promote another version first",
-        )
-    registry.uses.retiring.add(name)
-    try:
-        drained = await registry.uses.drained(name, gateway.settings.graceful_timeout_s)
-        settings = gateway.settings
-        await asyncio.to_thread(
-            remove_model, settings.repo, settings.triton_urls, served.triton_models
-        )
-        await registry.refresh()
-    except ModelChangeError as exc:
-        raise GatewayError(ErrorKind.CONFLICT, str(exc)) from None
-    finally:
-        registry.uses.retiring.discard(name)
+    base, version = pinned(name)
+    model = version_name(base, version) if version else name  # `name@1` is `name` itself
+    async with gateway.model_changes:
+        served = registry.models.get(model)
+        if served is None or model in registry.uses.retiring:
+            raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{name}` is not served")
+        if registry.is_current(model) and len(versions_of(registry, model)) > 1:
+            raise GatewayError(
+                ErrorKind.CONFLICT,
+                f"`{name}` is the version its name reaches; promote another version first",
+            )
+        registry.uses.retiring.add(model)
+        try:
+            drained = await registry.uses.drained(model, gateway.settings.graceful_timeout_s)
+            settings = gateway.settings
+            await asyncio.to_thread(
+                remove_model, settings.repo, settings.triton_urls, served.triton_models
+            )
+            registry.uses.gone.add(model)
+            await registry.refresh()
+        except ModelChangeError as exc:
+            raise GatewayError(ErrorKind.CONFLICT, str(exc)) from None
+        finally:
+            registry.uses.retiring.discard(model)
     return json_response({"id": name, "object": "model", "deleted": True, "drained": drained})

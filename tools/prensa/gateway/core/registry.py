@@ -38,6 +38,7 @@ from prensa.stages import PIPELINE_STAGES, contract, load_stage, stage_model_nam
 from prensa.triton.config import config_parameters
 from prensa.triton.repo import Pipeline, served_pipeline
 from prensa.triton.versions import (
+    VERSIONS_RECORD,
     Lineage,
     pinned,
     read_versions,
@@ -50,6 +51,7 @@ log = logging.getLogger("prensa.gateway")
 TOKENIZE_STAGE = load_stage("tokenize")
 # an empty registry, or an unknown model name, re-reads Triton at most this often
 REFRESH_INTERVAL_S = 1.0
+LINEAGES_CHECK_S = 0.5  # how stale another process's promotion may be here
 TASKS = frozenset(task.value for task in Task)
 # (state, reason) in Triton's index of a model unloaded on purpose
 UNLOADED = (
@@ -342,11 +344,14 @@ class ModelUses:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.retiring: set[str] = set()
+        # removed while a request that chose it before was on its way (tokenizing): it is
+        # refused by name, not sent to a model Triton no longer has
+        self.gone: set[str] = set()
         self._idle: dict[str, asyncio.Event] = {}
 
     @contextmanager
     def hold(self, name: str) -> Iterator[None]:
-        if name in self.retiring:
+        if name in self.retiring or name in self.gone:
             raise being_removed(name)
         self.counts[name] = self.counts.get(name, 0) + 1
         self._idle.setdefault(name, asyncio.Event()).clear()
@@ -381,6 +386,7 @@ class Registry:
         self.uses = ModelUses()
         self.lineages: dict[str, Lineage] = {}  # the version each name reaches (`triton.versions`)
         self._lineages_stamp: tuple[int, int] | None = None
+        self._lineages_checked = float("-inf")
         self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
@@ -393,8 +399,7 @@ class Registry:
         async with self._lock:
             self._last_attempt = time.monotonic()
             states = await self.client.model_states()
-            stamp = versions_stamp(self.repo)
-            lineages = await asyncio.to_thread(read_versions, self.repo)
+            await self._read_lineages(force=True)
             names = [name for name, (state, _) in states.items() if state == READY]
             configs = await asyncio.gather(*(self.client.config(n) for n in names))
             ensembles = [c for c in configs if served_pipeline(c) is not None and known_task(c)]
@@ -412,7 +417,6 @@ class Registry:
                 m.name: m for m in sorted([*fresh.values(), *down.values()], key=lambda m: m.name)
             }
             self.down = set(down)
-            self.lineages, self._lineages_stamp = lineages, stamp
         self._log_changes(before, before_down)
 
     def _log_changes(self, before: dict[str, ServedModel], before_down: set[str]) -> None:
@@ -448,6 +452,22 @@ class Registry:
             )
         if back:
             log.info("%s ready again", ", ".join(back), extra={"fields": {"back": back}})
+
+    async def _read_lineages(self, force: bool = False) -> None:
+        """The versions record read again when it changed (a promotion by another gateway
+        process or replica), looked at most every LINEAGES_CHECK_S; a record that does not parse
+        leaves the versions as they were, said once per change."""
+        self._lineages_checked = time.monotonic()
+        stamp = await asyncio.to_thread(versions_stamp, self.repo)
+        if stamp == self._lineages_stamp and not force:
+            return
+        self._lineages_stamp = stamp
+        try:
+            self.lineages = await asyncio.to_thread(read_versions, self.repo)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning(
+                "%s does not parse (%s); model versions stay as they were", VERSIONS_RECORD, exc
+            )
 
     def resolve(self, name: str) -> str:
         """The served model a request's name reaches: a pinned version (`name@N`) itself, the name
@@ -494,12 +514,10 @@ class Registry:
         return time.monotonic() - self._last_attempt >= REFRESH_INTERVAL_S
 
     async def ensure(self) -> None:
-        """The versions record read again when it changed (a promotion by another gateway process
-        or replica); then retry an empty registry (Triton was down or still loading) or one
-        holding models that were down, at most once a second."""
-        stamp = versions_stamp(self.repo)
-        if stamp != self._lineages_stamp:
-            self.lineages, self._lineages_stamp = read_versions(self.repo), stamp
+        """The versions record looked at (`_read_lineages`); then retry an empty registry (Triton
+        was down or still loading) or one holding models that were down, at most once a second."""
+        if time.monotonic() - self._lineages_checked >= LINEAGES_CHECK_S:
+            await self._read_lineages()
         if (not self.models or self.down) and self._may_refresh():
             try:
                 await self.refresh()
@@ -535,6 +553,8 @@ class Registry:
                 )
             return model
         # never answer with another model
+        if self.default_model and self.resolve(self.default_model) in self.uses.retiring:
+            raise being_removed(self.default_model)
         if self.default_model and self.resolve(self.default_model) not in self.models:
             raise GatewayError(
                 ErrorKind.UNHEALTHY, f"the default model `{self.default_model}` is not served now"
