@@ -79,3 +79,22 @@ def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(t
     assert [row["custom_id"] for row in errors] == ["b", "c"]
     assert errors[1]["error"]["code"] == "batch_expired"
     assert not list((tmp_path / "data" / "files").glob(".*.tmp")), "no staged file is left behind"
+
+
+def test_an_expired_job_whose_input_was_deleted_keeps_its_answers(tmp_path):
+    store = JobStore(tmp_path / "data")
+    staged = store.staging()
+    staged.write_text("\n".join(line(name) for name in "ab") + "\n")
+    uploaded = store.add_file(staged, "batch", "in.jsonl")
+    job = store.add_job(URL, uploaded.id, 60, "24h", None)
+    store.move(job.id, states.IN_PROGRESS, total=2)
+    store.answer(job.id, 1, "a", 200, json.dumps({"custom_id": "a", "response": {"status_code": 200}}))
+    with sqlite3.connect(tmp_path / "data" / "jobs.sqlite") as db:
+        db.execute("UPDATE jobs SET expires_at = 0 WHERE id = ?", (job.id,))
+    path = store.path(uploaded.id)
+    store.delete_file(uploaded.id)
+    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(store.job(job.id), path, 2))
+    ended = store.job(job.id)
+    assert ended.status == states.EXPIRED and ended.error_file_id is None
+    assert [json.loads(row)["custom_id"] for row in store.path(ended.output_file_id).read_text().splitlines()] == ["a"]
+    assert not list((tmp_path / "data" / "files").glob(".*.tmp"))

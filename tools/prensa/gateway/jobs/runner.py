@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 import orjson
@@ -306,30 +306,44 @@ class JobRunner:
     def _write_results(self, job: Job, expired_from: Path | None) -> tuple[str, str | None]:
         """The output file and the error file (None when no line failed), each whole or absent,
         streamed from the store in line order; with `expired_from`, the input's lines never
-        answered are error lines too."""
+        answered are error lines too (none when the input was deleted meanwhile). A failure
+        leaves no staged file behind."""
         output, errors = self.store.staging(), self.store.staging()
-        failed = 0
-        with output.open("w") as ok, errors.open("w") as bad:
-            for row in self.store.answers(job.id):
-                if row["status_code"] < 400:
-                    ok.write(row["body"] + "\n")
-                else:
-                    bad.write(row["body"] + "\n")
-                    failed += 1
-            if expired_from is not None:
-                answered = self.store.answered(job.id)
-                for line in read_lines(expired_from, job.endpoint):
-                    if line.number not in answered:
-                        bad.write(_expired_line(job, line) + "\n")
+        try:
+            with output.open("w") as ok, errors.open("w") as bad:
+                failed = 0
+                for row in self.store.answers(job.id):
+                    if row["status_code"] < 400:
+                        ok.write(row["body"] + "\n")
+                    else:
+                        bad.write(row["body"] + "\n")
                         failed += 1
-            for out in (ok, bad):
-                out.flush()
-                os.fsync(out.fileno())
-        output_id = self.store.add_file(output, "batch_output", f"{job.id}_output.jsonl").id
-        if not failed:
-            errors.unlink()
-            return output_id, None
-        return output_id, self.store.add_file(errors, "batch_output", f"{job.id}_error.jsonl").id
+                if expired_from is not None:
+                    failed += self._write_expired(job, expired_from, bad)
+                for out in (ok, bad):
+                    out.flush()
+                    os.fsync(out.fileno())
+            output_id = self.store.add_file(output, "batch_output", f"{job.id}_output.jsonl").id
+            if not failed:
+                return output_id, None
+            error_file = self.store.add_file(errors, "batch_output", f"{job.id}_error.jsonl")
+            return output_id, error_file.id
+        finally:  # added files were renamed away; what is left here was not added
+            output.unlink(missing_ok=True)
+            errors.unlink(missing_ok=True)
+
+    def _write_expired(self, job: Job, path: Path, out: TextIO) -> int:
+        """An error line for each input line never answered; how many."""
+        answered = self.store.answered(job.id)
+        count = 0
+        try:
+            for line in read_lines(path, job.endpoint):
+                if line.number not in answered:
+                    out.write(_expired_line(job, line) + "\n")
+                    count += 1
+        except FileNotFoundError:  # the input was deleted while the job ran
+            log.warning("batch %s expired after its input file was deleted", job.id)
+        return count
 
 
 def _expired_line(job: Job, line: Line) -> str:
