@@ -131,8 +131,11 @@ class Coalescer:
             raise
 
     def _ahead_of(self, priority: Priority) -> bool:
-        """Whether calls wait that go before a new one of `priority`."""
-        return any(self.waiting[first] for first in Priority if first <= priority)
+        """Whether calls wait that go before a new one of `priority`: online ones for an online
+        call, any for a bulk one."""
+        if self.waiting[Priority.ONLINE]:
+            return True
+        return priority is Priority.BULK and bool(self.waiting[Priority.BULK])
 
     def _finished(self) -> None:
         self.in_triton -= 1

@@ -353,8 +353,13 @@ class ModelUses:
     def hold(self, name: str) -> Iterator[None]:
         if name in self.retiring or name in self.gone:
             raise being_removed(name)
-        self.counts[name] = self.counts.get(name, 0) + 1
-        self._idle.setdefault(name, asyncio.Event()).clear()
+        count = self.counts.get(name, 0)
+        if not count:  # the first request since it was idle: a drain waits from here
+            idle = self._idle.get(name)
+            if idle is None:
+                idle = self._idle[name] = asyncio.Event()
+            idle.clear()
+        self.counts[name] = count + 1
         try:
             yield
         finally:
