@@ -58,19 +58,27 @@ def test_a_large_input_is_read_without_holding_its_bodies(tmp_path):
     assert peak < size / 4, f"peak {peak} bytes for a {size}-byte file"
 
 
-def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(tmp_path):
-    store = JobStore(tmp_path / "data")
+def expired_job(root, custom_ids: str, answers: dict[int, int]):
+    """A job over one line per id, `answers` (line -> status) stored, its window passed: the store,
+    the job and its input file."""
+    store = JobStore(root / "data")
     staged = store.staging()
-    staged.write_text("\n".join(line(name) for name in "abc") + "\n")
+    staged.write_text("\n".join(line(name) for name in custom_ids) + "\n")
     uploaded = store.add_file(staged, "batch", "in.jsonl")
     job = store.add_job(URL, uploaded.id, 60, "24h", None)
-    store.move(job.id, states.IN_PROGRESS, total=3)
-    store.answer(job.id, 1, "a", 200, json.dumps({"custom_id": "a", "response": {"status_code": 200}}))
-    store.answer(job.id, 2, "b", 422, json.dumps({"custom_id": "b", "response": {"status_code": 422}}))
-    with sqlite3.connect(tmp_path / "data" / "jobs.sqlite") as db:
+    store.move(job.id, states.IN_PROGRESS, total=len(custom_ids))
+    for number, status in answers.items():
+        custom_id = custom_ids[number - 1]
+        store.answer(job.id, number, custom_id, status,
+                     json.dumps({"custom_id": custom_id, "response": {"status_code": status}}))
+    with sqlite3.connect(root / "data" / "jobs.sqlite") as db:
         db.execute("UPDATE jobs SET expires_at = 0 WHERE id = ?", (job.id,))
-    runner = JobRunner(store, app=None, api_key=None)
-    asyncio.run(runner._finish(store.job(job.id), store.path(uploaded.id), 3))
+    return store, store.job(job.id), store.path(uploaded.id)
+
+
+def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(tmp_path):
+    store, job, path = expired_job(tmp_path, "abc", {1: 200, 2: 422})
+    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(job, path, 3))
     ended = store.job(job.id)
     assert ended.status == states.EXPIRED
     output = store.path(ended.output_file_id).read_text().splitlines()
@@ -82,18 +90,9 @@ def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(t
 
 
 def test_an_expired_job_whose_input_was_deleted_keeps_its_answers(tmp_path):
-    store = JobStore(tmp_path / "data")
-    staged = store.staging()
-    staged.write_text("\n".join(line(name) for name in "ab") + "\n")
-    uploaded = store.add_file(staged, "batch", "in.jsonl")
-    job = store.add_job(URL, uploaded.id, 60, "24h", None)
-    store.move(job.id, states.IN_PROGRESS, total=2)
-    store.answer(job.id, 1, "a", 200, json.dumps({"custom_id": "a", "response": {"status_code": 200}}))
-    with sqlite3.connect(tmp_path / "data" / "jobs.sqlite") as db:
-        db.execute("UPDATE jobs SET expires_at = 0 WHERE id = ?", (job.id,))
-    path = store.path(uploaded.id)
-    store.delete_file(uploaded.id)
-    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(store.job(job.id), path, 2))
+    store, job, path = expired_job(tmp_path, "ab", {1: 200})
+    store.delete_file(job.input_file_id)
+    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(job, path, 2))
     ended = store.job(job.id)
     assert ended.status == states.EXPIRED and ended.error_file_id is None
     assert [json.loads(row)["custom_id"] for row in store.path(ended.output_file_id).read_text().splitlines()] == ["a"]
