@@ -25,7 +25,7 @@ class FakeModel:
         self.calls: list[list[str]] = []
         self.gate = asyncio.Event()
 
-    async def send(self, texts, pairs, request_id, priority=Priority.ONLINE):
+    async def send(self, texts, pairs, request_id, priority=Priority.ONLINE, client=""):
         self.calls.append(list(texts))
         await self.gate.wait()
         if "poison" in texts:
@@ -201,10 +201,10 @@ def test_mixed_concurrent_requests_get_what_they_get_alone(settings, monkeypatch
     sent: list[int] = []
     original = ModelDispatch.send
 
-    async def counted(self, texts, pairs, outputs, request_id, priority):
+    async def counted(self, texts, pairs, outputs, request_id, priority, client):
         sent.append(len(texts))
         await asyncio.sleep(0.02)  # a busy model: calls pile up behind the ones in flight
-        return await original(self, texts, pairs, outputs, request_id, priority)
+        return await original(self, texts, pairs, outputs, request_id, priority, client)
 
     monkeypatch.setattr(ModelDispatch, "send", counted)
     with gateway_client(replace(settings, coalesce_requests=False)) as client:
@@ -225,7 +225,7 @@ def test_a_merged_call_whose_callers_all_left_is_cancelled():
     async def scenario():
         released, calls = asyncio.Event(), []
 
-        async def send(texts, pairs, request_id, priority):
+        async def send(texts, pairs, request_id, priority, client):
             calls.append(list(texts))
             if len(calls) == 1:
                 await released.wait()

@@ -66,9 +66,9 @@ def recorded(monkeypatch):
     calls: list[tuple[int, Priority]] = []
     original = ModelDispatch.send
 
-    async def send(self, texts, pairs, outputs, request_id, priority=Priority.ONLINE):
+    async def send(self, texts, pairs, outputs, request_id, priority=Priority.ONLINE, client=""):
         calls.append((len(texts), priority))
-        return await original(self, texts, pairs, outputs, request_id, priority)
+        return await original(self, texts, pairs, outputs, request_id, priority, client)
 
     monkeypatch.setattr(ModelDispatch, "send", send)
     return calls

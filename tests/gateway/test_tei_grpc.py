@@ -418,20 +418,20 @@ def test_refused_streams_reach_the_client_with_the_gateways_code(start_tei):
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED: Model is overloaded"}, codes
 
 
-# The calls of the flood's model that Triton may finish while a canary waits, with --max-queue-time: the
-# window's calls ahead of and with it (one per encoder instance, and the spare), and as many again that
-# finish while it waits out its queue time (a full call of long inputs takes longer than that here).
-# Unbounded, the canary waits behind the flood's queued rows: dozens of full calls.
+# The calls of the flood's model that Triton may finish while a canary waits: the window's calls ahead
+# of it (one per encoder instance, and the spare) and the one it leaves in, with room to spare for a
+# call that finishes between the scrape and the canary's arrival. First come, first served, it waits
+# behind the flood's queued rows: dozens of full calls.
 CANARY_CALLS = 2 * (1 + SPARE_CALLS) + 2
 
 
 def test_a_canary_is_answered_in_bounded_time_beside_a_stream_flood(start_tei, triton):
-    """--max-queue-time: 128 streams of long inputs admitted in thousands, and a small call from another
-    client is answered, or refused at once, never left waiting behind the flood (the issue's canary saw
-    gaps of 17 s without a queue time). Its wait is counted in the encoder's executions that Triton
-    finishes meanwhile, not in seconds: on a loaded 2-core machine a full call's time varies threefold,
-    the queue's order does not."""
-    flooded = start_tei(max_concurrent_requests=4096, max_queue_time_s=1.0)
+    """With the defaults (no --max-queue-time), 128 streams of long inputs admitted in thousands on one
+    connection, and a small call from another client is answered in its turn, never left waiting
+    behind the flood (the issue's canary saw gaps of 17 s). Its wait is counted in the encoder's
+    executions that Triton finishes meanwhile, not in seconds: on a loaded 2-core machine a full
+    call's time varies threefold, the queue's order does not."""
+    flooded = start_tei(max_concurrent_requests=4096)
     stop = threading.Event()
 
     async def flood() -> None:
@@ -439,13 +439,17 @@ def test_a_canary_is_answered_in_bounded_time_beside_a_stream_flood(start_tei, t
             stub = stubs.EmbedStub(channel)
 
             async def stream() -> None:
-                while not stop.is_set():
+                while True:
                     with suppress(grpc.aio.AioRpcError):
                         async for _ in stub.EmbedStream(iter([pb.EmbedRequest(inputs=LONG, truncate=True)] * 16),
                                                         timeout=60):
                             pass
 
-            await asyncio.gather(*[stream() for _ in range(128)])
+            streams = [asyncio.ensure_future(stream()) for _ in range(128)]
+            await asyncio.to_thread(stop.wait)
+            for each in streams:  # hung up: what waits in the gateway leaves, as a client's going does
+                each.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
 
     flooding = threading.Thread(target=asyncio.run, args=(flood(),), daemon=True)
     flooding.start()
@@ -455,7 +459,7 @@ def test_a_canary_is_answered_in_bounded_time_beside_a_stream_flood(start_tei, t
     try:
         with grpc.insecure_channel(f"127.0.0.1:{flooded.port}", options=own) as channel:
             canary = stubs.EmbedStub(channel)
-            for _ in range(8):
+            for _ in range(3):  # each waits out about three full calls of long inputs: seconds here
                 before = scrape(triton.metrics_url)
                 try:
                     canary.Embed(pb.EmbedRequest(inputs="ok"), timeout=120)  # far past any bounded wait
@@ -468,7 +472,7 @@ def test_a_canary_is_answered_in_bounded_time_beside_a_stream_flood(start_tei, t
     finally:
         stop.set()
         flooding.join(90)
-    assert {code for code, _ in outcomes} <= {"OK", "RESOURCE_EXHAUSTED"}, outcomes  # no DEADLINE_EXCEEDED
+    assert {code for code, _ in outcomes} == {"OK"}, outcomes
     assert max(calls for _, calls in outcomes) <= CANARY_CALLS, outcomes
 
 

@@ -17,7 +17,8 @@ fused model's request then leaves Triton's queue, as a lone request's does).
 Online calls go before bulk ones (`Priority`): a freed place goes to the online calls waiting, and
 bulk calls hold at most `bulk_calls` places, so that an online query finds one free and waits in
 Triton behind at most the bulk call computing. Calls of the two kinds are never merged: an online
-query does not wait for a bulk call's rows.
+query does not wait for a bulk call's rows. Within a priority, waiting calls leave in turn by
+client (`Turns`): a flood on one connection delays another client's query by one call of it.
 """
 
 from __future__ import annotations
@@ -31,21 +32,24 @@ from typing import Any
 import numpy.typing as npt
 
 from prensa.gateway.core.request_context import Priority
+from prensa.gateway.core.turns import Turns
 from prensa.gateway.errors import ErrorKind, GatewayError, queue_time_passed
 
 Outputs = dict[str, npt.NDArray[Any]]
-# Sends texts (and their pairs) to Triton as one call: `(texts, pairs, request_id, priority) -> outputs`.
-Send = Callable[[Sequence[str], Sequence[str] | None, str, Priority], Awaitable[Outputs]]
+# Sends texts (and their pairs) to Triton as one call, in a client's turn:
+# `(texts, pairs, request_id, priority, client) -> outputs`.
+Send = Callable[[Sequence[str], Sequence[str] | None, str, Priority, str], Awaitable[Outputs]]
 # Errors that say something about the merged inputs, not about Triton: retried call by call.
 INPUT_ERRORS = frozenset({ErrorKind.BACKEND, ErrorKind.VALIDATION, ErrorKind.TOKENIZER})
 
 
-@dataclass
+@dataclass(eq=False)
 class Waiting:
     texts: Sequence[str]
     pairs: Sequence[str] | None
     request_id: str
     priority: Priority
+    client: str
     answer: asyncio.Future[Outputs] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -92,7 +96,7 @@ class Coalescer:
         self.max_rows = max(max_rows, 1)
         self.bulk_rows = bulk_rows or (lambda: self.max_rows)
         self.in_triton = 0
-        self.waiting: dict[Priority, list[Waiting]] = {priority: [] for priority in Priority}
+        self.waiting: dict[Priority, Turns[Waiting]] = {priority: Turns() for priority in Priority}
         # the event loop keeps only weak references to tasks
         self._calls: set[asyncio.Task[None]] = set()
 
@@ -102,29 +106,30 @@ class Coalescer:
         pairs: Sequence[str] | None,
         request_id: str,
         priority: Priority = Priority.ONLINE,
+        client: str = "",
     ) -> Outputs:
-        """The outputs of `texts` (at most `max_rows`), alone or merged with others' texts."""
+        """The outputs of `texts` (at most `max_rows`), alone or merged with others' texts;
+        `client` is whose turn it waits for (`Turns`)."""
         if self.in_triton < self.places[priority] and not self._ahead_of(priority):
             self.in_triton += 1
             try:
-                return await self.send(texts, pairs, request_id, priority)
+                return await self.send(texts, pairs, request_id, priority, client)
             finally:
                 self._finished()
-        waiting = Waiting(texts, pairs, request_id, priority)
+        waiting = Waiting(texts, pairs, request_id, priority, client)
         queue = self.waiting[priority]
-        queue.append(waiting)
+        queue.add(client, waiting)
         try:
             try:
                 return await asyncio.wait_for(asyncio.shield(waiting.answer), self.max_wait_s)
             except TimeoutError:
-                if waiting in queue:  # not sent within the queue time: it leaves now
-                    queue.remove(waiting)
+                if queue.discard(client, waiting):  # not sent within the queue time: it leaves now
                     raise queue_time_passed(self.max_wait_s) from None
                 return await asyncio.shield(waiting.answer)  # sent: its answer is on its way
         except asyncio.CancelledError:
-            if waiting in queue:  # not sent yet: it leaves without reaching Triton
-                queue.remove(waiting)
-            else:  # sent: a merged call whose callers are all gone is cancelled, so Triton drops it
+            # not sent yet: it leaves without reaching Triton; sent: a merged call whose callers
+            # are all gone is cancelled, so Triton drops it
+            if not queue.discard(client, waiting):
                 waiting.left = True
                 if waiting.sent is not None and all(one.left for one in waiting.group):
                     waiting.sent.cancel()
@@ -145,13 +150,13 @@ class Coalescer:
                 self._leave(self._group(queue, most))
 
     @staticmethod
-    def _group(queue: list[Waiting], most: int) -> list[Waiting]:
-        """The calls at the head of `queue` that fit one call of `most` rows (the first always)."""
+    def _group(queue: Turns[Waiting], most: int) -> list[Waiting]:
+        """The calls whose turn it is that fit one call of `most` rows (the first always)."""
         group: list[Waiting] = []
         rows = 0
-        while queue and (not group or rows + len(queue[0].texts) <= most):
-            rows += len(queue[0].texts)
-            group.append(queue.pop(0))
+        while queue and (not group or rows + len(queue.first().texts) <= most):
+            rows += len(queue.first().texts)
+            group.append(queue.take())
         return group
 
     def _leave(self, group: list[Waiting]) -> None:
@@ -175,7 +180,8 @@ class Coalescer:
             else None
         )
         try:
-            merged = await self.send(texts, pairs, group[0].request_id, group[0].priority)
+            first = group[0]
+            merged = await self.send(texts, pairs, first.request_id, first.priority, first.client)
         except GatewayError as exc:
             if exc.kind in INPUT_ERRORS:  # whose input? each call alone says
                 await asyncio.gather(*(self._alone(one) for one in group))
@@ -200,7 +206,9 @@ class Coalescer:
 
     async def _alone(self, one: Waiting) -> None:
         try:
-            self._settle(one, await self.send(one.texts, one.pairs, one.request_id, one.priority))
+            self._settle(
+                one, await self.send(one.texts, one.pairs, one.request_id, one.priority, one.client)
+            )
         except Exception as exc:  # noqa: BLE001 - the caller gets it
             self._fail(one, exc)
 

@@ -132,18 +132,19 @@ class ModelDispatch:
         outputs: tuple[str, ...],
         request_id: str,
         priority: Priority = Priority.ONLINE,
+        client: str = "",
     ) -> Outputs:
-        """One call on texts, merged with other requests' unless this one is traced (its own call
+        """One call on texts, in `client`'s turn, merged with other requests' unless this one is traced (its own call
         carries its trace to Triton), Triton caches the model's answers (a cached answer is keyed
         on the call's exact texts: merged calls would almost never repeat), or merging is off."""
         if not self.settings.priority:
             priority = Priority.ONLINE  # one queue, first come first served
         if not self.settings.coalesce_requests or self.model.cached or sampled():
-            return await self.send(texts, pairs, outputs, request_id, priority)
+            return await self.send(texts, pairs, outputs, request_id, priority, client)
         key = (outputs, pairs is not None)
         if key not in self.coalescers:
             self.coalescers[key] = Coalescer(
-                lambda t, p, rid, first: self.send(t, p, outputs, rid, first),
+                lambda t, p, rid, first, client: self.send(t, p, outputs, rid, first, client),
                 max_calls=self.calls,
                 max_rows=self.model.max_batch_size,
                 on_merge=self.on_merge,
@@ -151,7 +152,7 @@ class ModelDispatch:
                 bulk_calls=self.bulk_calls,
                 bulk_rows=lambda: self.bulk_rows(Priority.BULK) or self.model.max_batch_size,
             )
-        return await self.coalescers[key].call(texts, pairs, request_id, priority)
+        return await self.coalescers[key].call(texts, pairs, request_id, priority, client)
 
     async def send(
         self,
@@ -160,6 +161,7 @@ class ModelDispatch:
         outputs: tuple[str, ...],
         request_id: str,
         priority: Priority = Priority.ONLINE,
+        client: str = "",
     ) -> Outputs:
         """One call on texts as they are, through the window of an ensemble."""
         inputs = {contract.TEXT: texts_tensor(texts)}
@@ -175,7 +177,7 @@ class ModelDispatch:
 
         if self.window is None:
             return await call()
-        return await self.window.run(len(texts), call, priority)
+        return await self.window.run(len(texts), call, priority, client)
 
 
 class Dispatcher:

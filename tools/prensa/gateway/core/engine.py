@@ -300,6 +300,7 @@ class Engine:
                     outputs,
                     context.request_id,
                     context.priority,
+                    context.client,
                 )
                 for c in chunks
             ]

@@ -12,12 +12,12 @@ import functools
 import gc
 import logging
 import resource
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from prensa.gateway.core.request_context import Priority
+from prensa.gateway.core.turns import Turns
 from prensa.gateway.errors import overloaded, queue_time_passed
 
 T = TypeVar("T")
@@ -190,18 +190,19 @@ def _libc() -> Any:
 
 class TritonWindow:
     """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
-    first served within a priority, online calls before bulk ones, and a call whose client hangs up
-    while it waits leaves without reaching Triton.
+        first served within a priority, online calls before bulk ones, and a call whose client hangs up
+        while it waits leaves without reaching Triton.
 
-    Triton cancels an ensemble step only when it creates it: a client that hangs up cancels
-    its ensemble request, but the encode step already queued is computed all the same (the
-    Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
-    counted until Triton answers, even for a client that is gone (its call runs on, its answer is
-    dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
-    Bulk calls hold at most `bulk_capacity` rows, the rest kept for online ones (Triton passes no
-    priority to an ensemble's steps, so the gateway's window is where it holds). A call of more
-    rows than its limit waits for an empty window and runs alone. A call that waits longer than
-    `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
+        Triton cancels an ensemble step only when it creates it: a client that hangs up cancels
+        its ensemble request, but the encode step already queued is computed all the same (the
+        Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
+        counted until Triton answers, even for a client that is gone (its call runs on, its answer is
+        dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
+        Bulk calls hold at most `bulk_capacity` rows, the rest kept for online ones (Triton passes no
+        priority to an ensemble's steps, so the gateway's window is where it holds). A call of more
+        rows than its limit waits for an empty window and runs alone. Calls of one priority are let in
+    in turn by client (`Turns`). A call that waits longer than
+        `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
 
     def __init__(
         self, capacity: int, max_wait_s: float | None = None, bulk_capacity: int | None = None
@@ -213,8 +214,8 @@ class TritonWindow:
         }
         self.max_wait_s = max_wait_s
         self.in_triton = 0
-        self._waiting: dict[Priority, deque[tuple[int, asyncio.Future[None]]]] = {
-            priority: deque() for priority in Priority
+        self._waiting: dict[Priority, Turns[tuple[int, asyncio.Future[None]]]] = {
+            priority: Turns() for priority in Priority
         }
         # the event loop keeps only weak references to tasks
         self._calls: set[asyncio.Future[Any]] = set()
@@ -225,15 +226,20 @@ class TritonWindow:
         return sum(map(len, self._waiting.values()))
 
     async def run(
-        self, rows: int, call: Callable[[], Awaitable[T]], priority: Priority = Priority.ONLINE
+        self,
+        rows: int,
+        call: Callable[[], Awaitable[T]],
+        priority: Priority = Priority.ONLINE,
+        client: str = "",
     ) -> T:
-        """`call()` once `rows` fit; it finishes even if the caller is cancelled meanwhile."""
+        """`call()` once `rows` fit, in `client`'s turn; it finishes even if the caller is
+        cancelled meanwhile."""
         rows = min(rows, self.limits[priority])
         ahead = any(self._waiting[first] for first in Priority if first <= priority)
         if ahead or self.in_triton + rows > self.limits[priority]:
             turn = asyncio.get_running_loop().create_future()
             queue = self._waiting[priority]
-            queue.append((rows, turn))
+            queue.add(client, (rows, turn))
             try:
                 await asyncio.wait_for(asyncio.shield(turn), self.max_wait_s)
             except (asyncio.CancelledError, TimeoutError) as stop:
@@ -243,8 +249,7 @@ class TritonWindow:
                     self._release(rows)
                 else:
                     turn.cancel()
-                    with suppress(ValueError):
-                        queue.remove((rows, turn))
+                    queue.discard(client, (rows, turn))
                     self._admit()  # it may have held back smaller calls behind it
                 if isinstance(stop, TimeoutError):
                     raise queue_time_passed(self.max_wait_s) from None
@@ -274,10 +279,10 @@ class TritonWindow:
         """Let in the calls that fit, in order: online first, and no bulk call past an online one."""
         for priority, queue in self._waiting.items():
             while queue:
-                rows, turn = queue[0]
+                rows, turn = queue.first()
                 if not turn.cancelled() and self.in_triton + rows > self.limits[priority]:
                     return
-                queue.popleft()
+                queue.take()
                 if not turn.cancelled():  # a cancelled caller is leaving: it takes nothing
                     self.in_triton += rows
                     turn.set_result(None)

@@ -49,6 +49,7 @@ class RequestContext:
     characters: int = 0
     chunks: list[int] | None = None  # windows per input, when long inputs were chunked
     priority: Priority = Priority.ONLINE
+    client: str = ""  # the connection it came on: whose turn it waits for (`turns.Turns`)
     refusal: str | None = None  # what its headers got wrong, refused where it reaches the service
 
     def read_priority(self, header: str | None) -> None:

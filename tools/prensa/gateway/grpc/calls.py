@@ -117,10 +117,20 @@ class Call:
     started: float
     trace_carrier: dict[str, str] = field(default_factory=dict)  # the client's traceparent, if any
     priority: Priority = Priority.ONLINE  # from PRIORITY_HEADER, as on HTTP
+    client: str = ""  # the peer's connection: its calls and stream messages share one turn
     served: str = ""
     inputs: int = 0
     tokens: int = 0
     span: Span | None = None  # the call's server span, when traced
+
+    def context(self, received: float) -> RequestContext:
+        """A request the call makes (itself, or one message of a stream), received at `received`."""
+        return RequestContext(
+            received=received,
+            request_id=self.request_id,
+            priority=self.priority,
+            client=self.client,
+        )
 
     def add(self, request_context: RequestContext) -> None:
         """Count a request the call made (itself, or one message of a stream)."""
@@ -249,6 +259,7 @@ class Calls:
         call = Call(
             rpc, metadata.get(MODEL_KEY) or None, request_id(headers), time.perf_counter(), carrier
         )
+        call.client = context.peer() or ""
         if self.settings.priority and PRIORITY_HEADER in metadata:
             named = Priority.named(metadata[PRIORITY_HEADER])
             if named is None:
@@ -266,9 +277,7 @@ class Calls:
 
     async def unary(self, message: Q, context: Any, rpc: str, method: str, work: Work[Q, R]) -> R:
         call = await self.open(context, rpc)
-        request_context = RequestContext(
-            received=call.started, request_id=call.request_id, priority=call.priority
-        )
+        request_context = call.context(call.started)
         self.metrics.started(method)
         with self.traced(call), self.hang_up_logged(call):
             try:
@@ -320,11 +329,7 @@ class Calls:
         each: list[RequestContext] = []
 
         async def part(message: Q) -> R:
-            each.append(
-                request_context := RequestContext(
-                    received=time.perf_counter(), request_id=call.request_id, priority=call.priority
-                )
-            )
+            each.append(request_context := call.context(time.perf_counter()))
             return await work(parsed(message), call.model, request_context)
 
         results = in_order(messages, part, self.settings.max_client_batch_size)
@@ -344,9 +349,7 @@ class Calls:
 
     async def _message(self, call: Call, method: str, work: Work[Q, R], message: Q) -> R:
         """One message of a stream: a request of its own, counted under `method` as HTTP counts its routes."""
-        request_context = RequestContext(
-            received=time.perf_counter(), request_id=call.request_id, priority=call.priority
-        )
+        request_context = call.context(time.perf_counter())
         self.metrics.started(method)
         reply = await work(parsed(message), call.model, request_context)
         record_success(self.metrics, method, request_context)

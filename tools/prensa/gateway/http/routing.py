@@ -71,7 +71,9 @@ class GatewayRequest(Request):
         """This request's context, from when `logs.RequestLog` saw it arrive; also left in the
         request's state for its log line."""
         context = RequestContext(
-            received=getattr(self.state, RECEIVED_KEY), request_id=getattr(self.state, ID_KEY)
+            received=getattr(self.state, RECEIVED_KEY),
+            request_id=getattr(self.state, ID_KEY),
+            client=connection_of(self.scope),
         )
         setattr(self.state, CONTEXT_KEY, context)
         if self.gateway.settings.priority:
@@ -83,6 +85,12 @@ class GatewayRequest(Request):
             self._orjson = orjson.loads(await self.body())
             remember_body(self, self._orjson)
         return self._orjson
+
+
+def connection_of(scope: Scope) -> str:
+    """The client connection a request came on, "host:port" (empty where the server names none)."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
 
 
 def remember_body(request: Request, data: Any) -> None:
