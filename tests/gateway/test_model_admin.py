@@ -1,7 +1,8 @@
 """Models added to and removed from a running server (`--model-admin`, `prensa models`), through a
 Triton and a gateway of their own while clients keep calling: the openai and cohere clients use the
 new model as soon as it is added, its removal lets the requests it holds finish, and refused
-changes leave what was served serving, with nothing left in the repository."""
+changes leave what was served serving, with nothing left in the repository. Versions on trial:
+a reranker's canary takes a share, an embedder's version only a shadow's copy."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from prensa.addresses import free_port
@@ -223,3 +225,65 @@ def test_a_new_version_answers_pinned_until_promoted_and_rolls_back(server, expo
     assert http.delete("/admin/models/emb@1").status_code == 200  # the first version, pinned
     assert model_dirs(repo, "emb") == [] and not list(repo.glob("emb@*"))
     assert "emb" not in (repo / VERSIONS_RECORD).read_text()
+
+
+def shadow_series(url: str) -> dict[str, float]:
+    """The gateway's `prensa_shadow_*` samples for model `sh`, by sample name and outcome."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name.startswith("prensa_shadow") and sample.labels.get("model") == "sh":
+                key = sample.name + (f":{sample.labels['outcome']}" if "outcome" in sample.labels else "")
+                if "le" not in sample.labels:
+                    found[key] = sample.value
+    return found
+
+
+def test_a_reranker_canary_answers_its_share_and_an_embedder_version_only_shadows(server, exports):
+    """A relevance model's version on trial answers a share of the unpinned requests, each answer
+    whole from the version its header names; an embedder's version takes no share (409, by name),
+    only a copy of its requests, compared on the gateway's metrics and never answered with."""
+    url, repo, _ = server
+    http = httpx.Client(base_url=url, timeout=120)
+    for name, export in (("rr", "reranker"), ("rr", "msmarco"), ("sh", "minilm"), ("sh", "minilm")):
+        prensa("models", "add", name, str(exports[export]), "--url", url)
+    query, documents = "capital of france", ["Paris is the capital of France.", "The dog sleeps.", "Berlin"]
+
+    def rerank(model: str) -> tuple[str, list[float]]:
+        answer = http.post("/rerank", json={"model": model, "query": query, "texts": documents})
+        assert answer.status_code == 200, answer.text
+        scores = [hit["score"] for hit in sorted(answer.json(), key=lambda hit: hit["index"])]
+        return answer.headers["x-prensa-model-version"], scores
+
+    by_version = dict([rerank("rr@1"), rerank("rr@2")])
+    assert "version 2 answers 50%" in prensa("models", "canary", "rr@2", "--share", "0.5", "--url", url)
+    seen = [rerank("rr") for _ in range(40)]
+    assert {version for version, _ in seen} == {"1", "2"}, "both versions answer unpinned requests"
+    for version, scores in seen:  # each answer is the version's own
+        np.testing.assert_allclose(scores, by_version[version], atol=1e-5)
+    cohere_hits = cohere.ClientV2(api_key="unused", base_url=url).rerank(model="rr@2", query=query, documents=documents)
+    assert abs(max(hit.relevance_score for hit in cohere_hits.results) - max(by_version["2"])) < 1e-5
+
+    mixed = http.post("/admin/models/sh/canary", json={"version": 2, "share": 0.5})
+    assert mixed.status_code == 409 and "do not mix" in mixed.json()["error"], mixed.json()
+    assert http.post("/admin/models/rr/shadow", json={"version": 2}).status_code == 409
+    assert "version 2 shadows it" in prensa("models", "shadow", "sh@2", "--url", url)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    for i in range(16):  # more inputs than the top-k, so that neighbours are compared
+        answer = client.embeddings.with_raw_response.create(model="sh", input=[f"passage {i} about rivers", f"note {i}"])
+        assert answer.headers["x-prensa-model-version"] == "1" and answer.parse().model == "sh"
+    deadline = time.monotonic() + 60
+    while shadow_series(url).get("prensa_shadow_inputs:compared", 0) < 32:
+        assert time.monotonic() < deadline, shadow_series(url)
+        time.sleep(0.2)
+    series = shadow_series(url)
+    # the same export as its shadow: the same vectors, and the same neighbours
+    assert series["prensa_shadow_cosine_sum"] / series["prensa_shadow_cosine_count"] > 0.9999, series
+    agreement = series["prensa_shadow_top_k_agreement_sum"] / series["prensa_shadow_top_k_agreement_count"]
+    assert series["prensa_shadow_top_k_agreement_count"] > 0 and agreement == 1.0, series
+    assert "no version on trial" in prensa("models", "end-trial", "sh", "--url", url)
+    assert "shadow" not in (repo / VERSIONS_RECORD).read_text()
+    prensa("models", "promote", "rr@2", "--url", url)
+    assert "canary" not in (repo / VERSIONS_RECORD).read_text(), "a promotion ends the trial"
+    for model in ("sh@2", "sh", "rr@1", "rr@2"):
+        assert http.delete(f"/admin/models/{model}").status_code == 200, model

@@ -192,7 +192,8 @@ VALID = {
 # POST routes without a JSON body: a multipart upload, and a cancel and a rollback that name what they act on in the path
 NOT_JSON = {"/v1/files", "/v1/batches/{batch_id}/cancel", "/admin/models/{name}/rollback"}
 # POST routes this gateway leaves off (`--model-admin`): a valid body answers 404 saying how to turn them on
-OFF = {"/admin/models": {"name": "copy", "export_dir": "/nowhere"}, "/admin/models/{name}/promote": {"version": 2}}
+OFF = {"/admin/models": {"name": "copy", "export_dir": "/nowhere"}, "/admin/models/{name}/promote": {"version": 2},
+       "/admin/models/{name}/canary": {"version": 2, "share": 0.1}, "/admin/models/{name}/shadow": {"version": 2}}
 WRONG = [[{}]]  # no field accepts a list of lists of objects, and pydantic's lax mode cannot coerce it
 
 

@@ -1,6 +1,7 @@
 """`prensa models`: add an export (or a new version of a served model) to a running server,
-promote or roll back a version, or remove one, through the gateway's admin routes
-(`--model-admin`), which render, load, drain and unload in order."""
+put a version on trial (a canary, or an embedder's shadow), promote or roll back a version, or
+remove one, through the gateway's admin routes (`--model-admin`), which render, load, drain and
+unload in order."""
 
 from __future__ import annotations
 
@@ -88,6 +89,61 @@ def rollback(
     """Point NAME back at the version it reached before its last promotion."""
     moved = _call("POST", f"{url}/admin/models/{name}/rollback", api_key, json={})
     console.print(f"{name} -> version {moved['version']}")
+
+
+@app.command()
+def canary(
+    model: Annotated[str, typer.Argument(help="A relevance model's version, as NAME@VERSION.")],
+    share: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="The share of the requests naming NAME alone that VERSION answers; 0 ends it.",
+        ),
+    ] = 0.1,
+    url: Url = GATEWAY_URL,
+    api_key: ApiKey = None,
+) -> None:
+    """Let VERSION of a reranker, cross-encoder or classifier answer a share of NAME's requests
+    (refused for embedders: their vectors do not mix; see `shadow`)."""
+    name, version = split_pin(model)
+    body = {"version": version, "share": share}
+    trial = _call("POST", f"{url}/admin/models/{name}/canary", api_key, json=body)
+    console.print(_trial_line(name, trial))
+
+
+@app.command()
+def shadow(
+    model: Annotated[str, typer.Argument(help="An embedder's version, as NAME@VERSION.")],
+    url: Url = GATEWAY_URL,
+    api_key: ApiKey = None,
+) -> None:
+    """Send VERSION a copy of the dense requests NAME answers, never answering with it; the
+    gateway's metrics compare the two (prensa_shadow_cosine, prensa_shadow_top_k_agreement)."""
+    name, version = split_pin(model)
+    trial = _call("POST", f"{url}/admin/models/{name}/shadow", api_key, json={"version": version})
+    console.print(_trial_line(name, trial))
+
+
+@app.command("end-trial")
+def end_trial(
+    name: Annotated[str, typer.Argument(help="A served model's name.")],
+    url: Url = GATEWAY_URL,
+    api_key: ApiKey = None,
+) -> None:
+    """End NAME's canary or shadow: the version NAME reaches answers everything again."""
+    trial = _call("DELETE", f"{url}/admin/models/{name}/trial", api_key)
+    console.print(_trial_line(name, trial))
+
+
+def _trial_line(name: str, trial: dict[str, Any]) -> str:
+    line = f"{name} -> version {trial['version']}"
+    if trial.get("canary"):
+        return f"{line}; version {trial['canary']} answers {trial['share']:.0%} of its requests"
+    if trial.get("shadow"):
+        return f"{line}; version {trial['shadow']} shadows it"
+    return f"{line}; no version on trial"
 
 
 def split_pin(text: str) -> tuple[str, int]:

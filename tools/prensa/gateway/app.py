@@ -33,6 +33,7 @@ from prensa.gateway.backends.triton import TritonClient
 from prensa.gateway.core.limits import BULK_SHARE, Permits, SharedPermits, UnsentAnswers
 from prensa.gateway.core.registry import Registry
 from prensa.gateway.core.service import Service
+from prensa.gateway.core.shadow import Shadows
 from prensa.gateway.errors import ErrorKind, GatewayError, error_body, error_status
 from prensa.gateway.http.middleware import OPEN_PATHS, ApiKey, CancelOnHangUp, JsonBody, PacedAnswer
 from prensa.gateway.http.routing import DirectRoutes, ErrorShapes, GatewayRoute, body_fields
@@ -292,7 +293,9 @@ def create_app(
             settings=settings,
             client=client,
             registry=registry,
-            service=Service(settings, client, metrics, app.permits, registry.uses),
+            service=Service(
+                settings, client, metrics, app.permits, registry.uses, Shadows(registry, metrics)
+            ),
             metrics=metrics,
             tracer=app.tracer,
         )

@@ -2,7 +2,8 @@
 
 TEI exports counters without the `_total` suffix that prometheus_client's `Counter` always
 adds; `TeiCounter` keeps TEI's exact sample names (exposed as untyped series, which PromQL's
-`rate()` treats like counters). Labels are bounded: route names and error kinds only.
+`rate()` treats like counters). Labels are bounded: route names, error kinds, and the served
+models a shadow compares.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ DURATION_BUCKETS = (
 )
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(19))  # 1 .. 262144
 BATCH_BUCKETS = tuple(float(2**i) for i in range(8))  # 1 .. 128
+COSINE_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
+SHARE_BUCKETS = tuple(i / 10 for i in range(11))  # 0, 0.1 .. 1
 
 
 # prometheus-client's multiprocess mode reads this variable
@@ -239,6 +242,28 @@ class GatewayMetrics:
             ("model",),
             registry=r,
             multiprocess_mode="livemostrecent",
+        )
+        # an embedder's shadow version beside its current one (`core.shadow`)
+        trial = ("model", "candidate")
+        self.shadow_cosine = Histogram(
+            "prensa_shadow_cosine",
+            "Per input, the cosine between the current version's vector and the shadow's",
+            trial,
+            buckets=COSINE_BUCKETS,
+            registry=r,
+        )
+        self.shadow_agreement = Histogram(
+            "prensa_shadow_top_k_agreement",
+            "Per input, the share of its nearest recent inputs that the two versions agree on",
+            trial,
+            buckets=SHARE_BUCKETS,
+            registry=r,
+        )
+        self.shadow_inputs = TeiCounter(
+            "prensa_shadow_inputs",
+            "Inputs copied to a shadow version, by outcome (compared, skipped: no room, failed)",
+            (*trial, "outcome"),
+            r,
         )
         # rendered after this one: `prensa serve`'s supervisor
         self.others: list[CollectorRegistry] = []

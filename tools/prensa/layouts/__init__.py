@@ -6,7 +6,15 @@ files are its own (`detect`)."""
 
 from __future__ import annotations
 
-from prensa.layouts.base import Capability, Layout, ModelFiles, ModelType, PairInput, Scoring
+from prensa.layouts.base import (
+    VECTORS,
+    Capability,
+    Layout,
+    ModelFiles,
+    ModelType,
+    PairInput,
+    Scoring,
+)
 from prensa.layouts.classifier import CLASSIFIER
 from prensa.layouts.cross_encoder import CROSS_ENCODER
 from prensa.layouts.embedder import EMBEDDER
@@ -49,6 +57,7 @@ __all__ = [
     "LLM_RERANKER",
     "M3",
     "SPLADE",
+    "VECTORS",
     "Capability",
     "Layout",
     "ModelFiles",

@@ -23,6 +23,13 @@ class Capability(str, Enum):
     PREDICT = "classification"
 
 
+# What answers with vectors: they mean something only beside vectors of the same model version, so
+# a version on trial may see a copy of such a model's requests but never answer one of them.
+VECTORS = frozenset(
+    {Capability.DENSE, Capability.SPARSE, Capability.COLBERT, Capability.HIDDEN, Capability.M3}
+)
+
+
 class Scoring(str, Enum):
     """How a layout scores a query against texts."""
 

@@ -116,6 +116,7 @@ def _promote(repo: Path, name: str, version: int) -> Lineage:
     if lineage.current != version:
         lineage.before.append(lineage.current)
         lineage.current = version
+        lineage.end_trials()  # a trial compares with the version it began beside
         write_versions(repo, lineages)
     return lineage
 
@@ -135,8 +136,33 @@ def _rollback(repo: Path, name: str) -> Lineage:
     if lineage is None or not lineage.before:
         raise ModelChangeError(f"`{name}` was never promoted from another version it still has")
     lineage.current = lineage.before.pop()
+    lineage.end_trials()
     write_versions(repo, lineages)
     return lineage
+
+
+def set_trial(
+    repo: Path, name: str, version: int, *, share: float | None = None, shadow: bool = False
+) -> Lineage:
+    """Put `version` of `name` on trial beside the version the name reaches: as a canary that
+    answers `share` of its requests, or as a shadow (`shadow`); a share of 0, or neither, ends
+    the trial. Whether the model's kind allows which is the caller's to say (it knows the model)."""
+    with repository_lock(repo):
+        if version not in stored_versions(repo, name):
+            raise ModelChangeError(f"`{version_name(name, version)}` is not in the repository")
+        lineages = read_versions(repo)
+        lineage = lineages.setdefault(name, Lineage())
+        if version == lineage.current:
+            raise ModelChangeError(
+                f"`{version_name(name, version)}` is the version `{name}` reaches already"
+            )
+        lineage.end_trials()
+        if share:
+            lineage.canary, lineage.share = version, share
+        elif shadow:
+            lineage.shadow = version
+        write_versions(repo, lineages)
+        return lineage
 
 
 def remove_model(repo: Path, triton_urls: Sequence[str], models: Sequence[str]) -> None:
@@ -162,6 +188,7 @@ def _remove_version(repo: Path, triton_urls: Sequence[str], models: Sequence[str
     _remove(repo, models)
     if name in lineages:
         lineage.before = [v for v in lineage.before if v != version]
+        lineage.end_trials(version)
         if stored == [version]:
             del lineages[name]
         write_versions(repo, lineages)

@@ -6,7 +6,9 @@ The first version of `name` is the Triton model `name` (what `repo build` writes
 for `name@N`, a form every client library can send as its model name. Which version the name
 alone reaches is kept beside the models in `VERSIONS_RECORD`, with the versions it reached before,
 so that promotion and rollback are one write each (a temporary file renamed over the record),
-read by every gateway on the same repository.
+read by every gateway on the same repository. The record also names a version on trial: a
+relevance model's canary, which answers a share of the name's requests, or an embedder's shadow,
+which only sees a copy of them (vectors of two versions do not mix).
 """
 
 from __future__ import annotations
@@ -42,10 +44,29 @@ def version_of(model: str) -> int:
 
 @dataclass
 class Lineage:
-    """Where a model's name points, and where it pointed before (the last one last)."""
+    """Where a model's name points, where it pointed before (the last one last), and the
+    version on trial beside it, if any."""
 
     current: int = 1
     before: list[int] = field(default_factory=list)
+    canary: int | None = None  # answers `share` of the name's requests (relevance models only)
+    share: float = 0.0
+    shadow: int | None = None  # sent a copy of the name's requests, never answers (embedders)
+
+    def end_trials(self, version: int | None = None) -> None:
+        """No version on trial any more (only `version`'s trial, when given)."""
+        if version is None or self.canary == version:
+            self.canary, self.share = None, 0.0
+        if version is None or self.shadow == version:
+            self.shadow = None
+
+    def as_record(self) -> dict[str, object]:
+        record: dict[str, object] = {"current": self.current, "before": self.before}
+        if self.canary is not None:
+            record |= {"canary": self.canary, "share": self.share}
+        if self.shadow is not None:
+            record["shadow"] = self.shadow
+        return record
 
 
 def read_versions(repo: Path) -> dict[str, Lineage]:
@@ -54,7 +75,13 @@ def read_versions(repo: Path) -> dict[str, Lineage]:
     if not path.is_file():
         return {}
     return {
-        name: Lineage(int(entry["current"]), [int(v) for v in entry.get("before", [])])
+        name: Lineage(
+            int(entry["current"]),
+            [int(v) for v in entry.get("before", [])],
+            None if entry.get("canary") is None else int(entry["canary"]),
+            float(entry.get("share", 0.0)),
+            None if entry.get("shadow") is None else int(entry["shadow"]),
+        )
         for name, entry in json.loads(path.read_text()).items()
     }
 
@@ -76,14 +103,7 @@ def write_versions(repo: Path, lineages: dict[str, Lineage]) -> None:
     ) as out:
         staged = Path(out.name)
     staged.write_text(
-        json.dumps(
-            {
-                name: {"current": one.current, "before": one.before}
-                for name, one in lineages.items()
-            },
-            indent=2,
-        )
-        + "\n"
+        json.dumps({name: one.as_record() for name, one in lineages.items()}, indent=2) + "\n"
     )
     os.replace(staged, repo / VERSIONS_RECORD)
 

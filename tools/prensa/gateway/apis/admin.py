@@ -2,7 +2,9 @@
 
 Adding renders an export into Triton's repository as a model's next version, loads it on every
 Triton the gateway calls and reads the model list again, so it is served as soon as the answer
-comes. Promotion and rollback move the version a name reaches. Removing first stops taking
+comes. Promotion and rollback move the version a name reaches. A version goes on trial beside it
+by kind: a relevance model's canary answers a share of the name's requests; an embedder's shadow
+gets a copy of them and answers none (`core.shadow`). Removing first stops taking
 requests for a version and waits for the ones it holds (up to --graceful-timeout), then unloads it
 and removes its directories. The repository and Triton do the work (`prensa.triton.models`);
 these routes order it around the registry.
@@ -19,11 +21,19 @@ from pydantic import BaseModel, Field
 
 from prensa.gateway.apis.errors import TEI_ERRORS
 from prensa.gateway.apis.tei.routes import model_info
-from prensa.gateway.core.registry import Registry
+from prensa.gateway.core.registry import Registry, ServedModel
 from prensa.gateway.errors import ErrorKind, GatewayError
 from prensa.gateway.http.routing import GatewayRequest, GatewayRoute, json_response
 from prensa.gateway.state import Gateway
-from prensa.triton.models import ModelChangeError, add_model, promote, remove_model, rollback
+from prensa.layouts import VECTORS, Capability
+from prensa.triton.models import (
+    ModelChangeError,
+    add_model,
+    promote,
+    remove_model,
+    rollback,
+    set_trial,
+)
 from prensa.triton.versions import Lineage, pinned, version_name
 
 router = APIRouter(route_class=GatewayRoute, responses=TEI_ERRORS, tags=["Admin"])
@@ -94,6 +104,74 @@ async def rollback_version(name: str, http: GatewayRequest) -> Response:
     return await _moved(gateway, name, lambda: rollback(gateway.settings.repo, name))
 
 
+class Canary(BaseModel):
+    version: int = Field(ge=2, description="The version on trial.")
+    share: float = Field(
+        ge=0.0, le=1.0, description="The share of the name's requests it answers; 0 ends the trial."
+    )
+
+
+class Shadow(BaseModel):
+    version: int = Field(ge=2, description="The version that gets a copy of the name's requests.")
+
+
+@router.post(MODELS_PATH + "/{name}/canary", summary="Let a version answer a share of requests")
+async def canary(name: str, body: Canary, http: GatewayRequest) -> Response:
+    """A relevance model's version answers `share` of the requests that name the model alone
+    (pinned ones go where they are pinned). 409 for a model that answers with vectors."""
+    gateway = admin_of(http)
+    served = _trial_version(gateway, name, body.version)
+    if served.capabilities & VECTORS:
+        raise GatewayError(
+            ErrorKind.CONFLICT,
+            f"`{name}` answers with vectors, and vectors of two versions do not mix: no share of "
+            f"its requests may go to `{served.name}`. Pin it, or compare it with "
+            f"`prensa models shadow {served.name}`",
+        )
+    return await _moved(
+        gateway,
+        name,
+        lambda: set_trial(gateway.settings.repo, name, body.version, share=body.share),
+    )
+
+
+@router.post(MODELS_PATH + "/{name}/shadow", summary="Copy an embedder's requests to a version")
+async def shadow(name: str, body: Shadow, http: GatewayRequest) -> Response:
+    """An embedder's version gets a copy of each dense request the name's version answers, and
+    the gateway's metrics compare the two (`prensa_shadow_*`); it answers none of them. 409 for
+    a model without dense vectors."""
+    gateway = admin_of(http)
+    served = _trial_version(gateway, name, body.version)
+    if not served.can(Capability.DENSE):
+        raise GatewayError(
+            ErrorKind.CONFLICT,
+            f"a shadow compares dense vectors, which `{served.name}` does not give; a relevance "
+            f"model's version takes a share of requests instead: `prensa models canary`",
+        )
+    return await _moved(
+        gateway, name, lambda: set_trial(gateway.settings.repo, name, body.version, shadow=True)
+    )
+
+
+@router.delete(MODELS_PATH + "/{name}/trial", summary="End a model's canary or shadow")
+async def end_trial(name: str, http: GatewayRequest) -> Response:
+    gateway = admin_of(http)
+    lineage = gateway.registry.lineages.get(name)
+    version = lineage and (lineage.canary or lineage.shadow)
+    if not version:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"`{name}` has no version on trial")
+    return await _moved(gateway, name, lambda: set_trial(gateway.settings.repo, name, version))
+
+
+def _trial_version(gateway: Gateway, name: str, version: int) -> ServedModel:
+    """The served version to put on trial beside `name`'s current one."""
+    target = version_name(name, version)
+    served = gateway.registry.models.get(target)
+    if served is None:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"`{target}` is not served (not loaded, or gone)")
+    return served
+
+
 async def _moved(gateway: Gateway, name: str, move: Callable[[], Lineage]) -> Response:
     """`move` the name's pointer, then read it again: requests after the answer reach the new one."""
     async with gateway.model_changes:
@@ -102,8 +180,9 @@ async def _moved(gateway: Gateway, name: str, move: Callable[[], Lineage]) -> Re
         except ModelChangeError as exc:
             raise GatewayError(ErrorKind.NOT_FOUND, str(exc)) from None
         await gateway.registry.refresh()
+    record = lineage.as_record()
     return json_response(
-        {"id": name, "object": "model", "version": lineage.current, "before": lineage.before}
+        {"id": name, "object": "model", "version": record.pop("current"), **record}
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -390,6 +391,7 @@ class Registry:
         self.models: dict[str, ServedModel] = {}  # by Triton model: each version of a name its own
         self.uses = ModelUses()
         self.lineages: dict[str, Lineage] = {}  # the version each name reaches (`triton.versions`)
+        self.on_trial = False  # whether any lineage has a canary or a shadow
         self._lineages_stamp: tuple[int, int] | None = None
         self._lineages_checked = float("-inf")
         self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
@@ -469,6 +471,9 @@ class Registry:
         self._lineages_stamp = stamp
         try:
             self.lineages = await asyncio.to_thread(read_versions, self.repo)
+            self.on_trial = any(
+                one.canary is not None or one.shadow is not None for one in self.lineages.values()
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning(
                 "%s does not parse (%s); model versions stay as they were", VERSIONS_RECORD, exc
@@ -482,6 +487,33 @@ class Registry:
             lineage = self.lineages.get(name)
             version = lineage.current if lineage else 1
         return version_name(base, version)
+
+    def route(self, name: str) -> str:
+        """The served model a request for `name` goes to: `resolve`'s, but a name alone goes to its
+        canary (a relevance model's version on trial) with the canary's share of chance."""
+        if self.on_trial:
+            lineage = self.lineages.get(name)
+            if lineage is not None and lineage.canary is not None:
+                canary = version_name(name, lineage.canary)
+                if (
+                    random.random() < lineage.share
+                    and canary in self.models
+                    and canary not in self.uses.retiring
+                ):
+                    return canary
+        return self.resolve(name)
+
+    def shadow_of(self, model: str) -> ServedModel | None:
+        """The version that sees a copy of what `model` answers: its name's shadow, while `model`
+        is the version the name reaches."""
+        if not self.on_trial:
+            return None
+        base, version = pinned(model)
+        lineage = self.lineages.get(base)
+        if lineage is None or lineage.shadow is None or lineage.current != (version or 1):
+            return None
+        shadow = version_name(base, lineage.shadow)
+        return None if shadow in self.uses.retiring else self.models.get(shadow)
 
     def is_current(self, model: str) -> bool:
         """Whether `model` is the version its name alone reaches (the others answer pinned only)."""
@@ -539,13 +571,13 @@ class Registry:
         No capability: any model will do (`/info`)."""
         await self.ensure()
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
-            wanted = self.resolve(name)
+            wanted = self.route(name)
             if wanted in self.uses.retiring:
                 raise being_removed(name)
             # loaded into Triton after we started?
             if wanted not in self.models and self._may_refresh():
                 await self.refresh()
-                wanted = self.resolve(name)
+                wanted = self.route(name)
             model = self.models.get(wanted)
             if model is None:
                 raise GatewayError(
@@ -576,7 +608,7 @@ class Registry:
             candidates = [m for m in candidates if m.scores_pairs]
         default = self.models.get(self.resolve(self.default_model or ""))
         if default is not None and default in candidates:
-            return default
+            return self.models.get(self.route(self.default_model or ""), default)
         if not candidates:
             raise validation(
                 f"no served model provides {capability.value if capability else 'anything'}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,9 @@ from prensa.gateway.settings import GatewaySettings
 from prensa.gateway.tracing import stage
 from prensa.layouts import Scoring
 
+if TYPE_CHECKING:
+    from prensa.gateway.core.shadow import Shadows
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -76,11 +79,14 @@ class Service:
         metrics: GatewayMetrics,
         permits: Permits,
         uses: ModelUses | None = None,
+        shadows: Shadows | None = None,
     ) -> None:
-        """`uses`: the registry's count of each model's requests (a model being removed drains)."""
+        """`uses`: the registry's count of each model's requests (a model being removed drains);
+        `shadows`: where answers are copied to a model's shadow version."""
         self.settings = settings
         self.permits = permits
         self.uses = uses or ModelUses()
+        self.shadows = shadows
         self.engine = Engine(settings, client, metrics)
 
     def chunking(self, enabled: bool | None, overlap: int) -> Chunking | None:
@@ -243,7 +249,10 @@ class Service:
             results = await gather(
                 [self.engine.infer(inference, context) for inference in ask.inferences(framed)]
             )
-        return ask.finish(results, framed)
+        answer = ask.finish(results, framed)
+        if self.shadows is not None:
+            self.shadows.copy(self, ask, answer, context)
+        return answer
 
     async def relevance(self, ask: RelevanceAsk, context: RequestContext) -> Scores:
         """One score per text of `ask` and the tokens read per text (a query encoded apart counts
