@@ -76,9 +76,16 @@ def expired_job(root, custom_ids: str, answers: dict[int, int]):
     return store, store.job(job.id), store.path(uploaded.id)
 
 
+def runner(store: JobStore) -> JobRunner:
+    async def nothing_served(name: str) -> None:
+        return None
+
+    return JobRunner(store, app=None, api_key=None, current=nothing_served)
+
+
 def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(tmp_path):
     store, job, path = expired_job(tmp_path, "abc", {1: 200, 2: 422})
-    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(job, path, 3))
+    asyncio.run(runner(store)._finish(job, path, 3))
     ended = store.job(job.id)
     assert ended.status == states.EXPIRED
     output = store.path(ended.output_file_id).read_text().splitlines()
@@ -92,7 +99,7 @@ def test_an_expired_job_writes_its_answers_and_each_line_never_run_as_an_error(t
 def test_an_expired_job_whose_input_was_deleted_keeps_its_answers(tmp_path):
     store, job, path = expired_job(tmp_path, "ab", {1: 200})
     store.delete_file(job.input_file_id)
-    asyncio.run(JobRunner(store, app=None, api_key=None)._finish(job, path, 2))
+    asyncio.run(runner(store)._finish(job, path, 2))
     ended = store.job(job.id)
     assert ended.status == states.EXPIRED and ended.error_file_id is None
     assert [json.loads(row)["custom_id"] for row in store.path(ended.output_file_id).read_text().splitlines()] == ["a"]

@@ -6,6 +6,7 @@ a reranker's canary takes a share, an embedder's version only a shadow's copy.""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -44,7 +45,8 @@ def server(tmp_path_factory, exports):
                      ServingOptions())
     ports = TritonPorts(free_port(), free_port(), free_port())
     with TritonProcess(TritonOptions(repo, ports=ports), log_path=repo.parent / "tritonserver.log") as triton:
-        settings = GatewaySettings(triton_url=triton.grpc_url, repo=repo, default_model="minilm", model_admin=True)
+        settings = GatewaySettings(triton_url=triton.grpc_url, repo=repo, default_model="minilm", model_admin=True,
+                                   data_dir=repo.parent / "jobs")
         with running_gateway(settings) as url:
             yield url, repo, settings
 
@@ -287,3 +289,34 @@ def test_a_reranker_canary_answers_its_share_and_an_embedder_version_only_shadow
     assert "canary" not in (repo / VERSIONS_RECORD).read_text(), "a promotion ends the trial"
     for model in ("sh@2", "sh", "rr@1", "rr@2"):
         assert http.delete(f"/admin/models/{model}").status_code == 200, model
+
+
+def test_a_batch_job_keeps_the_version_its_name_reached_when_it_began(server, exports, other_embedder):
+    """A promotion while a batch job runs moves online requests, not the job: every line is answered
+    by the version the name reached at the job's first line, and the batch object says which."""
+    url, _, _ = server
+    prensa("models", "add", "bj", str(exports["minilm"]), "--url", url)
+    prensa("models", "add", "bj", str(other_embedder), "--url", url)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    lines = [{"custom_id": f"l{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "bj", "input": [f"passage {i}.{j} about the river" for j in range(16)]}}
+             for i in range(150)]
+    uploaded = client.files.create(file=("pinned.jsonl", "\n".join(map(json.dumps, lines)).encode()), purpose="batch")
+    batch_id = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h").id
+    deadline = time.monotonic() + 120
+    while client.batches.retrieve(batch_id).request_counts.completed < 8:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    prensa("models", "promote", "bj@2", "--url", url)
+    at_promotion = client.batches.retrieve(batch_id)
+    assert client.embeddings.create(model="bj", input="online").model == "bj@2"
+    while (batch := client.batches.retrieve(batch_id)).status != "completed":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+    assert at_promotion.request_counts.completed < len(lines), "the promotion came while the job ran"
+    answers = [json.loads(row) for row in client.files.content(batch.output_file_id).text.splitlines()]
+    assert len(answers) == len(lines) and batch.model == "bj@1"
+    assert {(a["response"]["body"]["model"], len(a["response"]["body"]["data"][0]["embedding"])) for a in answers} == {("bj", 384)}
+    prensa("models", "rollback", "bj", "--url", url)
+    for model in ("bj@2", "bj"):
+        assert httpx.delete(f"{url}/admin/models/{model}", timeout=120).status_code == 200, model

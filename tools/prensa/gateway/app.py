@@ -317,7 +317,7 @@ def create_app(
         if settings.data_dir is not None:
             app.state.jobs = JobStore(settings.data_dir)
             bulk = asyncio.create_task(
-                JobRunner(app.state.jobs, app, settings.api_key).run_forever()
+                JobRunner(app.state.jobs, app, settings.api_key, registry.current).run_forever()
             )
         yield
         if bulk is not None:  # a line in flight is answered again by the next gateway

@@ -28,6 +28,11 @@ def version_name(name: str, version: int) -> str:
     return name if version == 1 else f"{name}{PIN}{version}"
 
 
+def pin(name: str, version: int) -> str:
+    """How a client pins `name`'s `version`: `name@N`, the first version's too."""
+    return f"{name}{PIN}{version}"
+
+
 def pinned(model: str) -> tuple[str, int | None]:
     """`name@N` as (name, N); a name alone as (name, None). A pin that is not a version number
     is part of the name (no model has one: `triton.models.MODEL_NAME`)."""

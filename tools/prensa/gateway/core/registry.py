@@ -41,9 +41,11 @@ from prensa.triton.repo import Pipeline, served_pipeline
 from prensa.triton.versions import (
     VERSIONS_RECORD,
     Lineage,
+    pin,
     pinned,
     read_versions,
     version_name,
+    version_of,
     versions_stamp,
 )
 
@@ -514,6 +516,16 @@ class Registry:
             return None
         shadow = version_name(base, lineage.shadow)
         return None if shadow in self.uses.retiring else self.models.get(shadow)
+
+    async def current(self, name: str) -> str | None:
+        """The version an unpinned `name` ("": the default model) reaches now, pinned (`name@N`);
+        None for a name pinned already, or one not served."""
+        await self.ensure()
+        wanted = name or self.default_model
+        if not wanted or pinned(wanted)[1] is not None:
+            return None
+        model = self.resolve(wanted)
+        return pin(wanted, version_of(model)) if model in self.models else None
 
     def is_current(self, model: str) -> bool:
         """Whether `model` is the version its name alone reaches (the others answer pinned only)."""

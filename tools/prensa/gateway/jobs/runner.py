@@ -1,7 +1,9 @@
 """The gateway's bulk worker: it takes open jobs from the store (one gateway per job, by lease) and
 runs each line through the gateway's own app, so a line is answered exactly as the same request
 sent online would be (same routes, checks, limits and errors), then writes the output and error
-files OpenAI's batch objects point to.
+files OpenAI's batch objects point to. Each line goes to the model version its name reached at the
+job's first line of that name (`JobStore.pin`): a promotion or rollback meanwhile does not mix two
+versions' vectors in one job, and a pinned version removed meanwhile fails the lines left, by name.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ import orjson
 from starlette.types import ASGIApp
 
 from prensa.gateway.core.request_context import PRIORITY_HEADER, Priority
+from prensa.gateway.errors import GatewayError
 from prensa.gateway.jobs import store as states
 from prensa.gateway.jobs.store import Job, JobStore, new_id
 
@@ -160,8 +163,17 @@ def output_line(job: Job, line: Line, status: int, request_id: str, body: Any) -
 class JobRunner:
     """Runs open jobs of `store` through `app`, one at a time, while the gateway serves."""
 
-    def __init__(self, store: JobStore, app: ASGIApp, api_key: str | None) -> None:
-        self.store, self.holder = store, new_id("gateway")
+    def __init__(
+        self,
+        store: JobStore,
+        app: ASGIApp,
+        api_key: str | None,
+        current: Callable[[str], Awaitable[str | None]],
+    ) -> None:
+        """`current`: the served model a name ("": the default) reaches now, None when there is
+        nothing to pin (`Registry.current`)."""
+        self.store, self.holder, self.current = store, new_id("gateway"), current
+        self._pins: dict[str, dict[str, str]] = {}  # job -> its pinned versions, as stored
         self._stop_checked: dict[str, tuple[float, bool]] = {}  # job -> (when read, stopping)
         # a job's lines are bulk work: online requests go before them (`Priority`)
         headers = {PRIORITY_HEADER: Priority.BULK.name.lower()}
@@ -263,7 +275,7 @@ class JobRunner:
         Triton call failed (424) goes again a few times, a dead Triton's way of failing."""
         pause, tries = WAIT_S, 0
         while True:
-            response = await self.client.post(line.url, json=line.body)
+            response = await self.client.post(line.url, json=await self._pinned(job, line.body))
             tries += 1
             waits = response.status_code in WAITING or (
                 response.status_code == BACKEND_FAILED and tries < BACKEND_TRIES
@@ -281,6 +293,26 @@ class JobRunner:
         await asyncio.to_thread(
             self.store.answer, job.id, line.number, line.custom_id, response.status_code, row
         )
+
+    async def _pinned(self, job: Job, body: Any) -> Any:
+        """`body` naming the version its model name is pinned to for `job`, pinning it now when
+        this is the name's first line (or nothing was served when it came)."""
+        named = body.get("model") if isinstance(body, dict) else None
+        if named is not None and not isinstance(named, str):
+            return body  # refused by its route, as online
+        name = named or ""
+        pins = self._pins.setdefault(job.id, dict(job.models))
+        if name not in pins:
+            try:
+                model = await self.current(name)
+            except (
+                GatewayError
+            ):  # Triton not reachable yet: the line waits, and pins on its next try
+                return body
+            if model is None:
+                return body
+            pins[name] = await asyncio.to_thread(self.store.pin, job.id, name, model)
+        return {**body, "model": pins[name]}
 
     async def _finish(self, job: Job, path: Path, total: int) -> None:
         """The output and error files, then the job's last status: completed, cancelled (a job

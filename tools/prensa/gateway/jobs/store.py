@@ -5,7 +5,9 @@ A line's answer is kept in the database as soon as it is known (one row per line
 job and the line's number), and the output and error files are written from those rows once every
 line has one: written to a temporary file and renamed, so no crash leaves a half file, and a line
 run twice (its answer lost with a killed process) is kept once. A job is run by the gateway that
-holds its lease; a lease not renewed in time (its holder died) is taken over.
+holds its lease; a lease not renewed in time (its holder died) is taken over. The model version
+each name of a job reached at its first line is kept too (`pin`): every line of the job is
+answered by that version, through restarts, however the name moves meanwhile.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     expires_at INTEGER NOT NULL, stamps TEXT NOT NULL DEFAULT '{}', total INTEGER NOT NULL DEFAULT 0,
     output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT,
     holder TEXT, lease_until REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS job_models (
+    job_id TEXT NOT NULL, name TEXT NOT NULL, model TEXT NOT NULL, PRIMARY KEY (job_id, name)
 );
 CREATE TABLE IF NOT EXISTS answers (
     job_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, status_code INTEGER NOT NULL,
@@ -86,6 +91,7 @@ class Job:
     error_file_id: str | None
     errors: list[dict[str, Any]] | None
     metadata: dict[str, str] | None
+    models: dict[str, str]  # each model name its lines ask for ("": none) -> the version pinned
 
 
 class JobStore:
@@ -181,6 +187,7 @@ class JobStore:
             "SELECT SUM(status_code < 400), SUM(status_code >= 400) FROM answers WHERE job_id = ?",
             (row["id"],),
         ).fetchone()
+        models = db.execute("SELECT name, model FROM job_models WHERE job_id = ?", (row["id"],))
         return Job(
             row["id"],
             row["endpoint"],
@@ -197,6 +204,7 @@ class JobStore:
             row["error_file_id"],
             json.loads(row["errors"]) if row["errors"] else None,
             json.loads(row["metadata"]) if row["metadata"] else None,
+            dict(models.fetchall()),
         )
 
     def job(self, job_id: str) -> Job | None:
@@ -257,6 +265,16 @@ class JobStore:
                 "UPDATE jobs SET holder = NULL, lease_until = 0 WHERE id = ? AND holder = ?",
                 (job_id, holder),
             )
+
+    def pin(self, job_id: str, name: str, model: str) -> str:
+        """The version `name` reaches for `job_id`: `model` unless one was pinned already (by this
+        gateway before a restart, or by another)."""
+        with self._connection() as db:
+            db.execute("INSERT OR IGNORE INTO job_models VALUES (?, ?, ?)", (job_id, name, model))
+            row = db.execute(
+                "SELECT model FROM job_models WHERE job_id = ? AND name = ?", (job_id, name)
+            ).fetchone()
+        return str(row[0])
 
     # answers
 

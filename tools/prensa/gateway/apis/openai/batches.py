@@ -87,6 +87,8 @@ def batch_object(job: Job) -> dict[str, Any]:
         **stamps,
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
         "metadata": job.metadata,
+        # the model versions its lines are answered by, as pinned at each name's first line
+        "model": ", ".join(sorted(set(job.models.values()))) or None,
     }
 
 
