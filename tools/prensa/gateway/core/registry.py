@@ -396,6 +396,7 @@ class Registry:
         self.on_trial = False  # whether any lineage has a canary or a shadow
         self._lineages_stamp: tuple[int, int] | None = None
         self._lineages_checked = float("-inf")
+        self._lineages_lock = asyncio.Lock()
         self.down: set[str] = set()  # kept at the last refresh though Triton could not serve them
         self._tokenizers: TokenizerCache = {}
         self._lock = asyncio.Lock()
@@ -467,19 +468,23 @@ class Registry:
         process or replica), looked at most every LINEAGES_CHECK_S; a record that does not parse
         leaves the versions as they were, said once per change."""
         self._lineages_checked = time.monotonic()
-        stamp = await asyncio.to_thread(versions_stamp, self.repo)
-        if stamp == self._lineages_stamp and not force:
-            return
-        self._lineages_stamp = stamp
-        try:
-            self.lineages = await asyncio.to_thread(read_versions, self.repo)
-            self.on_trial = any(
-                one.canary is not None or one.shadow is not None for one in self.lineages.values()
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning(
-                "%s does not parse (%s); model versions stay as they were", VERSIONS_RECORD, exc
-            )
+        # one read at a time: a look begun before a promotion must not finish after the
+        # promotion's own read and put the old versions back
+        async with self._lineages_lock:
+            stamp = await asyncio.to_thread(versions_stamp, self.repo)
+            if stamp == self._lineages_stamp and not force:
+                return
+            self._lineages_stamp = stamp
+            try:
+                self.lineages = await asyncio.to_thread(read_versions, self.repo)
+                self.on_trial = any(
+                    one.canary is not None or one.shadow is not None
+                    for one in self.lineages.values()
+                )
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "%s does not parse (%s); model versions stay as they were", VERSIONS_RECORD, exc
+                )
 
     def resolve(self, name: str) -> str:
         """The served model a request's name reaches: a pinned version (`name@N`) itself, the name
