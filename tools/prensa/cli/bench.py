@@ -320,6 +320,48 @@ def priority(
 
 
 @app.command()
+def changes(
+    export_dir: ExportDir,
+    clients: Annotated[int, typer.Option(min=1, help="Clients embedding without pause.")] = 64,
+    steady: Annotated[
+        float, typer.Option(min=1.0, help="Seconds of steady load before and after each change.")
+    ] = 5.0,
+) -> None:
+    """Add, promote, roll back and remove a model's second version under steady load: each
+    change's p99 before, during and after it, its failed requests, and its answers from a version
+    that should not have answered."""
+    from prensa.bench import changes as bench_changes
+
+    require("bench", "bench changes")
+    console = Console()
+    with embedder_repository(export_dir) as repo:
+        rows, answered = bench_changes.measure(
+            repo, BENCH_MODEL, export_dir, clients, steady, console.print
+        )
+    table = Table(
+        "change",
+        "took s",
+        "p99 before ms",
+        "p99 during ms",
+        "p99 after ms",
+        "failed",
+        "wrong version",
+    )
+    for row in rows:
+        table.add_row(
+            row.name,
+            f"{row.seconds:.2f}",
+            f"{row.p99_before_ms:.1f}",
+            f"{row.p99_during_ms:.1f}",
+            f"{row.p99_after_ms:.1f}",
+            str(row.failed),
+            str(row.wrong_version),
+        )
+    console.print(table)
+    console.print(f"{answered} requests in all; {bench_changes.summary(rows)}")
+
+
+@app.command()
 def cache(
     export_dir: Annotated[
         Path, typer.Argument(help="An embedding or SPLADE export from `prensa export`.")
