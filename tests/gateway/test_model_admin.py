@@ -263,6 +263,11 @@ def test_a_reranker_canary_answers_its_share_and_an_embedder_version_only_shadow
     assert {version for version, _ in seen} == {"1", "2"}, "both versions answer unpinned requests"
     for version, scores in seen:  # each answer is the version's own
         np.testing.assert_allclose(scores, by_version[version], atol=1e-5)
+    counted = {sample.labels["version"]: sample.value
+               for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+               for sample in family.samples
+               if sample.name == "prensa_request_duration_count" and sample.labels.get("model") == "rr"}
+    assert counted == {version: 1 + sum(v == version for v, _ in seen) for version in ("1", "2")}, counted
     cohere_hits = cohere.ClientV2(api_key="unused", base_url=url).rerank(model="rr@2", query=query, documents=documents)
     assert abs(max(hit.relevance_score for hit in cohere_hits.results) - max(by_version["2"])) < 1e-5
 

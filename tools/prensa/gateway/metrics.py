@@ -17,6 +17,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from prensa.triton.versions import pinned
+
 DURATION_BUCKETS = (
     0.001,
     0.0025,
@@ -227,11 +229,12 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        # TEI's request histogram has no route label; dashboards want each route's quantiles.
+        # TEI's request histogram has no route label; dashboards want each route's quantiles, and
+        # a version on trial is judged beside the current one by its own.
         self.route_duration = Histogram(
             "prensa_request_duration",
-            "Answered requests' duration, by route (s)",
-            ("method",),
+            "Answered requests' duration, by route, served model and its version (s)",
+            ("method", "model", "version"),
             buckets=DURATION_BUCKETS,
             registry=r,
         )
@@ -287,13 +290,18 @@ class GatewayMetrics:
         tokenization_s: float = 0.0,
         queue_s: float = 0.0,
         inference_s: float = 0.0,
+        model: str = "",
     ) -> None:
+        """`model`: the served model that answered (`name@N` for a later version), if any."""
         self.request_success.inc(method)
         if family := self._family(method):
             family.success.inc(method)
             family.durations.observe(duration_s, tokenization_s, queue_s, inference_s)
         self.request_duration.observe(duration_s)
-        self.route_duration.labels(method).observe(duration_s)
+        name, version = pinned(model)
+        self.route_duration.labels(method, name, str(version or 1) if model else "").observe(
+            duration_s
+        )
 
     def set_readiness(self, ready: dict[str, bool]) -> None:
         """`prensa_model_ready` for exactly the served models in `ready`."""

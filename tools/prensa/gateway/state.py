@@ -83,4 +83,5 @@ def record_success(metrics: GatewayMetrics, method: str, context: RequestContext
         context.tokenization_s,
         context.queue_s or 0.0,
         context.inference_s,
+        context.model,
     )
