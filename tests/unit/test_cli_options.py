@@ -236,7 +236,8 @@ def built(monkeypatch) -> list[ServingOptions]:
     repo_cli = importlib.import_module("prensa.cli.repo")
     calls: list[ServingOptions] = []
     monkeypatch.setattr(repo_cli, "build_repository", lambda models, repo, options: calls.append(options) or [])
-    monkeypatch.setattr(repo_cli, "parse_model_arg", lambda argument, name: None)
+    monkeypatch.setattr(repo_cli, "parse_model_arg",
+                        lambda argument, name: SimpleNamespace(name=argument.partition("=")[0]))
     monkeypatch.setattr(bench_cli, "require", lambda *args: None)
     monkeypatch.setattr(bench_cli, "Manifest", SimpleNamespace(read=lambda path: SimpleNamespace(source="none")))
     monkeypatch.setattr(bench_cli, "run_bench", lambda options, step: calls.append(options.serving) or {})
@@ -251,6 +252,12 @@ def test_repo_build_hands_its_flags_to_the_serving_options(built):
     assert result.exit_code == 0, result.output
     assert built == [ServingOptions(encode_instances=3, target=Target.CONTAINER, length_buckets=(16, 64),
                                     queue_delay_us=250)]
+
+
+def test_repo_build_refuses_a_name_that_would_read_as_a_version(built):
+    result = CliRunner().invoke(app, ["repo", "build", "minilm@2=/exports/minilm"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "`@` pins a version: minilm@2" in result.output, result.output
+    assert built == [], "nothing is written"
 
 
 def test_bench_takes_the_serving_options_it_names(built, tmp_path):

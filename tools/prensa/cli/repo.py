@@ -18,6 +18,7 @@ from prensa.triton.repo import (
     build_repository,
     cache_refusal,
 )
+from prensa.triton.versions import name_problem
 
 app = typer.Typer(
     help="Build Triton model repositories from exported models.", no_args_is_help=True
@@ -76,6 +77,8 @@ def build(
     try:
         models = [parse_model_arg(argument, name) for argument in exports]
         models += read_model_list(models_file) if models_file else []
+        for problem in filter(None, (name_problem(model.name) for model in models)):
+            raise ValueError(problem)
     except (FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

@@ -25,6 +25,7 @@ from prensa.triton.launcher import TritonOptions, TritonPorts, TritonProcess, Tr
 from prensa.triton.repo import DEFAULT_REPO, Pipeline, cached_models
 from prensa.triton.supervisor import RestartPolicy, Supervisor, SupervisorMetrics
 from prensa.triton.tracing import TracingSetupError, TritonTracing, traces_url
+from prensa.triton.versions import name_problem
 
 console = Console(stderr=True)
 log = logging.getLogger("prensa.triton")
@@ -338,6 +339,9 @@ def up(
     )
     if not chosen:
         console.print("[red]error:[/] no model given and none of the offline defaults is installed")
+        raise typer.Exit(2)
+    for problem in filter(None, (name_problem(item.name) for item in chosen)):
+        console.print(f"[red]error:[/] {problem}")
         raise typer.Exit(2)
     sources = []
     for item in chosen:

@@ -13,7 +13,6 @@ serves, and the error says why.
 from __future__ import annotations
 
 import fcntl
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from prensa.triton.config import config_parameters, parse_pbtxt
 from prensa.triton.repo import ModelSource, build_repository, read_serving_record
 from prensa.triton.versions import (
     Lineage,
+    name_problem,
     pinned,
     read_versions,
     stored_versions,
@@ -36,8 +36,6 @@ from prensa.triton.versions import (
 )
 
 LOAD_TIMEOUT_S = 600.0  # a large graph's load (and its warm-up) on a busy machine
-# a model name Triton and every client can carry: a directory name, no path, no `@` (a version pin)
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 # Held while the repository changes: one change at a time, across the gateway's processes and
@@ -65,10 +63,8 @@ def add_model(
     """Render `export_dir` as `name`'s next version into `repo` and load it on every Triton: its
     Triton model and version. A first version is what the name reaches; a later one is reachable
     pinned only (`name@N`) until promoted."""
-    if not MODEL_NAME.fullmatch(name):
-        raise ModelChangeError(
-            f"{name!r} is not a model name: letters, digits, `.`, `_` and `-`, a letter or digit first"
-        )
+    if problem := name_problem(name):
+        raise ModelChangeError(problem)
     try:
         manifest = Manifest.read(export_dir)
     except FileNotFoundError as exc:

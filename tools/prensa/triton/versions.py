@@ -15,12 +15,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PIN = "@"
 VERSIONS_RECORD = "prensa-versions.json"
+# a model name Triton and every client can carry: a directory name, no path, no `@` (a version pin)
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a served model, or None."""
+    if MODEL_NAME.fullmatch(name):
+        return None
+    pins = f" (`{PIN}` pins a version: {name.partition(PIN)[0]}{PIN}2)" if PIN in name else ""
+    return (
+        f"{name!r} is not a model name: letters, digits, `.`, `_` and `-`, a letter or digit "
+        f"first{pins}"
+    )
 
 
 def version_name(name: str, version: int) -> str:
@@ -35,7 +49,7 @@ def pin(name: str, version: int) -> str:
 
 def pinned(model: str) -> tuple[str, int | None]:
     """`name@N` as (name, N); a name alone as (name, None). A pin that is not a version number
-    is part of the name (no model has one: `triton.models.MODEL_NAME`)."""
+    is part of the name (no model has one: `MODEL_NAME`)."""
     name, mark, version = model.rpartition(PIN)
     if mark and version.isdigit() and int(version) >= 1:
         return name, int(version)
