@@ -104,3 +104,33 @@ def test_an_expired_job_whose_input_was_deleted_keeps_its_answers(tmp_path):
     assert ended.status == states.EXPIRED and ended.error_file_id is None
     assert [json.loads(row)["custom_id"] for row in store.path(ended.output_file_id).read_text().splitlines()] == ["a"]
     assert not list((tmp_path / "data" / "files").glob(".*.tmp"))
+
+
+def test_a_line_that_breaks_the_runner_stops_the_lines_beside_it(tmp_path):
+    """A worker that raises (here the app itself fails) ends the job's run, and the lines the other
+    workers hold are cancelled, not left answering for a job another gateway may take over."""
+    store = JobStore(tmp_path / "data")
+    staged = store.staging()
+    staged.write_text("\n".join(line(f"id{i}", body={"input": f"id{i}"}) for i in range(40)) + "\n")
+    job = store.add_job(URL, store.add_file(staged, "batch", "in.jsonl").id, 60, "24h", None)
+    finished: list[int] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        request = json.loads((await receive())["body"])
+        if request["input"] == "id3":
+            raise RuntimeError("the app broke")
+        await asyncio.sleep(0.5)  # the others are still computing when it breaks
+        finished.append(1)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def scenario():
+        runner = JobRunner(store, app=app, api_key=None, current=lambda name: asyncio.sleep(0))
+        with pytest.raises((RuntimeError, ExceptionGroup)):
+            await runner.run(store.job(job.id))
+        await asyncio.sleep(1.0)  # long enough for any line still running to finish
+
+    asyncio.run(scenario())
+    assert finished == [] and store.answered(job.id) == set()

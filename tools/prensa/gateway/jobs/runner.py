@@ -253,7 +253,11 @@ class JobRunner:
                     return
                 await self._answer_one(job, line)
 
-        await asyncio.gather(*(worker() for _ in range(LINES_IN_FLIGHT)))
+        # a worker that fails stops its siblings: no line goes on being answered by a job that
+        # stopped, and whose lease another gateway may take
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(LINES_IN_FLIGHT):
+                workers.create_task(worker())
 
     def _stopping(self, job_id: str) -> bool:
         """Whether the job was cancelled, expired or deleted: read from the store at most once a
