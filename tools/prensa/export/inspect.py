@@ -130,14 +130,14 @@ def _read_json(source: SourceModel, relative: str) -> Any:
 
 
 def detect_layout(
-    source: SourceModel, architectures: list[str], layout: SentenceLayout | None
+    source: SourceModel, architectures: list[str], layout: SentenceLayout | None, labels: int
 ) -> Layout:
-    """The layout that claims the model's files (`layouts.detect`)."""
-    config: dict[str, Any] = _read_json(source, "config.json") or {}
+    """The layout that claims the model's files (`layouts.detect`); `labels`: the head's outputs
+    its config names."""
     files = ModelFiles(
         name=source.name,
         architectures=tuple(architectures),
-        labels=len(config.get("id2label", {0: 0})),
+        labels=labels,
         has=source.has,
         sentence_modules=layout is not None,
         sentence_splade=layout is not None and layout.is_splade,
@@ -398,7 +398,11 @@ def plan_model(
     tokenizer_limit: int | None,
     position_limit: int | None,
     prompts: dict[str, str] | None = None,
+    *,
+    labels: int = 1,
 ) -> ModelPlan:
+    """What to export of `source`: its layout (asked by `requested_task`, else detected from its
+    files, `architectures` and its config's `labels`) and that layout's plan."""
     own = read_own_files(source)
     if own is not None:
         return _own_plan(source, own, requested_task, pooling, max_length)
@@ -409,7 +413,7 @@ def plan_model(
     kind = (
         _asked_layout(requested_task, sentence, architectures)
         if requested_task
-        else detect_layout(source, architectures, sentence)
+        else detect_layout(source, architectures, sentence, labels)
     )
     length = max_length or detect_max_length(source, tokenizer_limit, position_limit)
     asked = Asked(source, architectures, sentence, pooling, length, dense_only, prompts)

@@ -181,6 +181,7 @@ def _plan(
         getattr(tokenizer, "model_max_length", None),
         positions - pad_offset if positions else None,
         prompts,
+        labels=len(config.get("id2label", {0: 0})),
     )
     default = plan.kind.default_max_length
     if default is not None and options.max_length is None:
