@@ -9,6 +9,7 @@ import pytest
 
 from prensa.export.source import SourceError
 from prensa.gateway.apis.tei.routes import DEFAULT_OPERATIONS, default_operation, model_info
+from prensa.gateway.core.registry import PromptedPairs
 from prensa.layouts import LAYOUTS, Capability, ModelFiles, ModelType, Scoring, detect, resolve
 from prensa.layouts.cross_encoder import CROSS_ENCODER
 from prensa.layouts.llm_reranker import LLM_RERANKER
@@ -47,7 +48,7 @@ def test_what_a_model_serves_follows_from_its_layout(http, name):
 
 def test_a_reranker_with_a_prompt_is_an_llm_reranker_that_needs_no_pair_input(http):
     cross_encoder = http.app.state.gateway.registry.models["rerank"]
-    llm = replace(cross_encoder, pair_template=object())
+    llm = replace(cross_encoder, prompted=PromptedPairs(object()))
     assert (cross_encoder.layout, llm.layout) == (CROSS_ENCODER, LLM_RERANKER)
     assert cross_encoder.needs_pairs and not llm.needs_pairs
     assert llm.layout.scoring is Scoring.PAIRS and llm.layout.model_type is ModelType.RERANKER

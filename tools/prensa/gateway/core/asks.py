@@ -428,7 +428,7 @@ class ScoresAsk(Ask[Scores]):
         model, pairs = self.model, self.paired()
         if any(pair == "" for pair in pairs):
             raise validation("`inputs` cannot be empty")
-        if model.pair_template is not None:
+        if model.prompted is not None:
             if any(pair is None for pair in pairs):
                 raise validation(
                     f"model `{model.name}` is an LLM reranker: it scores (query, document) pairs"
@@ -444,7 +444,7 @@ class ScoresAsk(Ask[Scores]):
             )
 
     async def frame(self, service: Service, context: RequestContext) -> Framed:
-        template = self.model.pair_template
+        template = self.model.prompted
         if template is None:
             return Framed(self.items, self.truncation, pairs=self.paired())
         texts = cast("list[str]", self.items)

@@ -264,8 +264,8 @@ class Engine:
                 model.pair_truncation,
             )
             # an LLM reranker's filled-in pairs, framed by its prompt
-            if model.pair_template is not None:
-                rows = rows.framed(*model.template_edges)
+            if model.prompted is not None:
+                rows = rows.framed(model.prompted.prefix, model.prompted.suffix)
             if any(prompt_tokens):
                 rows.prompt_tokens = prompt_tokens
         elapsed = time.perf_counter() - started

@@ -64,6 +64,21 @@ UNLOADED = (
 
 
 @dataclass(frozen=True)
+class PromptedPairs:
+    """An LLM reranker's slice of a served model: the prompt each (query, document) pair is
+    written into (the tokenize stage's `PairTemplate`) and the token ids of its prefix and suffix,
+    which frame the filled-in pair the gateway tokenizes itself."""
+
+    template: Any  # the tokenize stage's `PairTemplate` (a stage module, loaded from its file)
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+
+    def text(self, query: str, document: str, instruction: str | None) -> str:
+        """The prompt of one pair, as the tokenize stage writes it."""
+        return str(self.template.text(query, document, instruction))
+
+
+@dataclass(frozen=True)
 class ServedModel:
     name: str
     task: Task
@@ -101,10 +116,8 @@ class ServedModel:
     # [2, dim] min and max over a calibration corpus (int8/uint8 output)
     dense_ranges: npt.NDArray[Any] | None = None
     cached: bool = False  # Triton's response cache is on for the model clients call (`repo build --response-cache`)
-    # An LLM reranker's prompt (the tokenize stage's `PairTemplate`) and its prefix's and suffix's
-    # token ids; `max_length` is then what the filled-in pair may take between them.
-    pair_template: Any = None
-    template_edges: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    # an LLM reranker's prompt; `max_length` is then what the filled-in pair may take within it
+    prompted: PromptedPairs | None = None
     # how a pair too long for `max_length` is cut (`contract.PAIR_TRUNCATIONS`), as the tokenize stage does
     pair_truncation: str = contract.LONGEST_FIRST
     # a late-interaction model's queries (its documents go as any model's texts)
@@ -135,7 +148,7 @@ class ServedModel:
     @cached_property
     def layout(self) -> Layout:
         """What kind of model it is, resolved once (an LLM reranker's ensemble carries its prompt)."""
-        return resolve(self.task, prompted_pairs=self.pair_template is not None)
+        return resolve(self.task, prompted_pairs=self.prompted is not None)
 
     @property
     def needs_pairs(self) -> bool:
@@ -276,6 +289,7 @@ async def read_model(
     prefix, suffix = (
         template.edges(tokenizer) if template is not None and tokenizer is not None else ([], [])
     )
+    prompted = None if template is None else PromptedPairs(template, tuple(prefix), tuple(suffix))
     return ServedModel(
         name=name,
         task=Task(params["task"]),
@@ -311,8 +325,7 @@ async def read_model(
         else None,
         dense_ranges=dense_ranges,
         cached=ensemble.response_cache.enable,
-        pair_template=template,
-        template_edges=(tuple(prefix), tuple(suffix)),
+        prompted=prompted,
         queries=queries,
         strip_texts=contract.strips_texts(tokenize_params),
     )

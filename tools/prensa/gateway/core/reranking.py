@@ -35,11 +35,7 @@ async def document_scores(
         scored = await service.relevance(replace(ask, texts=texts), context)
         return scored.values, int(scored.num_tokens.sum())
     # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
-    beside = (
-        served.pair_template.text(query, "", instruction)
-        if served.pair_template is not None
-        else query
-    )
+    beside = served.prompted.text(query, "", instruction) if served.prompted else query
     windows = await service.tokenizer_work(
         len(texts),
         chunk_texts,
@@ -48,7 +44,7 @@ async def document_scores(
         texts,
         served.max_length,
         max_chunks,
-        None if served.pair_template is not None else served.pair_truncation,
+        None if served.prompted is not None else served.pair_truncation,
     )
     scored = await service.relevance(replace(ask, texts=cast("list[str]", windows.items)), context)
     return best_of(scored.values, windows), int(scored.num_tokens.sum())

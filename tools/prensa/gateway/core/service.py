@@ -124,7 +124,7 @@ class Service:
                 f"`truncate_prompt_tokens` {window} is greater than model `{model.name}`'s max "
                 f"length {model.max_length}"
             )
-        if model.pair_template is not None:
+        if model.prompted is not None:
             raise validation(
                 f"`truncate_prompt_tokens` is not served for LLM rerankers (model `{model.name}`): "
                 "a cut prompt loses the question it ends with; give -1 or leave it out"
@@ -320,8 +320,9 @@ class Service:
     ) -> None:
         """Refuse queries that leave an LLM reranker no room for the document: its prompt is cut
         from the end, as the model card cuts it, and would score every document alike."""
-        tokenizer = model.require_tokenizer()
-        heads = {model.pair_template.text(query, "", instruction) for query in queries}
+        tokenizer, prompted = model.require_tokenizer(), model.prompted
+        assert prompted is not None  # asked of LLM rerankers only
+        heads = {prompted.text(query, "", instruction) for query in queries}
         if not any(may_fill(tokenizer, head, model.max_length) for head in heads):
             return
         count = await asyncio.to_thread(filling_tokens, tokenizer, heads, model.max_length)
