@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from prensa.gateway.core.shadow import Comparison
-from prensa.triton.models import ModelChangeError, promote, remove_model, rollback, set_trial
+from prensa.triton.models import (
+    ModelChangeError,
+    VersionConflict,
+    end_trial,
+    promote,
+    remove_model,
+    rollback,
+    set_trial,
+)
 from prensa.triton.versions import read_versions
 
 
@@ -37,6 +45,9 @@ def test_a_copy_agrees_a_rotated_space_keeps_its_neighbours_another_space_does_n
     assert np.mean(agreements) > 0.999, "the same neighbours, which is what retrieval reads"
     cosines, agreements = compared(vectors, rng.normal(size=(80, 16)).astype(np.float32))
     assert cosines == [] and np.mean(agreements) < 0.5, "widths differ: no cosine; neighbours by chance"
+    ring = Comparison(recent=24)  # fewer than the inputs: the oldest are overwritten in turn
+    agreements = [a for one in batches(vectors) for a in ring.add(one, one * 2.0)[1]]
+    assert ring.seen == 80 and len(agreements) == 64 and set(agreements) == {1.0}
 
 
 @pytest.fixture
@@ -65,7 +76,11 @@ def test_a_trial_is_recorded_and_ended_by_a_promotion_a_rollback_or_its_removal(
     set_trial(repo, "m", 3, shadow=True)
     remove_model(repo, [], ["m@3"])  # no Triton to unload it from here
     assert read_versions(repo)["m"].shadow is None and not (repo / "m@3").exists()
-    with pytest.raises(ModelChangeError, match="reaches already"):
+    with pytest.raises(ModelChangeError, match="no version on trial"):
+        end_trial(repo, "m")
+    set_trial(repo, "m", 2, share=0.5)
+    assert end_trial(repo, "m").canary is None and read_versions(repo)["m"].canary is None
+    with pytest.raises(VersionConflict, match="reaches already"):
         set_trial(repo, "m", 1, share=0.5)
     with pytest.raises(ModelChangeError, match="not in the repository"):
         set_trial(repo, "m", 7, shadow=True)

@@ -268,6 +268,7 @@ def test_a_reranker_canary_answers_its_share_and_an_embedder_version_only_shadow
                for sample in family.samples
                if sample.name == "prensa_request_duration_count" and sample.labels.get("model") == "rr"}
     assert counted == {version: 1 + sum(v == version for v, _ in seen) for version in ("1", "2")}, counted
+    assert {http.get("/v1/models/rr").json()["id"] for _ in range(12)} == {"rr"}, "what describes it: its current version"
     cohere_hits = cohere.ClientV2(api_key="unused", base_url=url).rerank(model="rr@2", query=query, documents=documents)
     assert abs(max(hit.relevance_score for hit in cohere_hits.results) - max(by_version["2"])) < 1e-5
 
@@ -289,6 +290,8 @@ def test_a_reranker_canary_answers_its_share_and_an_embedder_version_only_shadow
     agreement = series["prensa_shadow_top_k_agreement_sum"] / series["prensa_shadow_top_k_agreement_count"]
     assert series["prensa_shadow_top_k_agreement_count"] > 0 and agreement == 1.0, series
     assert "no version on trial" in prensa("models", "end-trial", "sh", "--url", url)
+    assert http.delete("/admin/models/sh/trial").status_code == 404
+    assert http.post("/admin/models/sh/shadow", json={"version": 1}).status_code == 409  # the current one
     assert "shadow" not in (repo / VERSIONS_RECORD).read_text()
     prensa("models", "promote", "rr@2", "--url", url)
     assert "canary" not in (repo / VERSIONS_RECORD).read_text(), "a promotion ends the trial"

@@ -30,18 +30,18 @@ def test_export_refuses_bge_m3_without_head_file(m3_without_colbert, tmp_path):
 
 def test_dense_only_serves_cls_normalised(m3_without_colbert):
     source = SourceModel(m3_without_colbert, "bge-m3", "x")
-    plan = plan_model(source, ["XLMRobertaModel"], None, None, None, True, 512, 512)
+    plan = plan_model(source, ["XLMRobertaModel"], None, None, None, True, 512, 512, labels=1)
     assert (plan.task, plan.pooling, plan.normalize) == (Task.EMBED, Pooling.CLS, True)
 
 
 def test_pooling_comes_from_sentence_transformers_config(minilm_dir, tmp_path):
     copy = shutil.copytree(minilm_dir, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
     source = SourceModel(copy, "m", "x")
-    assert plan_model(source, ["BertModel"], None, None, None, False, 512, 512).pooling is Pooling.MEAN
+    assert plan_model(source, ["BertModel"], None, None, None, False, 512, 512, labels=1).pooling is Pooling.MEAN
     (copy / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
-    plan = plan_model(source, ["BertModel"], None, None, None, False, 512, 512)
+    plan = plan_model(source, ["BertModel"], None, None, None, False, 512, 512, labels=1)
     assert (plan.pooling, plan.max_length) == (Pooling.CLS, 256)
-    assert plan_model(source, ["BertModel"], None, Pooling.LAST, 64, False, 512, 512).pooling is Pooling.LAST
+    assert plan_model(source, ["BertModel"], None, Pooling.LAST, 64, False, 512, 512, labels=1).pooling is Pooling.LAST
 
 
 def test_unknown_hub_id_offline_gives_advice(monkeypatch, tmp_path):

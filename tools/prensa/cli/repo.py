@@ -77,7 +77,7 @@ def build(
     try:
         models = [parse_model_arg(argument, name) for argument in exports]
         models += read_model_list(models_file) if models_file else []
-        for problem in filter(None, (name_problem(model.name) for model in models)):
+        if problem := next(filter(None, (name_problem(model.name) for model in models)), None):
             raise ValueError(problem)
     except (FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as exc:
         console.print(f"[red]error:[/] {exc}")

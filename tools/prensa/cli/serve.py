@@ -340,7 +340,7 @@ def up(
     if not chosen:
         console.print("[red]error:[/] no model given and none of the offline defaults is installed")
         raise typer.Exit(2)
-    for problem in filter(None, (name_problem(item.name) for item in chosen)):
+    if problem := next(filter(None, (name_problem(item.name) for item in chosen)), None):
         console.print(f"[red]error:[/] {problem}")
         raise typer.Exit(2)
     sources = []

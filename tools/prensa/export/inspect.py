@@ -399,7 +399,7 @@ def plan_model(
     position_limit: int | None,
     prompts: dict[str, str] | None = None,
     *,
-    labels: int = 1,
+    labels: int,
 ) -> ModelPlan:
     """What to export of `source`: its layout (asked by `requested_task`, else detected from its
     files, `architectures` and its config's `labels`) and that layout's plan."""

@@ -57,6 +57,10 @@ class ModelChangeError(RuntimeError):
     """A change the repository cannot take; the message says why, and nothing was changed."""
 
 
+class VersionConflict(ModelChangeError):
+    """A change that asks of a version what its place forbids (the current one as a trial)."""
+
+
 def add_model(
     repo: Path, triton_urls: Sequence[str], name: str, export_dir: Path
 ) -> tuple[str, int]:
@@ -137,6 +141,18 @@ def _rollback(repo: Path, name: str) -> Lineage:
     return lineage
 
 
+def end_trial(repo: Path, name: str) -> Lineage:
+    """`name`'s canary or shadow ended, read and written under the repository's lock."""
+    with repository_lock(repo):
+        lineages = read_versions(repo)
+        lineage = lineages.get(name)
+        if lineage is None or (lineage.canary is None and lineage.shadow is None):
+            raise ModelChangeError(f"`{name}` has no version on trial")
+        lineage.end_trials()
+        write_versions(repo, lineages)
+        return lineage
+
+
 def set_trial(
     repo: Path, name: str, version: int, *, share: float | None = None, shadow: bool = False
 ) -> Lineage:
@@ -149,7 +165,7 @@ def set_trial(
         lineages = read_versions(repo)
         lineage = lineages.setdefault(name, Lineage())
         if version == lineage.current:
-            raise ModelChangeError(
+            raise VersionConflict(
                 f"`{version_name(name, version)}` is the version `{name}` reaches already"
             )
         lineage.end_trials()
@@ -180,14 +196,15 @@ def _remove_version(repo: Path, triton_urls: Sequence[str], models: Sequence[str
         raise ModelChangeError(
             f"`{models[0]}` is the version `{name}` reaches; promote another one first"
         )
-    _unload(triton_urls, models)
-    _remove(repo, models)
+    # the record first: no gateway sends a canary's share to a version being unloaded
     if name in lineages:
         lineage.before = [v for v in lineage.before if v != version]
         lineage.end_trials(version)
         if stored == [version]:
             del lineages[name]
         write_versions(repo, lineages)
+    _unload(triton_urls, models)
+    _remove(repo, models)
 
 
 def _require_same_kind(repo: Path, served: str, manifest: Manifest) -> None:

@@ -28,7 +28,9 @@ from prensa.gateway.state import Gateway
 from prensa.layouts import VECTORS, Capability
 from prensa.triton.models import (
     ModelChangeError,
+    VersionConflict,
     add_model,
+    end_trial,
     promote,
     remove_model,
     rollback,
@@ -105,14 +107,14 @@ async def rollback_version(name: str, http: GatewayRequest) -> Response:
 
 
 class Canary(BaseModel):
-    version: int = Field(ge=2, description="The version on trial.")
+    version: int = Field(ge=1, description="The version on trial.")
     share: float = Field(
         ge=0.0, le=1.0, description="The share of the name's requests it answers; 0 ends the trial."
     )
 
 
 class Shadow(BaseModel):
-    version: int = Field(ge=2, description="The version that gets a copy of the name's requests.")
+    version: int = Field(ge=1, description="The version that gets a copy of the name's requests.")
 
 
 @router.post(MODELS_PATH + "/{name}/canary", summary="Let a version answer a share of requests")
@@ -154,13 +156,9 @@ async def shadow(name: str, body: Shadow, http: GatewayRequest) -> Response:
 
 
 @router.delete(MODELS_PATH + "/{name}/trial", summary="End a model's canary or shadow")
-async def end_trial(name: str, http: GatewayRequest) -> Response:
+async def stop_trial(name: str, http: GatewayRequest) -> Response:
     gateway = admin_of(http)
-    lineage = gateway.registry.lineages.get(name)
-    version = lineage and (lineage.canary or lineage.shadow)
-    if not version:
-        raise GatewayError(ErrorKind.NOT_FOUND, f"`{name}` has no version on trial")
-    return await _moved(gateway, name, lambda: set_trial(gateway.settings.repo, name, version))
+    return await _moved(gateway, name, lambda: end_trial(gateway.settings.repo, name))
 
 
 def _trial_version(gateway: Gateway, name: str, version: int) -> ServedModel:
@@ -177,6 +175,8 @@ async def _moved(gateway: Gateway, name: str, move: Callable[[], Lineage]) -> Re
     async with gateway.model_changes:
         try:
             lineage = await asyncio.to_thread(move)
+        except VersionConflict as exc:
+            raise GatewayError(ErrorKind.CONFLICT, str(exc)) from None
         except ModelChangeError as exc:
             raise GatewayError(ErrorKind.NOT_FOUND, str(exc)) from None
         await gateway.registry.refresh()

@@ -189,20 +189,19 @@ def _libc() -> Any:
 
 
 class TritonWindow:
-    """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, first come
-        first served within a priority, online calls before bulk ones, and a call whose client hangs up
-        while it waits leaves without reaching Triton.
+    """The rows one ensemble has in Triton, at most `capacity`; calls beyond it wait here, online
+    calls before bulk ones and, within a priority, in turn by client (`Turns`); a call whose client
+    hangs up while it waits leaves without reaching Triton.
 
-        Triton cancels an ensemble step only when it creates it: a client that hangs up cancels
-        its ensemble request, but the encode step already queued is computed all the same (the
-        Python stage sees it as not cancelled). So the gateway keeps that queue short: rows stay
-        counted until Triton answers, even for a client that is gone (its call runs on, its answer is
-        dropped), and what a storm of hang-ups leaves Triton to compute is at most `capacity` rows.
-        Bulk calls hold at most `bulk_capacity` rows, the rest kept for online ones (Triton passes no
-        priority to an ensemble's steps, so the gateway's window is where it holds). A call of more
-        rows than its limit waits for an empty window and runs alone. Calls of one priority are let in
-    in turn by client (`Turns`). A call that waits longer than
-        `max_wait_s` (--max-queue-time) leaves overloaded (429, RESOURCE_EXHAUSTED)."""
+    Triton cancels an ensemble step only when it creates it: a client that hangs up cancels its
+    ensemble request, but the encode step already queued is computed all the same (the Python stage
+    sees it as not cancelled). So the gateway keeps that queue short: rows stay counted until Triton
+    answers, even for a client that is gone (its call runs on, its answer is dropped), and what a
+    storm of hang-ups leaves Triton to compute is at most `capacity` rows. Bulk calls hold at most
+    `bulk_capacity` rows, the rest kept for online ones (Triton passes no priority to an ensemble's
+    steps, so the gateway's window is where it holds). A call of more rows than its limit waits for
+    an empty window and runs alone. A call that waits longer than `max_wait_s` (--max-queue-time)
+    leaves overloaded (429, RESOURCE_EXHAUSTED)."""
 
     def __init__(
         self, capacity: int, max_wait_s: float | None = None, bulk_capacity: int | None = None

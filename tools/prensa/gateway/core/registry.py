@@ -519,6 +519,7 @@ class Registry:
                     random.random() < lineage.share
                     and canary in self.models
                     and canary not in self.uses.retiring
+                    and canary not in self.down  # a canary that is down leaves its share
                 ):
                     return canary
         return self.resolve(name)
@@ -536,14 +537,13 @@ class Registry:
         return None if shadow in self.uses.retiring else self.models.get(shadow)
 
     async def current(self, name: str) -> str | None:
-        """The version an unpinned `name` ("": the default model) reaches now, pinned (`name@N`);
-        None for a name pinned already, or one not served."""
+        """The version an unpinned `name` reaches now, pinned (`name@N`); None for a name pinned
+        already, or one that is not a served model's own (an alias some routes read)."""
         await self.ensure()
-        wanted = name or self.default_model
-        if not wanted or pinned(wanted)[1] is not None:
+        if pinned(name)[1] is not None:
             return None
-        model = self.resolve(wanted)
-        return pin(wanted, version_of(model)) if model in self.models else None
+        model = self.resolve(name)
+        return pin(name, version_of(model)) if model in self.models else None
 
     def is_current(self, model: str) -> bool:
         """Whether `model` is the version its name alone reaches (the others answer pinned only)."""
@@ -600,14 +600,16 @@ class Registry:
         """`name` if it exists and can; else the default model if it can; else the first one that can.
         No capability: any model will do (`/info`)."""
         await self.ensure()
+        # a canary answers requests that run the model; what describes it names its current version
+        reach = self.resolve if capability is None else self.route
         if name:  # "" (an empty `model` field or `?model=`) means the default, as absent
-            wanted = self.route(name)
+            wanted = reach(name)
             if wanted in self.uses.retiring:
                 raise being_removed(name)
             # loaded into Triton after we started?
             if wanted not in self.models and self._may_refresh():
                 await self.refresh()
-                wanted = self.route(name)
+                wanted = reach(name)
             model = self.models.get(wanted)
             if model is None:
                 raise GatewayError(
@@ -638,7 +640,7 @@ class Registry:
             candidates = [m for m in candidates if m.scores_pairs]
         default = self.models.get(self.resolve(self.default_model or ""))
         if default is not None and default in candidates:
-            return self.models.get(self.route(self.default_model or ""), default)
+            return self.models.get(reach(self.default_model or ""), default)
         if not candidates:
             raise validation(
                 f"no served model provides {capability.value if capability else 'anything'}"

@@ -35,7 +35,8 @@ async def document_scores(
         scored = await service.relevance(replace(ask, texts=texts), context)
         return scored.values, int(scored.num_tokens.sum())
     # Windows beside what precedes each document: the query, or an LLM reranker's prompt around it.
-    beside = served.prompted.text(query, "", instruction) if served.prompted else query
+    prompted = served.prompted
+    beside = prompted.text(query, "", instruction) if prompted is not None else query
     windows = await service.tokenizer_work(
         len(texts),
         chunk_texts,

@@ -3,9 +3,10 @@
 
 Vectors of two versions do not mix: an index built with one must be queried with the same one, so
 no share of an embedder's traffic may go to a candidate. The shadow instead gets a copy of each
-dense request the current version answers, after the answer and off its path (as bulk work, which
-online requests go before, and skipped when the permits have no room), and the gateway's metrics
-say how far the two versions are apart:
+dense request the current version answers, after the answer and off its path: as bulk work in the
+gateway's queues, at most MAX_COPIES at once, and skipped when that many run or the permits have no
+room. It still takes its own share of Triton, whose queues do not know it is a copy. The gateway's
+metrics say how far the two versions are apart:
 
 - per input, the cosine between the two versions' vectors (`prensa_shadow_cosine`): near 1 for a
   re-export or a quantized copy, near 0 for another model's space;
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("prensa.gateway")
 TOP_K = 10
 RECENT = 512  # inputs kept per comparison, the neighbours the top-k agreement is counted among
+# copies in flight at once; past it a request is not copied (counted skipped), so that a shadow
+# never takes more than this of the server from the online requests it copies
+MAX_COPIES = 4
 Rows = npt.NDArray[np.float32]
 
 
@@ -46,12 +49,14 @@ def unit(rows: Rows) -> Rows:
 
 
 class Comparison:
-    """The recent inputs' vectors in both versions, and how far new ones agree."""
+    """The recent inputs' vectors in both versions (a ring of `recent` rows each), and how far new
+    ones agree."""
 
     def __init__(self, recent: int = RECENT, top_k: int = TOP_K) -> None:
-        self.top_k = top_k
-        self.current: deque[Rows] = deque(maxlen=recent)
-        self.candidate: deque[Rows] = deque(maxlen=recent)
+        self.recent, self.top_k = recent, top_k
+        self.current: Rows | None = None
+        self.candidate: Rows | None = None
+        self.seen = 0  # inputs kept so far, all told
 
     def add(self, current: Rows, candidate: Rows) -> tuple[list[float], list[float]]:
         """Each input's cosine (none where the two widths differ) and top-k agreement (none until
@@ -63,18 +68,29 @@ class Comparison:
             else []
         )
         agreements: list[float] = []
-        if len(self.current) > self.top_k:
-            known_current, known_candidate = np.stack(self.current), np.stack(self.candidate)
-            for one_current, one_candidate in zip(current, candidate):
-                near_current = self._nearest(known_current @ one_current)
-                near_candidate = self._nearest(known_candidate @ one_candidate)
-                agreements.append(len(near_current & near_candidate) / self.top_k)
-        self.current.extend(current)
-        self.candidate.extend(candidate)
+        known = min(self.seen, self.recent)
+        if self.current is not None and self.candidate is not None and known > self.top_k:
+            near_current = self._nearest(self.current[:known] @ current.T)
+            near_candidate = self._nearest(self.candidate[:known] @ candidate.T)
+            agreements = [
+                len(one & other) / self.top_k for one, other in zip(near_current, near_candidate)
+            ]
+        self._keep(current, candidate)
         return cosines, agreements
 
-    def _nearest(self, similarities: npt.NDArray[Any]) -> set[int]:
-        return set(np.argpartition(-similarities, self.top_k)[: self.top_k].tolist())
+    def _nearest(self, similarities: npt.NDArray[Any]) -> list[set[int]]:
+        """Per column (an input), the rows of its `top_k` most similar recent inputs."""
+        top = np.argpartition(-similarities, self.top_k, axis=0)[: self.top_k]
+        return [set(column) for column in top.T.tolist()]
+
+    def _keep(self, current: Rows, candidate: Rows) -> None:
+        if self.current is None or self.candidate is None:
+            self.current = np.zeros((self.recent, current.shape[1]), dtype=np.float32)
+            self.candidate = np.zeros((self.recent, candidate.shape[1]), dtype=np.float32)
+        for one, other in zip(current, candidate):
+            slot = self.seen % self.recent
+            self.current[slot], self.candidate[slot] = one, other
+            self.seen += 1
 
 
 class Shadows:
@@ -91,11 +107,17 @@ class Shadows:
         self, service: Service, ask: Ask[Any], answer: object, context: RequestContext
     ) -> None:
         """Send `ask` to its model's shadow too, after `answer`, when it has one and `answer` is
-        vectors; the request's answer does not wait for it."""
-        if not isinstance(answer, Vectors):
+        vectors of the model's full width (cut ones would not compare with the recent inputs); the
+        request's answer does not wait for it."""
+        if not isinstance(answer, Vectors) or answer.rows.shape[1] != ask.model.dense_dim:
             return
         shadow = self.registry.shadow_of(ask.model.name)
         if shadow is None:
+            return
+        if len(self._copies) >= MAX_COPIES:
+            self.metrics.shadow_inputs.inc(
+                ask.model.name, shadow.name, "skipped", amount=len(answer.rows)
+            )
             return
         copied = replace(ask, model=shadow)
         task = asyncio.ensure_future(
@@ -121,15 +143,16 @@ class Shadows:
         )
         try:
             shadowed = await service.run(copied, own)
-        except GatewayError as exc:
-            outcome = "skipped" if exc.kind is ErrorKind.OVERLOADED else "failed"
+            comparison = self.comparisons.setdefault((model, candidate), Comparison())
+            cosines, agreements = comparison.add(answer.rows, shadowed.rows)
+        except Exception as exc:  # noqa: BLE001 - a shadow's fault never reaches a client
+            overloaded = isinstance(exc, GatewayError) and exc.kind is ErrorKind.OVERLOADED
+            outcome = "skipped" if overloaded else "failed"
             self.metrics.shadow_inputs.inc(model, candidate, outcome, amount=len(answer.rows))
             if outcome == "failed" and (model, candidate) not in self._failing:
                 self._failing.add((model, candidate))
                 log.warning("the shadow %s of %s cannot answer a copy: %s", candidate, model, exc)
             return
-        comparison = self.comparisons.setdefault((model, candidate), Comparison())
-        cosines, agreements = comparison.add(answer.rows, shadowed.rows)
         for cosine in cosines:
             self.metrics.shadow_cosine.labels(model, candidate).observe(cosine)
         for agreement in agreements:

@@ -1,9 +1,11 @@
 """The gateway's bulk worker: it takes open jobs from the store (one gateway per job, by lease) and
 runs each line through the gateway's own app, so a line is answered exactly as the same request
 sent online would be (same routes, checks, limits and errors), then writes the output and error
-files OpenAI's batch objects point to. Each line goes to the model version its name reached at the
-job's first line of that name (`JobStore.pin`): a promotion or rollback meanwhile does not mix two
-versions' vectors in one job, and a pinned version removed meanwhile fails the lines left, by name.
+files OpenAI's batch objects point to. A line that names its model goes to the version the name
+reached at the job's first line of that name (`JobStore.pin`): a promotion or rollback meanwhile
+does not mix two versions' vectors in one job, and a pinned version removed meanwhile fails the
+lines left, by name. A line that names no model is picked as the same request online would be
+(the default model, or the first that serves its route), by whatever version that reaches then.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ class JobRunner:
         api_key: str | None,
         current: Callable[[str], Awaitable[str | None]],
     ) -> None:
-        """`current`: the served model a name ("": the default) reaches now, None when there is
+        """`current`: the version a model name reaches now, pinned (`name@N`), None when there is
         nothing to pin (`Registry.current`)."""
         self.store, self.holder, self.current = store, new_id("gateway"), current
         self._pins: dict[str, dict[str, str]] = {}  # job -> its pinned versions, as stored
@@ -300,11 +302,11 @@ class JobRunner:
 
     async def _pinned(self, job: Job, body: Any) -> Any:
         """`body` naming the version its model name is pinned to for `job`, pinning it now when
-        this is the name's first line (or nothing was served when it came)."""
-        named = body.get("model") if isinstance(body, dict) else None
-        if named is not None and not isinstance(named, str):
-            return body  # refused by its route, as online
-        name = named or ""
+        this is the name's first line (or nothing was served when it came). A body that names no
+        model, or not as a string (refused by its route, as online), is sent as it is."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if not name or not isinstance(name, str):
+            return body
         pins = self._pins.setdefault(job.id, dict(job.models))
         if name not in pins:
             try:

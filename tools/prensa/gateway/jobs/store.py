@@ -91,7 +91,7 @@ class Job:
     error_file_id: str | None
     errors: list[dict[str, Any]] | None
     metadata: dict[str, str] | None
-    models: dict[str, str]  # each model name its lines ask for ("": none) -> the version pinned
+    models: dict[str, str]  # each model name its lines ask for -> the version pinned
 
 
 class JobStore:
