@@ -8,6 +8,7 @@ models a shadow compares.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,15 @@ def multiprocess() -> bool:
     """Whether this process is one of several gateway workers (`prensa.gateway.workers`): its
     series then live in prometheus-client's files, summed over the workers at each scrape."""
     return bool(os.environ.get(MULTIPROCESS_DIR))
+
+
+@functools.lru_cache(maxsize=1024)
+def model_labels(model: str) -> tuple[str, str]:
+    """A served model's `model` and `version` labels (`name@N` -> name, N), read once per name."""
+    if not model:
+        return "", ""
+    name, version = pinned(model)
+    return name, str(version or 1)
 
 
 class TeiCounter(Collector):
@@ -298,10 +308,7 @@ class GatewayMetrics:
             family.success.inc(method)
             family.durations.observe(duration_s, tokenization_s, queue_s, inference_s)
         self.request_duration.observe(duration_s)
-        name, version = pinned(model)
-        self.route_duration.labels(method, name, str(version or 1) if model else "").observe(
-            duration_s
-        )
+        self.route_duration.labels(method, *model_labels(model)).observe(duration_s)
 
     def set_readiness(self, ready: dict[str, bool]) -> None:
         """`prensa_model_ready` for exactly the served models in `ready`."""

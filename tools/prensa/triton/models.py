@@ -108,9 +108,13 @@ def promote(repo: Path, name: str, version: int) -> Lineage:
         return _promote(repo, name, version)
 
 
-def _promote(repo: Path, name: str, version: int) -> Lineage:
+def _require_stored(repo: Path, name: str, version: int) -> None:
     if version not in stored_versions(repo, name):
         raise ModelChangeError(f"`{version_name(name, version)}` is not in the repository")
+
+
+def _promote(repo: Path, name: str, version: int) -> Lineage:
+    _require_stored(repo, name, version)
     lineages = read_versions(repo)
     lineage = lineages.setdefault(name, Lineage())
     if lineage.current != version:
@@ -160,8 +164,7 @@ def set_trial(
     answers `share` of its requests, or as a shadow (`shadow`); a share of 0, or neither, ends
     the trial. Whether the model's kind allows which is the caller's to say (it knows the model)."""
     with repository_lock(repo):
-        if version not in stored_versions(repo, name):
-            raise ModelChangeError(f"`{version_name(name, version)}` is not in the repository")
+        _require_stored(repo, name, version)
         lineages = read_versions(repo)
         lineage = lineages.setdefault(name, Lineage())
         if version == lineage.current:
